@@ -1,0 +1,382 @@
+#!/bin/busybox sh
+# shellcheck shell=dash
+# /init of level A, the "GPU server" VM of tests/lab/run. Runs our vfio-p2p binary for real
+# against this kernel's sysfs and /dev/vfio, then level B from what `vfio-p2p gen qemu` produced.
+# Every stage prints "LAB-STAGE <name> PASS|FAIL|SKIP <seconds> <why>" (also to /out/stages.txt);
+# stage details go to /out/<stage>.log. Always powers off.
+# shellcheck disable=SC2086 # $GPUS and friends are lists of BDFs: split on purpose
+# shellcheck disable=SC2016 # the $ in single quotes are jq variables
+# shellcheck disable=SC2015 # "test && test || fail": fail only records, so this is what is meant
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+up() { cut -d' ' -f1 /proc/uptime; }
+
+R=/hostroot   # the build machine's /, read-only over 9p: our binaries, qemu, jq, the kernel for B
+O=/tmp/out    # /out (writable 9p share, results) as seen inside the chroot
+# C CMD...: run a program of the build machine against this VM's /sys, /dev and /proc
+C() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+vp() { C "$VFIO_P2P" "$@"; }
+jqr() { C jq "$@"; }   # jq: reads stdin, so files come from level A's side (/out/...)
+
+mount_shares() {
+    for m in virtio_pci 9pnet_virtio 9p; do modprobe $m || return 1; done
+    mkdir -p $R /out
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $R || return 1
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 labout /out || return 1
+    mount -t proc proc $R/proc && mount -t sysfs sysfs $R/sys && mount -t devtmpfs devtmpfs $R/dev &&
+        mount -t tmpfs tmpfs $R/tmp && mount -t tmpfs tmpfs $R/run &&
+        mkdir -p $R$O && mount --bind /out $R$O
+}
+
+# ------------------------------------------------------------------------------ helpers
+WHY=""
+fail() { echo "FAIL: $*"; WHY="${WHY:+$WHY; }$*"; }
+dev() { echo /sys/bus/pci/devices/$1; }
+driver_of() { basename "$(readlink "$(dev "$1")/driver" 2>/dev/null)" 2>/dev/null; }
+group_of() { basename "$(readlink "$(dev "$1")/iommu_group")"; }
+# state BDF...: what bind/unbind may change, to compare before/after
+state() { for b in "$@"; do echo "$b driver=$(driver_of "$b") override=$(cat "$(dev "$b")/driver_override")"; done; }
+# is_json FILE: the command printed one JSON document (an unimplemented command prints nothing)
+is_json() { [ -s "$1" ] && jqr -e 'type == "object" or type == "array"' < "$1" > /dev/null 2>&1; }
+csv() { echo "$*" | tr ' ' ','; }
+# sysfs_bind BDF DRIVER: a fixture bind through sysfs, for what is not under test (edu, repairs)
+sysfs_bind() {
+    [ "$(driver_of "$1")" = "$2" ] && return 0
+    [ -e "$(dev "$1")/driver" ] && echo "$1" > "$(dev "$1")/driver/unbind"
+    echo "$2" > "$(dev "$1")/driver_override"
+    echo "$1" > /sys/bus/pci/drivers_probe
+    [ "$(driver_of "$1")" = "$2" ]
+}
+# ensure_vfio BDF...: later stages need the devices on vfio-pci even when the bind stage failed
+ensure_vfio() {
+    for b in "$@"; do
+        [ "$(driver_of "$b")" = vfio-pci ] && continue
+        echo "note: $b is on '$(driver_of "$b")', binding it to vfio-pci through sysfs for this stage"
+        sysfs_bind "$b" vfio-pci || fail "cannot bind $b to vfio-pci even through sysfs"
+    done
+}
+
+# ------------------------------------------------------------------------------ stages
+# tree: the emulated server is what the other stages assume (catches QEMU/kernel changes)
+stage_tree() {
+    local b path
+    [ -e /sys/kernel/iommu_groups/0 ] || fail "no IOMMU groups (intel_iommu=on / intel-iommu missing?)"
+    for b in $GPUS; do
+        [ -e "$(dev "$b")" ] || { fail "stand-in $b missing"; continue; }
+        [ "$(cat "$(dev "$b")/class")" = 0x038000 ] || fail "$b class $(cat "$(dev "$b")/class"), expected 0x038000"
+        [ "$(driver_of "$b")" = "$STANDIN_DRIVER" ] || fail "$b driver '$(driver_of "$b")', expected $STANDIN_DRIVER (the host driver a bind must restore)"
+        echo "$b group $(group_of "$b") numa $(cat "$(dev "$b")/numa_node") driver $(driver_of "$b") $(readlink -f "$(dev "$b")")"
+    done
+    path=$(readlink -f "$(dev $GPU_SW0)")
+    case $path in */pci0000:00/0000:00:10.0/0000:01:00.0/0000:02:00.0/$GPU_SW0) ;; *) fail "$GPU_SW0 is not below the switch: $path" ;; esac
+    case $(readlink -f "$(dev $GPU_PXB)") in */pci0000:80/*) ;; *) fail "$GPU_PXB is not below the pxb host bridge" ;; esac
+    [ "$(cat "$(dev $GPU_PXB)/numa_node")" = 1 ] || fail "$GPU_PXB numa_node $(cat "$(dev $GPU_PXB)/numa_node"), expected 1"
+    [ "$(cat "$(dev "$EDU")/class")" = 0x00ff00 ] || fail "edu $EDU missing"
+    [ "$(group_of $GPU_SW0)" != "$(group_of $GPU_SW1)" ] || fail "switch stand-ins share an IOMMU group"
+    C lspci -tv
+}
+
+# expected_label A B: nvidia-smi's label for the pair, from the tree built by tests/lab/run
+expected_label() {
+    local na nb
+    case "$1 $2" in
+        "$GPU_SW0 $GPU_SW1"|"$GPU_SW1 $GPU_SW0") echo PIX; return ;;   # one switch
+        *"$GPU_PXB"*) ;;                                                 # other host bridge: below
+        *) echo PHB; return ;;                                           # root ports of one host bridge
+    esac
+    na=$(cat "$(dev "$1")/numa_node"); nb=$(cat "$(dev "$2")/numa_node")
+    if [ "$na" -lt 0 ] || [ "$nb" -lt 0 ]; then echo "NODE|SYS"   # pcie.0 has no _PXM: node unknown
+    elif [ "$na" = "$nb" ]; then echo NODE; else echo SYS; fi
+}
+
+stage_topo() {
+    local rc=0 got a b want lbl f
+    vp topo --format json > /out/topo.json || rc=$?
+    cat /out/topo.json
+    [ $rc = 0 ] || fail "topo exited $rc"
+    is_json /out/topo.json || { fail "topo printed no JSON (not implemented?)"; return 1; }
+    got=$(jqr -r '[.gpus[].bdf] | sort | join(" ")' < /out/topo.json)
+    [ "$got" = "$GPUS" ] || fail "gpus [$got], expected the 4 stand-ins [$GPUS] (and not edu $EDU)"
+    for b in $GPUS; do
+        f=$(jqr -r --arg b "$b" '.gpus[] | select(.bdf == $b) | "\(.iommu_group) \(.numa_node) \(.driver)"' < /out/topo.json)
+        want="$(group_of "$b") $(cat "$(dev "$b")/numa_node") $(driver_of "$b")"
+        # sysfs says -1 for "no node"; null is as good
+        [ "$f" = "$want" ] || [ "$f" = "$(echo "$want" | sed 's/ -1 / null /')" ] ||
+            fail "$b: topo says group/numa/driver '$f', sysfs '$want'"
+    done
+    # every pair, both directions: the matrix must be symmetric and match the tree
+    jqr -r '[.gpus[].bdf] as $g | range(0; $g | length) as $i | range(0; $g | length) as $j
+            | "\($g[$i]) \($g[$j]) \(.matrix[$i][$j])"' < /out/topo.json > /tmp/pairs
+    for a in $GPUS; do for b in $GPUS; do
+        lbl=$(grep "^$a $b " /tmp/pairs | cut -d' ' -f3)
+        if [ "$a" = "$b" ]; then want=X; else want=$(expected_label "$a" "$b"); fi
+        echo "$lbl" | grep -qxE "$want" || fail "matrix[$a][$b] = '$lbl', expected $want"
+    done; done
+    for f in table yaml dot; do
+        vp topo --format $f > /out/topo.$f 2>&1 && grep -q PIX /out/topo.$f || fail "topo --format $f: exit/output wrong"
+    done
+    [ -z "$WHY" ]
+}
+
+# clique_of FILE BDF: the plan's assignment (a number or null)
+clique_of() { jqr -r --arg b "$2" '.assignments[$b]' < "$1"; }
+
+stage_plan() {
+    local lvl rc s0 s1 rp px
+    for lvl in default pix phb sys; do
+        rc=0
+        if [ $lvl = default ]; then vp plan --gpus "$(csv $GPUS)" --format json > /out/plan-$lvl.json || rc=$?
+        else vp plan --gpus "$(csv $GPUS)" --p2p-level $lvl --format json > /out/plan-$lvl.json || rc=$?; fi
+        echo "== plan $lvl (exit $rc)"; cat /out/plan-$lvl.json
+        [ $rc = 0 ] || fail "plan ($lvl) exited $rc"
+        is_json /out/plan-$lvl.json || { fail "plan ($lvl) printed no JSON (not implemented?)"; return 1; }
+        # cliques and assignments must say the same thing, with ids QEMU accepts
+        jqr -e '[.cliques[] | .id as $id | .gpus[] | {key: ., value: $id}] | from_entries as $c
+                | ($c | length) == ([.assignments[] | select(. != null)] | length)
+                  and all(.assignments | to_entries[] | select(.value != null); $c[.key] == .value)
+                  and all(.cliques[]; .id >= 0 and .id <= 15)' < /out/plan-$lvl.json > /dev/null ||
+            fail "plan ($lvl): cliques[] and assignments disagree or an id is outside 0..15"
+        s0=$(clique_of /out/plan-$lvl.json $GPU_SW0); s1=$(clique_of /out/plan-$lvl.json $GPU_SW1)
+        rp=$(clique_of /out/plan-$lvl.json $GPU_RP); px=$(clique_of /out/plan-$lvl.json $GPU_PXB)
+        echo "$lvl: sw0=$s0 sw1=$s1 rp=$rp pxb=$px"
+        # the switch pair is PIX: P2P at every level
+        [ "$s0" != null ] && [ "$s0" = "$s1" ] || fail "plan ($lvl): switch pair not in one clique ($s0/$s1)"
+        case $lvl in
+            pix) [ "$rp" != "$s0" ] && [ "$px" != "$s0" ] || fail "plan (pix): a PHB/SYS GPU joined the switch clique" ;;
+            phb) [ "$rp" = "$s0" ] && [ "$px" != "$s0" ] || fail "plan (phb): want sw0=sw1=rp != pxb, got $s0 $s1 $rp $px" ;;
+            sys) [ "$rp" = "$s0" ] && [ "$px" = "$s0" ] || fail "plan (sys): want all four in one clique, got $s0 $s1 $rp $px" ;;
+            default) [ "$px" != "$s0" ] || fail "plan (default): the other-socket GPU joined the switch clique" ;;
+        esac
+    done
+    [ -z "$WHY" ]
+}
+
+stage_bind() {
+    local before after rc n b
+    before=$(state $GPUS)
+    echo "before: $before"
+    rc=0; vp bind --dry-run $GPUS || rc=$?
+    [ $rc = 0 ] || fail "bind --dry-run exited $rc"
+    [ "$(state $GPUS)" = "$before" ] || fail "bind --dry-run changed the devices: $(state $GPUS)"
+    # a failure half-way must roll back to exactly the old drivers and driver_override values
+    for n in $FAIL_AFTER; do
+        rc=0; C VFIO_P2P_FAIL_AFTER="$n" "$VFIO_P2P" bind $GPU_SW0 $GPU_SW1 || rc=$?
+        after=$(state $GPUS)
+        echo "failure injected at sysfs write $n: exit $rc, after: $after"
+        [ $rc != 0 ] || fail "bind with VFIO_P2P_FAIL_AFTER=$n exited 0"
+        [ "$after" = "$before" ] || fail "not rolled back after failure at write $n: $after"
+    done
+    rc=0; vp bind $GPUS || rc=$?
+    [ $rc = 0 ] || fail "bind exited $rc"
+    for b in $GPUS; do
+        [ "$(driver_of "$b")" = vfio-pci ] || fail "$b on '$(driver_of "$b")' after bind"
+        [ -c /dev/vfio/"$(group_of "$b")" ] || fail "no /dev/vfio/$(group_of "$b") for $b"
+    done
+    # unbind gives the device back to its host driver
+    rc=0; vp unbind $GPU_RP || rc=$?
+    [ $rc = 0 ] || fail "unbind exited $rc"
+    [ "$(state $GPU_RP)" = "$(echo "$before" | grep "^$GPU_RP ")" ] || fail "unbind: $(state $GPU_RP), before bind: $(echo "$before" | grep "^$GPU_RP ")"
+    rc=0; vp bind $GPU_RP || rc=$?
+    [ $rc = 0 ] && [ "$(driver_of $GPU_RP)" = vfio-pci ] || fail "re-bind of $GPU_RP: exit $rc, driver $(driver_of $GPU_RP)"
+    state $GPUS
+    ls -l /dev/vfio
+    [ -z "$WHY" ]
+}
+
+hidden_xml() { # a libvirt domain with the GPUs assigned and the hypervisor hidden from the guest
+    echo "<domain type='kvm'><name>hidden</name><memory unit='MiB'>1024</memory><os><type arch='x86_64' machine='q35'>hvm</type></os>"
+    echo "<features><acpi/><kvm><hidden state='on'/></kvm></features><devices>"
+    for b in "$@"; do
+        echo "$b" | sed 's/^\(....\):\(..\):\(..\)\.\(.\)$/<hostdev mode="subsystem" type="pci" managed="no"><driver name="vfio"\/><source><address domain="0x\1" bus="0x\2" slot="0x\3" function="0x\4"\/><\/source><\/hostdev>/'
+    done
+    echo "</devices></domain>"
+}
+
+stage_check() {
+    local rc base q="/usr/bin/qemu-system-x86_64" pair="$GPU_SW0,$GPU_SW1"
+    ensure_vfio $GPUS
+    rc=0; vp check --gpus "$pair" --qemu $q --format json > /out/check.json || rc=$?
+    echo "== check (exit $rc)"; cat /out/check.json
+    is_json /out/check.json || { fail "check printed no JSON (not implemented?)"; return 1; }
+    base=$rc
+    [ $rc -le 1 ] || fail "check fails ($rc) on two switch GPUs bound to vfio-pci"
+    # hidden hypervisor: `kvm=off` on the command line, or libvirt's <kvm><hidden state='on'/>
+    rc=0; vp check --gpus "$pair" --qemu $q --qemu-args "-machine q35 -cpu host,kvm=off" --format json > /out/check-kvm-off.json || rc=$?
+    echo "== check kvm=off (exit $rc)"; cat /out/check-kvm-off.json
+    [ $rc -ge 1 ] || fail "check passes with -cpu host,kvm=off"
+    grep -qiE 'hidden|kvm=off' /out/check-kvm-off.json && ! grep -qiE 'hidden|kvm=off' /out/check.json ||
+        fail "check output does not name the hidden hypervisor (kvm=off)"
+    hidden_xml $GPU_SW0 $GPU_SW1 > /out/hidden.xml
+    rc=0; vp check --gpus "$pair" --qemu $q --domain-xml $O/hidden.xml --format json > /out/check-hidden-xml.json || rc=$?
+    echo "== check hidden xml (exit $rc)"; cat /out/check-hidden-xml.json
+    [ $rc -ge 1 ] || fail "check passes a domain with <kvm><hidden state='on'/>"
+    grep -qi hidden /out/check-hidden-xml.json || fail "check output does not name the hidden state of the domain"
+    # the VFIO state is read for real: a GPU taken off vfio-pci must fail the check
+    echo "$GPU_RP" > "$(dev $GPU_RP)/driver/unbind"
+    rc=0; vp check --gpus "$GPU_SW0,$GPU_RP" --qemu $q --format json > /out/check-unbound.json || rc=$?
+    echo "== check with $GPU_RP unbound (exit $rc)"; cat /out/check-unbound.json
+    [ $rc = 2 ] || fail "check exits $rc (not 2) for a GPU not bound to vfio-pci"
+    echo "$GPU_RP" > /sys/bus/pci/drivers_probe    # driver_override still says vfio-pci
+    echo "baseline exit $base"
+    [ -z "$WHY" ]
+}
+
+# B_ARGS: the level-B QEMU arguments, as a shell-quoted string (written by stage_gen)
+stage_gen() {
+    local rc b want got f
+    ensure_vfio $GPUS_B
+    vp plan --gpus "$(csv $GPUS_B)" --format json > /out/plan-b.json 2>&1
+    rc=0; vp gen qemu --gpus "$(csv $GPUS_B)" --guest-topology "$GUEST_TOPOLOGY" --format json \
+        --expect-out $O/expect.json > /out/gen.json || rc=$?
+    echo "== gen qemu (exit $rc)"; cat /out/gen.json
+    [ $rc = 0 ] || fail "gen qemu exited $rc"
+    is_json /out/gen.json || { fail "gen qemu printed no JSON (not implemented?)"; return 1; }
+    # the argv: a JSON array of strings, or an object carrying one
+    jqr -c 'if type == "array" then . else (.argv // .args // .qemu_args // error("no argv in the JSON")) end
+            | if (.[0] | startswith("-") | not) then .[1:] else . end' < /out/gen.json > /out/gen-argv.json ||
+        { fail "cannot find the argument list in gen's JSON"; return 1; }
+    # each -device vfio-pci of ours carries the clique the plan gives it (none for null)
+    for b in $GPUS_B; do
+        want=$(clique_of /out/plan-b.json "$b")
+        got=$(jqr -r --arg b "$b" '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci" and .host == $b)]
+                    | if length == 1 then .[0]["x-nv-gpudirect-clique"] else "\(length) devices" end' < /out/gen-argv.json)
+        echo "$b: plan clique $want, generated $got"
+        [ "$got" = "$want" ] || fail "$b: generated clique '$got', plan says '$want'"
+    done
+    jqr -e --arg f "name=opt/vfio-p2p/expect.json,file=$O/expect.json" 'index($f) != null' < /out/gen-argv.json > /dev/null ||
+        fail "no -fw_cfg $f"
+    echo "== expect.json"; cat /out/expect.json
+    is_json /out/expect.json || fail "--expect-out wrote no JSON"
+    for f in argv shell; do
+        vp gen qemu --gpus "$(csv $GPUS_B)" --guest-topology "$GUEST_TOPOLOGY" --format $f > /out/gen.$f 2>&1 &&
+            grep -q x-nv-gpudirect-clique /out/gen.$f || fail "gen qemu --format $f: exit/output wrong"
+    done
+    [ -z "$WHY" ]
+}
+
+stage_qemu_neg() {
+    local out rc
+    ensure_vfio $GPU_SW0
+    # edu is a fixture here (bind is tested on GPUs): straight through sysfs
+    sysfs_bind $EDU vfio-pci || { fail "cannot bind edu $EDU to vfio-pci"; return 1; }
+    # neg NAME REGEX DEVICE-JSON: QEMU must refuse to start with this device
+    neg() {
+        rc=0; out=$(C timeout 60 qemu-system-x86_64 -machine q35 -accel tcg -nodefaults -display none -S -m 64 \
+            -monitor none -serial none -device "$3" 2>&1) || rc=$?
+        echo "$1: exit $rc: $out"
+        [ $rc != 0 ] && [ $rc != 124 ] && echo "$out" | grep -qE "$2" || fail "$1: QEMU did not refuse with '$2' (exit $rc)"
+    }
+    neg non-display 'unsupported PCI class' \
+        "{\"driver\":\"vfio-pci\",\"host\":\"$EDU\",\"x-pci-vendor-id\":4318,\"x-nv-gpudirect-clique\":1}"
+    # why the harness adds x-pci-vendor-id to gen's output: without it QEMU refuses the stand-ins
+    neg no-vendor-override 'invalid device vendor' \
+        "{\"driver\":\"vfio-pci\",\"host\":\"$GPU_SW0\",\"x-nv-gpudirect-clique\":1}"
+    [ -z "$WHY" ]
+}
+
+# run_b ACCEL TIMEOUT: boot level B from gen's arguments; its console goes to /out/level-b.log
+run_b() {
+    local cpu=max
+    [ "$1" = kvm ] && cpu=host
+    echo "== level B, accel $1, limit $2 s"
+    eval "set -- $1 $2 $(cat /out/b-args.sh)"
+    local accel=$1 limit=$2; shift 2
+    C timeout -k 5 "$limit" qemu-system-x86_64 -accel "$accel" -cpu $cpu -m "$MEM_B" -smp 1 \
+        -nodefaults -display none -monitor none -serial stdio -no-reboot \
+        -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
+        -fw_cfg name=opt/vfio-p2p-lab/wrong-expect.json,file=$O/expect-wrong.json \
+        "$@" < /dev/null > /out/level-b.log 2>&1
+    echo "level B QEMU exit $?"
+}
+
+stage_guest() {
+    local accel=$ACCEL_B t0 rc got want
+    [ -s /out/gen-argv.json ] || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
+    ensure_vfio $GPUS_B
+    # the stand-ins need QEMU's vendor override for the clique check (see stage qemu-neg);
+    # a device id of a real PCIe GPU (H100) makes the guest see an NVIDIA part
+    jqr -r 'map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
+                then fromjson | .["x-pci-vendor-id"] = 4318 | .["x-pci-device-id"] = 9008 | tojson else . end)
+            | (if any(.[]; . == "-machine" or . == "-M") then . else ["-machine", "q35"] + . end) | @sh' \
+        < /out/gen-argv.json > /out/b-args.sh
+    echo "level B arguments: $(cat /out/b-args.sh)"
+    # a wrong expectation for the negative run: every clique moved by one (null becomes 7)
+    jqr 'walk(if type == "object" then with_entries(
+            if (.key | test("clique"; "i")) and (.value | type) == "number" then .value = ((.value + 1) % 16)
+            elif (.key | test("clique"; "i")) and .value == null then .value = 7 else . end) else . end)' \
+        < /out/expect.json > /out/expect-wrong.json
+    cmp -s /out/expect.json /out/expect-wrong.json && fail "cannot derive a wrong expectation (no clique field in expect.json?)"
+    if [ "$accel" = auto ]; then
+        modprobe kvm_amd 2>/dev/null || modprobe kvm_intel 2>/dev/null
+        if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
+    fi
+    t0=$(up)
+    if [ $accel = kvm ]; then
+        run_b kvm "$TIMEOUT_B_KVM"
+        # nested KVM on emulated SVM is still a bonus: a guest that dies before its end marker is
+        # retried under TCG; a guest that finished with a verdict is not (that is a real result)
+        if ! grep -q LAB-B-DONE /out/level-b.log; then
+            cp /out/level-b.log /out/level-b-kvm.log
+            echo "level B under nested KVM did not finish; TCG fallback"
+            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b tcg "$TIMEOUT_B_TCG"; }
+        fi
+    else
+        run_b tcg "$TIMEOUT_B_TCG"
+    fi
+    echo "level B took $(awk "BEGIN { print $(up) - $t0 }") s ($accel)"
+    echo "B_ACCEL=$accel" > /out/b-result
+    tr -d '\r' < /out/level-b.log | sed 's/^/B| /'
+    grep -q LAB-B-DONE /out/level-b.log || { fail "level B ($accel) did not finish"; return 1; }
+    tr -d '\r' < /out/level-b.log | sed -n '/^LAB-B-SCAN-BEGIN/,/^LAB-B-SCAN-END/p' | sed '1d;$d' > /out/scan.json
+    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-SCAN-END rc=//p')
+    [ "$rc" = 0 ] || fail "agent scan exited $rc"
+    is_json /out/scan.json || { fail "agent scan printed no JSON (not implemented?)"; return 1; }
+    # the guest sees every assigned GPU with the plan's clique, at QEMU 7.2's offset 0xc8
+    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-b.json)
+    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/scan.json)
+    echo "cliques in the guest: [$got], planned: [$want]"
+    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
+    jqr -e 'all(.gpus[]; if .clique == null then .cap_offset == null else .cap_offset == "0xc8" end)' < /out/scan.json > /dev/null ||
+        fail "cap_offset is not 0xc8 for every GPU with a clique"
+    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-EXPECT rc=//p')
+    [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"
+    [ -z "$WHY" ]
+}
+
+stage_guest_wrong() {
+    local rc
+    grep -q LAB-B-DONE /out/level-b.log 2>/dev/null || { fail "level B did not run (stage guest)"; return 1; }
+    tr -d '\r' < /out/level-b.log | sed -n '/^LAB-B-WRONG/,$p'
+    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-WRONG rc=//p')
+    [ "$rc" = 1 ] || fail "agent expect with a wrong expectation exited '$rc', not 1"
+    [ -z "$WHY" ]
+}
+
+# ------------------------------------------------------------------------------ main
+run_stage() {
+    local name=$1 t0 res
+    case " $LAB_STAGES " in *" $name "*) ;; *) echo "LAB-STAGE $name SKIP 0 not selected" | tee -a /out/stages.txt; return ;; esac
+    echo "LAB-PROGRESS $name ..."
+    t0=$(up); WHY=""
+    if "stage_$(echo "$name" | tr - _)" > /out/"$name".log 2>&1 && [ -z "$WHY" ]; then res=PASS; else res=FAIL; fi
+    sed "s/^/[$name] /" /out/"$name".log
+    echo "LAB-STAGE $name $res $(awk "BEGIN { printf \"%.1f\", $(up) - $t0 }") ${WHY:+$WHY}" | tee -a /out/stages.txt
+}
+
+if ! mount_shares; then
+    echo "LAB-STAGE boot FAIL $(up) cannot mount the 9p shares"
+else
+    # shellcheck source=/dev/null # written by tests/lab/run (write_env)
+    . /out/lab.env
+    GPUS="$GPU_SW0 $GPU_SW1 $GPU_RP $GPU_PXB"
+    # the stand-ins start on a host driver like real GPUs do, so bind/rollback have something to restore
+    for m in bochs vfio_pci vfio_iommu_type1; do modprobe $m || echo "modprobe $m failed"; done
+    echo "LAB-STAGE boot PASS $(up) kernel $(uname -r)"
+    for s in $LAB_STAGES; do run_stage "$s"; done
+    sync
+    umount /out
+fi
+poweroff -f
