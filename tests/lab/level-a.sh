@@ -64,32 +64,33 @@ ensure_vfio() {
 stage_tree() {
     local b path
     [ -e /sys/kernel/iommu_groups/0 ] || fail "no IOMMU groups (intel_iommu=on / intel-iommu missing?)"
+    C lspci -tv
     for b in $GPUS; do
         [ -e "$(dev "$b")" ] || { fail "stand-in $b missing"; continue; }
         [ "$(cat "$(dev "$b")/class")" = 0x038000 ] || fail "$b class $(cat "$(dev "$b")/class"), expected 0x038000"
         [ "$(driver_of "$b")" = "$STANDIN_DRIVER" ] || fail "$b driver '$(driver_of "$b")', expected $STANDIN_DRIVER (the host driver a bind must restore)"
         echo "$b group $(group_of "$b") numa $(cat "$(dev "$b")/numa_node") driver $(driver_of "$b") $(readlink -f "$(dev "$b")")"
     done
-    path=$(readlink -f "$(dev $GPU_SW0)")
-    case $path in */pci0000:00/0000:00:10.0/0000:01:00.0/0000:02:00.0/$GPU_SW0) ;; *) fail "$GPU_SW0 is not below the switch: $path" ;; esac
-    case $(readlink -f "$(dev $GPU_PXB)") in */pci0000:80/*) ;; *) fail "$GPU_PXB is not below the pxb host bridge" ;; esac
-    [ "$(cat "$(dev $GPU_PXB)/numa_node")" = 1 ] || fail "$GPU_PXB numa_node $(cat "$(dev $GPU_PXB)/numa_node"), expected 1"
+    # where each role must sit (host bridge / ports) and its NUMA node
+    for b in "$GPU_SW0 pci0000:10/0000:10:00.0/0000:11:00.0/0000:12:00.0 0" "$GPU_SW1 pci0000:10/0000:10:00.0/0000:11:00.0/0000:12:01.0 0" \
+             "$GPU_RP pci0000:10/0000:10:01.0 0" "$GPU_HB pci0000:20/0000:20:00.0 0" "$GPU_FAR pci0000:80/0000:80:00.0 1"; do
+        set -- $b
+        path=$(readlink -f "$(dev "$1")")
+        [ "$path" = "/sys/devices/$2/$1" ] || fail "$1 is at $path, expected below $2"
+        [ "$(cat "$(dev "$1")/numa_node")" = "$3" ] || fail "$1 numa_node $(cat "$(dev "$1")/numa_node"), expected $3"
+    done
     [ "$(cat "$(dev "$EDU")/class")" = 0x00ff00 ] || fail "edu $EDU missing"
     [ "$(group_of $GPU_SW0)" != "$(group_of $GPU_SW1)" ] || fail "switch stand-ins share an IOMMU group"
-    C lspci -tv
 }
 
 # expected_label A B: nvidia-smi's label for the pair, from the tree built by tests/lab/run
 expected_label() {
-    local na nb
-    case "$1 $2" in
-        "$GPU_SW0 $GPU_SW1"|"$GPU_SW1 $GPU_SW0") echo PIX; return ;;   # one switch
-        *"$GPU_PXB"*) ;;                                                 # other host bridge: below
-        *) echo PHB; return ;;                                           # root ports of one host bridge
+    case " $1 $2 " in
+        *" $GPU_FAR "*) echo SYS ;;                                     # the other socket
+        *" $GPU_HB "*) echo NODE ;;                                     # another host bridge, same node
+        " $GPU_SW0 $GPU_SW1 "|" $GPU_SW1 $GPU_SW0 ") echo PIX ;;        # one switch
+        *) echo PHB ;;                                                  # root ports of one host bridge
     esac
-    na=$(cat "$(dev "$1")/numa_node"); nb=$(cat "$(dev "$2")/numa_node")
-    if [ "$na" -lt 0 ] || [ "$nb" -lt 0 ]; then echo "NODE|SYS"   # pcie.0 has no _PXM: node unknown
-    elif [ "$na" = "$nb" ]; then echo NODE; else echo SYS; fi
 }
 
 stage_topo() {
@@ -99,13 +100,11 @@ stage_topo() {
     [ $rc = 0 ] || fail "topo exited $rc"
     is_json /out/topo.json || { fail "topo printed no JSON (not implemented?)"; return 1; }
     got=$(jqr -r '[.gpus[].bdf] | sort | join(" ")' < /out/topo.json)
-    [ "$got" = "$GPUS" ] || fail "gpus [$got], expected the 4 stand-ins [$GPUS] (and not edu $EDU)"
+    [ "$got" = "$GPUS" ] || fail "gpus [$got], expected the stand-ins [$GPUS] (and not edu $EDU)"
     for b in $GPUS; do
         f=$(jqr -r --arg b "$b" '.gpus[] | select(.bdf == $b) | "\(.iommu_group) \(.numa_node) \(.driver)"' < /out/topo.json)
         want="$(group_of "$b") $(cat "$(dev "$b")/numa_node") $(driver_of "$b")"
-        # sysfs says -1 for "no node"; null is as good
-        [ "$f" = "$want" ] || [ "$f" = "$(echo "$want" | sed 's/ -1 / null /')" ] ||
-            fail "$b: topo says group/numa/driver '$f', sysfs '$want'"
+        [ "$f" = "$want" ] || fail "$b: topo says group/numa/driver '$f', sysfs '$want'"
     done
     # every pair, both directions: the matrix must be symmetric and match the tree
     jqr -r '[.gpus[].bdf] as $g | range(0; $g | length) as $i | range(0; $g | length) as $j
@@ -124,12 +123,28 @@ stage_topo() {
 # clique_of FILE BDF: the plan's assignment (a number or null)
 clique_of() { jqr -r --arg b "$2" '.assignments[$b]' < "$1"; }
 
+# plan_ok LEVEL FILE: at each --p2p-level, the GPUs whose path is at most that level share a clique
+plan_ok() {
+    local s0 s1 rp hb far
+    s0=$(clique_of "$2" "$GPU_SW0"); s1=$(clique_of "$2" "$GPU_SW1"); rp=$(clique_of "$2" "$GPU_RP")
+    hb=$(clique_of "$2" "$GPU_HB"); far=$(clique_of "$2" "$GPU_FAR")
+    echo "$1: sw0=$s0 sw1=$s1 rp=$rp hb=$hb far=$far"
+    # the switch pair is PIX: P2P at every level
+    [ "$s0" != null ] && [ "$s0" = "$s1" ] || { fail "plan ($1): switch pair not in one clique ($s0/$s1)"; return; }
+    case $1 in
+        pix) [ "$rp" != "$s0" ] && [ "$hb" != "$s0" ] && [ "$far" != "$s0" ] ;;
+        default|pxb) [ "$rp" != "$s0" ] && [ "$far" != "$s0" ] ;;   # NCCL's default level is PXB
+        phb) [ "$rp" = "$s0" ] && [ "$hb" != "$s0" ] && [ "$far" != "$s0" ] ;;
+        node) [ "$rp" = "$s0" ] && [ "$hb" = "$s0" ] && [ "$far" != "$s0" ] ;;
+        sys) [ "$rp" = "$s0" ] && [ "$hb" = "$s0" ] && [ "$far" = "$s0" ] ;;
+    esac || fail "plan ($1): cliques sw0=$s0 sw1=$s1 rp=$rp hb=$hb far=$far do not follow the tree"
+}
+
 stage_plan() {
-    local lvl rc s0 s1 rp px
-    for lvl in default pix phb sys; do
-        rc=0
-        if [ $lvl = default ]; then vp plan --gpus "$(csv $GPUS)" --format json > /out/plan-$lvl.json || rc=$?
-        else vp plan --gpus "$(csv $GPUS)" --p2p-level $lvl --format json > /out/plan-$lvl.json || rc=$?; fi
+    local lvl rc opt
+    for lvl in default pix pxb phb node sys; do
+        rc=0; opt="--p2p-level $lvl"; [ $lvl = default ] && opt=""
+        vp plan --gpus "$(csv $GPUS)" $opt --format json > /out/plan-$lvl.json || rc=$?
         echo "== plan $lvl (exit $rc)"; cat /out/plan-$lvl.json
         [ $rc = 0 ] || fail "plan ($lvl) exited $rc"
         is_json /out/plan-$lvl.json || { fail "plan ($lvl) printed no JSON (not implemented?)"; return 1; }
@@ -139,17 +154,7 @@ stage_plan() {
                   and all(.assignments | to_entries[] | select(.value != null); $c[.key] == .value)
                   and all(.cliques[]; .id >= 0 and .id <= 15)' < /out/plan-$lvl.json > /dev/null ||
             fail "plan ($lvl): cliques[] and assignments disagree or an id is outside 0..15"
-        s0=$(clique_of /out/plan-$lvl.json $GPU_SW0); s1=$(clique_of /out/plan-$lvl.json $GPU_SW1)
-        rp=$(clique_of /out/plan-$lvl.json $GPU_RP); px=$(clique_of /out/plan-$lvl.json $GPU_PXB)
-        echo "$lvl: sw0=$s0 sw1=$s1 rp=$rp pxb=$px"
-        # the switch pair is PIX: P2P at every level
-        [ "$s0" != null ] && [ "$s0" = "$s1" ] || fail "plan ($lvl): switch pair not in one clique ($s0/$s1)"
-        case $lvl in
-            pix) [ "$rp" != "$s0" ] && [ "$px" != "$s0" ] || fail "plan (pix): a PHB/SYS GPU joined the switch clique" ;;
-            phb) [ "$rp" = "$s0" ] && [ "$px" != "$s0" ] || fail "plan (phb): want sw0=sw1=rp != pxb, got $s0 $s1 $rp $px" ;;
-            sys) [ "$rp" = "$s0" ] && [ "$px" = "$s0" ] || fail "plan (sys): want all four in one clique, got $s0 $s1 $rp $px" ;;
-            default) [ "$px" != "$s0" ] || fail "plan (default): the other-socket GPU joined the switch clique" ;;
-        esac
+        plan_ok $lvl /out/plan-$lvl.json
     done
     [ -z "$WHY" ]
 }
@@ -371,7 +376,7 @@ if ! mount_shares; then
 else
     # shellcheck source=/dev/null # written by tests/lab/run (write_env)
     . /out/lab.env
-    GPUS="$GPU_SW0 $GPU_SW1 $GPU_RP $GPU_PXB"
+    GPUS="$GPU_SW0 $GPU_SW1 $GPU_RP $GPU_HB $GPU_FAR"
     # the stand-ins start on a host driver like real GPUs do, so bind/rollback have something to restore
     for m in bochs vfio_pci vfio_iommu_type1; do modprobe $m || echo "modprobe $m failed"; done
     echo "LAB-STAGE boot PASS $(up) kernel $(uname -r)"
