@@ -15,11 +15,11 @@ pub fn hex_u16(text: &str) -> Option<u16> {
 }
 
 /// `numa_node`: `-1` means "no NUMA information", which is not an error.
-pub fn numa_node(text: &str) -> Result<Option<u32>, ()> {
+pub fn numa_node(text: &str) -> Result<Option<u32>, String> {
     match text.trim().parse::<i64>() {
         Ok(-1) => Ok(None),
         Ok(n) if (0..=u32::MAX as i64).contains(&n) => Ok(Some(n as u32)),
-        _ => Err(()),
+        _ => Err(format!("unexpected content {:?}", text.trim())),
     }
 }
 
@@ -32,7 +32,7 @@ pub fn resources(text: &str) -> Option<Vec<Resource>> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let mut it = l.split_whitespace().map(|f| hex_u64(f));
+            let mut it = l.split_whitespace().map(hex_u64);
             let r = Resource {
                 start: it.next()??,
                 end: it.next()??,

@@ -62,8 +62,8 @@ pub fn parse(text: &str, source: &str) -> Result<HostRecord, String> {
         };
         let numa_node = match get("numa_node").map(|t| attr::numa_node(&t)) {
             Some(Ok(n)) => n,
-            Some(Err(())) => {
-                warn(&mut host, "numa_node", "unexpected content");
+            Some(Err(m)) => {
+                warn(&mut host, "numa_node", &m);
                 None
             }
             None => None,

@@ -179,8 +179,8 @@ fn read_device(
     };
     let numa_node = r.text("numa_node").and_then(|t| match attr::numa_node(&t) {
         Ok(n) => n,
-        Err(()) => {
-            r.warn("numa_node", format!("unexpected content {:?}", t.trim()));
+        Err(m) => {
+            r.warn("numa_node", m);
             None
         }
     });
