@@ -87,7 +87,7 @@ impl Iterator for CapWalk<'_> {
             s.done = true;
             Some(Err(e))
         };
-        if offset < 0x40 || offset >= CONFIG_SPACE_LEGACY {
+        if !(0x40..CONFIG_SPACE_LEGACY).contains(&offset) {
             return fail(self, WalkError::BadPointer { offset });
         }
         if !self.seen.insert(offset) {

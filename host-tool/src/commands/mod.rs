@@ -1,0 +1,37 @@
+//! Glue between the CLI and the stages: each command reads, models, decides, emits.
+
+pub mod topo;
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::cli::{Cli, Command, GlobalArgs};
+use crate::model::Topology;
+use crate::read::{read_host, HostRecord};
+use crate::synth;
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Topo(a) => topo::run(&cli.global, a),
+    }
+}
+
+/// The host facts the global options point at (a sysfs root or an embedded example).
+pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
+    match &global.example {
+        Some(name) => synth::example(name).map_err(anyhow::Error::msg),
+        None => read_host(&global.sysfs_root)
+            .with_context(|| format!("reading the host below {}", global.sysfs_root.display())),
+    }
+}
+
+/// The typed topology, with read warnings logged once.
+pub fn load_topology(global: &GlobalArgs) -> anyhow::Result<Topology> {
+    let host = load_host(global)?;
+    let topo = Topology::from_record(&host);
+    for w in &topo.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(topo)
+}

@@ -1,0 +1,3 @@
+//! Emit stage: turns decided data into text. Never reads sysfs.
+
+pub mod data;
