@@ -17,7 +17,7 @@ up() { cut -d' ' -f1 /proc/uptime; }
 R=/hostroot   # the build machine's /, read-only over 9p: our binaries, qemu, jq, the kernel for B
 O=/tmp/out    # /out (writable 9p share, results) as seen inside the chroot
 # C CMD...: run a program of the build machine against this VM's /sys, /dev and /proc
-C() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+C() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin NO_COLOR=1 "$@"; }
 vp() { C "$VFIO_P2P" "$@"; }
 jqr() { C jq "$@"; }   # jq: reads stdin, so files come from level A's side (/out/...)
 
@@ -32,8 +32,13 @@ mount_shares() {
 }
 
 # ------------------------------------------------------------------------------ helpers
-WHY=""
-fail() { echo "FAIL: $*"; WHY="${WHY:+$WHY; }$*"; }
+WHY=""; NFAIL=0
+# fail MSG: record a failed assertion and go on checking; the summary shows the first three
+fail() {
+    echo "FAIL: $*"
+    NFAIL=$((NFAIL + 1))
+    if [ $NFAIL -le 3 ]; then WHY="${WHY:+$WHY; }$*"; fi
+}
 dev() { echo /sys/bus/pci/devices/$1; }
 driver_of() { basename "$(readlink "$(dev "$1")/driver" 2>/dev/null)" 2>/dev/null; }
 group_of() { basename "$(readlink "$(dev "$1")/iommu_group")"; }
@@ -114,9 +119,10 @@ stage_topo() {
         if [ "$a" = "$b" ]; then want=X; else want=$(expected_label "$a" "$b"); fi
         echo "$lbl" | grep -qxE "$want" || fail "matrix[$a][$b] = '$lbl', expected $want"
     done; done
-    for f in table yaml dot; do
-        vp topo --format $f > /out/topo.$f 2>&1 && grep -q PIX /out/topo.$f || fail "topo --format $f: exit/output wrong"
+    for f in table yaml; do
+        vp topo --format $f > /out/topo.$f && grep -q PIX /out/topo.$f || fail "topo --format $f: exit/output wrong"
     done
+    vp topo --format dot > /out/topo.dot && grep -qE '^ *(di)?graph' /out/topo.dot || fail "topo --format dot: no graph"
     [ -z "$WHY" ]
 }
 
@@ -365,9 +371,10 @@ run_stage() {
     local name=$1 t0 res
     case " $LAB_STAGES " in *" $name "*) ;; *) echo "LAB-STAGE $name SKIP 0 not selected" | tee -a /out/stages.txt; return ;; esac
     echo "LAB-PROGRESS $name ..."
-    t0=$(up); WHY=""
+    t0=$(up); WHY=""; NFAIL=0
     if "stage_$(echo "$name" | tr - _)" > /out/"$name".log 2>&1 && [ -z "$WHY" ]; then res=PASS; else res=FAIL; fi
     sed "s/^/[$name] /" /out/"$name".log
+    [ $NFAIL -le 3 ] || WHY="$WHY; ... $NFAIL failures in all, see $name.log"
     echo "LAB-STAGE $name $res $(awk "BEGIN { printf \"%.1f\", $(up) - $t0 }") ${WHY:+$WHY}" | tee -a /out/stages.txt
 }
 
