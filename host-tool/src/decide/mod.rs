@@ -3,4 +3,5 @@
 //! decision is testable on synthetic hosts.
 
 pub mod mmio;
+pub mod nvlink;
 pub mod plan;
