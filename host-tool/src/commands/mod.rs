@@ -1,5 +1,6 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod check;
 pub mod plan;
 pub mod topo;
 
@@ -17,6 +18,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Check(a) => check::run(&cli.global, a),
     }
 }
 
