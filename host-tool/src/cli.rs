@@ -52,4 +52,8 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
+    Plan(commands::plan::PlanArgs),
+    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
+    Check(commands::check::CheckArgs),
 }
