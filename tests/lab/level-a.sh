@@ -64,6 +64,24 @@ ensure_vfio() {
     done
 }
 
+# present_as_nvidia: show the stand-ins to our tool as NVIDIA parts (10de:2330), which it plans
+# cliques for; the same override level B gets from QEMU's x-pci-vendor-id. Only the chroot's
+# sysfs is covered (vendor, device and a patched copy of config bind-mounted over the files):
+# the kernel, vfio-pci and QEMU still see the real 1234:1111.
+present_as_nvidia() {
+    local b real f a
+    for b in $GPUS; do
+        real=$(readlink -f "$(dev "$b")")
+        f=/tmp/nv/$b
+        mkdir -p "$f"
+        echo 0x10de > "$f/vendor"
+        echo 0x2330 > "$f/device"
+        cat "$real/config" > "$f/config"
+        printf '\336\020\060\043' | dd of="$f/config" conv=notrunc 2> /dev/null   # de 10 30 23
+        for a in vendor device config; do mount --bind "$f/$a" "$R$real/$a" || return 1; done
+    done
+}
+
 # ------------------------------------------------------------------------------ stages
 # tree: the emulated server is what the other stages assume (catches QEMU/kernel changes)
 stage_tree() {
@@ -86,6 +104,10 @@ stage_tree() {
     done
     [ "$(cat "$(dev "$EDU")/class")" = 0x00ff00 ] || fail "edu $EDU missing"
     [ "$(group_of $GPU_SW0)" != "$(group_of $GPU_SW1)" ] || fail "switch stand-ins share an IOMMU group"
+    if [ "$AS_NVIDIA" = 1 ]; then
+        [ "$(C cat "/sys/bus/pci/devices/$GPU_SW0/vendor")" = 0x10de ] || fail "the NVIDIA overlay is missing in the chroot"
+    fi
+    [ -c /dev/kvm ] || fail "no /dev/kvm in level A (kvm_amd with emulated SVM)"
 }
 
 # expected_label A B: nvidia-smi's label for the pair, from the tree built by tests/lab/run
@@ -129,38 +151,47 @@ stage_topo() {
 # clique_of FILE BDF: the plan's assignment (a number or null)
 clique_of() { jqr -r --arg b "$2" '.assignments[$b]' < "$1"; }
 
-# plan_ok LEVEL FILE: at each --p2p-level, the GPUs whose path is at most that level share a clique
+# plan_ok LEVEL FILE: the GPUs whose path is at most LEVEL share a clique; single GPUs get none
 plan_ok() {
     local s0 s1 rp hb far
     s0=$(clique_of "$2" "$GPU_SW0"); s1=$(clique_of "$2" "$GPU_SW1"); rp=$(clique_of "$2" "$GPU_RP")
     hb=$(clique_of "$2" "$GPU_HB"); far=$(clique_of "$2" "$GPU_FAR")
     echo "$1: sw0=$s0 sw1=$s1 rp=$rp hb=$hb far=$far"
-    # the switch pair is PIX: P2P at every level
-    [ "$s0" != null ] && [ "$s0" = "$s1" ] || { fail "plan ($1): switch pair not in one clique ($s0/$s1)"; return; }
     case $1 in
-        pix) [ "$rp" != "$s0" ] && [ "$hb" != "$s0" ] && [ "$far" != "$s0" ] ;;
-        default|pxb) [ "$rp" != "$s0" ] && [ "$far" != "$s0" ] ;;   # NCCL's default level is PXB
-        phb) [ "$rp" = "$s0" ] && [ "$hb" != "$s0" ] && [ "$far" != "$s0" ] ;;
-        node) [ "$rp" = "$s0" ] && [ "$hb" = "$s0" ] && [ "$far" != "$s0" ] ;;
-        sys) [ "$rp" = "$s0" ] && [ "$hb" = "$s0" ] && [ "$far" = "$s0" ] ;;
+        pix|pxb) [ "$s0" != null ] && [ "$s0" = "$s1" ] && [ "$rp $hb $far" = "null null null" ] ;;
+        phb) [ "$s0" != null ] && [ "$s0" = "$s1" ] && [ "$rp" = "$s0" ] && [ "$hb $far" = "null null" ] ;;
+        node) [ "$s0" != null ] && [ "$s0 $s0 $s0" = "$s1 $rp $hb" ] && [ "$far" = null ] ;;
+        sys) [ "$s0" != null ] && [ "$s0 $s0 $s0 $s0" = "$s1 $rp $hb $far" ] ;;
     esac || fail "plan ($1): cliques sw0=$s0 sw1=$s1 rp=$rp hb=$hb far=$far do not follow the tree"
 }
 
+# plan_json NAME ARGS...: run plan, keep its JSON in /out/plan-NAME.json, check it is consistent
+plan_json() {
+    local name=$1 rc=0
+    shift
+    vp plan --gpus "$(csv $GPUS)" "$@" --format json > /out/plan-$name.json || rc=$?
+    echo "== plan $* (exit $rc)"; cat /out/plan-$name.json
+    [ $rc = 0 ] || fail "plan $* exited $rc"
+    is_json /out/plan-$name.json || { fail "plan $* printed no JSON (not implemented?)"; return 1; }
+    # cliques and assignments must say the same thing, with ids QEMU accepts
+    jqr -e '([.cliques[] | .id as $id | .gpus[] | {key: ., value: $id}] | from_entries) as $c
+            | ($c | length) == ([.assignments[] | select(. != null)] | length)
+              and all(.assignments | to_entries[] | select(.value != null); $c[.key] == .value)
+              and all(.cliques[]; .id >= 0 and .id <= 15)' < /out/plan-$name.json > /dev/null ||
+        fail "plan $*: cliques[] and assignments disagree or an id is outside 0..15"
+}
+
 stage_plan() {
-    local lvl rc opt
-    for lvl in default pix pxb phb node sys; do
-        rc=0; opt="--p2p-level $lvl"; [ $lvl = default ] && opt=""
-        vp plan --gpus "$(csv $GPUS)" $opt --format json > /out/plan-$lvl.json || rc=$?
-        echo "== plan $lvl (exit $rc)"; cat /out/plan-$lvl.json
-        [ $rc = 0 ] || fail "plan ($lvl) exited $rc"
-        is_json /out/plan-$lvl.json || { fail "plan ($lvl) printed no JSON (not implemented?)"; return 1; }
-        # cliques and assignments must say the same thing, with ids QEMU accepts
-        jqr -e '[.cliques[] | .id as $id | .gpus[] | {key: ., value: $id}] | from_entries as $c
-                | ($c | length) == ([.assignments[] | select(. != null)] | length)
-                  and all(.assignments | to_entries[] | select(.value != null); $c[.key] == .value)
-                  and all(.cliques[]; .id >= 0 and .id <= 15)' < /out/plan-$lvl.json > /dev/null ||
-            fail "plan ($lvl): cliques[] and assignments disagree or an id is outside 0..15"
-        plan_ok $lvl /out/plan-$lvl.json
+    local lvl rc=0
+    # QEMU 7.2's switch ports have no ACS: the switch would route the guests' P2P untranslated.
+    # Our plan must refuse that pair and say why, as it would on such a real host.
+    vp plan --gpus "$(csv $GPUS)" --format json > /out/plan-default.json 2> /out/plan-default.err || rc=$?
+    echo "== plan (exit $rc)"; cat /out/plan-default.json /out/plan-default.err
+    [ $rc != 0 ] && grep -qi untranslated /out/plan-default.err ||
+        fail "plan of the ACS-less switch pair: exit $rc, expected a refusal that names the untranslated path"
+    # with the operator's consent the cliques follow the P2P level
+    for lvl in pix pxb phb node sys; do
+        plan_json $lvl --p2p-level $lvl --allow-untranslated-p2p && plan_ok $lvl /out/plan-$lvl.json
     done
     [ -z "$WHY" ]
 }
@@ -206,28 +237,42 @@ hidden_xml() { # a libvirt domain with the GPUs assigned and the hypervisor hidd
     echo "</devices></domain>"
 }
 
+# new_failures BASE OTHER: the findings (not passing) of check report OTHER that BASE passes
+new_failures() {
+    jqr -c --slurpfile base "$O/${1#/out/}" '[$base[0].checks[] | select(.status | test("^pass$"; "i")) | [.check, .subject]] as $ok
+        | [.checks[] | select((.status | test("^pass$"; "i") | not) and ([.check, .subject] as $k | $ok | index([$k]) != null))]' < "$2"
+}
+
 stage_check() {
-    local rc base q="/usr/bin/qemu-system-x86_64" pair="$GPU_SW0,$GPU_SW1"
+    # a PHB pair: no clique at the default level, so nothing but the host is judged
+    local rc base q="/usr/bin/qemu-system-x86_64" pair="$GPU_SW0,$GPU_RP"
     ensure_vfio $GPUS
-    rc=0; vp check --gpus "$pair" --qemu $q --format json > /out/check.json || rc=$?
+    # --deep: open the groups and devices through the VFIO ioctls, as QEMU will
+    rc=0; vp check --gpus "$pair" --qemu $q --deep --format json > /out/check.json || rc=$?
     echo "== check (exit $rc)"; cat /out/check.json
     is_json /out/check.json || { fail "check printed no JSON (not implemented?)"; return 1; }
     base=$rc
-    [ $rc -le 1 ] || fail "check fails ($rc) on two switch GPUs bound to vfio-pci"
+    [ $rc -le 1 ] || fail "check fails ($rc) on GPUs bound to vfio-pci: $(jqr -c '[.checks[] | select(.status | test("fail"; "i")) | .check]' < /out/check.json)"
+    # the switch pair without ACS: the plan check fails and says why
+    rc=0; vp check --gpus "$GPU_SW0,$GPU_SW1" --qemu $q --format json > /out/check-switch.json || rc=$?
+    echo "== check switch pair (exit $rc)"; cat /out/check-switch.json
+    [ $rc = 2 ] && new_failures /out/check.json /out/check-switch.json | grep -qi untranslated ||
+        fail "check of the ACS-less switch pair: exit $rc, expected a failure that names the untranslated path"
     # hidden hypervisor: `kvm=off` on the command line, or libvirt's <kvm><hidden state='on'/>
     rc=0; vp check --gpus "$pair" --qemu $q --qemu-args "-machine q35 -cpu host,kvm=off" --format json > /out/check-kvm-off.json || rc=$?
     echo "== check kvm=off (exit $rc)"; cat /out/check-kvm-off.json
     [ $rc -ge 1 ] || fail "check passes with -cpu host,kvm=off"
-    grep -qiE 'hidden|kvm=off' /out/check-kvm-off.json && ! grep -qiE 'hidden|kvm=off' /out/check.json ||
-        fail "check output does not name the hidden hypervisor (kvm=off)"
-    hidden_xml $GPU_SW0 $GPU_SW1 > /out/hidden.xml
+    new_failures /out/check.json /out/check-kvm-off.json | grep -qiE 'hidden|kvm=off' ||
+        fail "check with kvm=off: no new finding that names the hidden hypervisor"
+    hidden_xml $GPU_SW0 $GPU_RP > /out/hidden.xml
     rc=0; vp check --gpus "$pair" --qemu $q --domain-xml $O/hidden.xml --format json > /out/check-hidden-xml.json || rc=$?
     echo "== check hidden xml (exit $rc)"; cat /out/check-hidden-xml.json
     [ $rc -ge 1 ] || fail "check passes a domain with <kvm><hidden state='on'/>"
-    grep -qi hidden /out/check-hidden-xml.json || fail "check output does not name the hidden state of the domain"
+    new_failures /out/check.json /out/check-hidden-xml.json | grep -qi 'hidden' ||
+        fail "check with <hidden state='on'/>: no new finding that names it"
     # the VFIO state is read for real: a GPU taken off vfio-pci must fail the check
     echo "$GPU_RP" > "$(dev $GPU_RP)/driver/unbind"
-    rc=0; vp check --gpus "$GPU_SW0,$GPU_RP" --qemu $q --format json > /out/check-unbound.json || rc=$?
+    rc=0; vp check --gpus "$pair" --qemu $q --format json > /out/check-unbound.json || rc=$?
     echo "== check with $GPU_RP unbound (exit $rc)"; cat /out/check-unbound.json
     [ $rc = 2 ] || fail "check exits $rc (not 2) for a GPU not bound to vfio-pci"
     echo "$GPU_RP" > /sys/bus/pci/drivers_probe    # driver_override still says vfio-pci
@@ -321,7 +366,6 @@ stage_guest() {
         < /out/expect.json > /out/expect-wrong.json
     cmp -s /out/expect.json /out/expect-wrong.json && fail "cannot derive a wrong expectation (no clique field in expect.json?)"
     if [ "$accel" = auto ]; then
-        modprobe kvm_amd 2>/dev/null || modprobe kvm_intel 2>/dev/null
         if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
     fi
     t0=$(up)
@@ -386,6 +430,9 @@ else
     GPUS="$GPU_SW0 $GPU_SW1 $GPU_RP $GPU_HB $GPU_FAR"
     # the stand-ins start on a host driver like real GPUs do, so bind/rollback have something to restore
     for m in bochs vfio_pci vfio_iommu_type1; do modprobe $m || echo "modprobe $m failed"; done
+    # a KVM host: check looks for /dev/kvm, level B may use it (TCG's emulated SVM)
+    modprobe kvm_amd 2> /dev/null || modprobe kvm_intel 2> /dev/null || echo "no KVM module loads"
+    if [ "$AS_NVIDIA" = 1 ]; then present_as_nvidia || echo "present_as_nvidia failed"; fi
     echo "LAB-STAGE boot PASS $(up) kernel $(uname -r)"
     for s in $LAB_STAGES; do run_stage "$s"; done
     sync
