@@ -452,8 +452,8 @@ fn verdict(
         }
         PathKind::Phb => (
             Verdict::RootComplex,
-            "through the host bridge between root ports: translated by the IOMMU; whether the \
-             root complex forwards P2P between its root ports is platform-dependent"
+            "through the host bridge (root complex): translated by the IOMMU; whether the \
+             root complex forwards P2P between its ports is platform-dependent"
                 .into(),
         ),
         PathKind::Node => (
