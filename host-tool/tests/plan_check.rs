@@ -22,25 +22,14 @@ fn json_of(args: &[&str]) -> (Value, i32) {
     (v, out.status.code().unwrap())
 }
 
+/// Golden plan JSON for every embedded example.
 #[test]
-fn plan_golden_hgx_h100() {
-    let (v, code) = json_of(&["plan", "--example", "hgx-h100"]);
-    assert_eq!(code, 0);
-    insta::assert_json_snapshot!(v);
-}
-
-#[test]
-fn plan_golden_dual_socket_pcie() {
-    let (v, code) = json_of(&["plan", "--example", "dual-socket-pcie"]);
-    assert_eq!(code, 0);
-    insta::assert_json_snapshot!(v);
-}
-
-#[test]
-fn plan_golden_flat_vm() {
-    let (v, code) = json_of(&["plan", "--example", "flat-vm"]);
-    assert_eq!(code, 0);
-    insta::assert_json_snapshot!(v);
+fn plan_golden_examples() {
+    for name in ["hgx-h100", "dual-socket-pcie", "flat-vm"] {
+        let (v, code) = json_of(&["plan", "--example", name]);
+        assert_eq!(code, 0, "{name}");
+        insta::assert_json_snapshot!(format!("plan-{name}"), v);
+    }
 }
 
 #[test]
@@ -68,28 +57,16 @@ fn plan_yaml_and_table() {
 
 #[test]
 fn plan_rejects_bad_input_with_the_fix() {
-    vfio_p2p()
-        .args([
-            "plan",
-            "--example",
-            "dual-socket-pcie",
-            "--gpus",
-            "0000:03:00.0",
-        ])
-        .assert()
-        .code(2)
-        .stderr(predicates::str::contains("is not a GPU"));
-    vfio_p2p()
-        .args([
-            "plan",
-            "--example",
-            "dual-socket-pcie",
-            "--p2p-level",
-            "far",
-        ])
-        .assert()
-        .code(2)
-        .stderr(predicates::str::contains("pix, pxb, phb, node, sys"));
+    for (flag, value, says) in [
+        ("--gpus", "0000:03:00.0", "is not a GPU"),
+        ("--p2p-level", "far", "pix, pxb, phb, node, sys"),
+    ] {
+        vfio_p2p()
+            .args(["plan", "--example", "dual-socket-pcie", flag, value])
+            .assert()
+            .code(2)
+            .stderr(predicates::str::contains(says));
+    }
 }
 
 const TOPO_M: &str = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n\
