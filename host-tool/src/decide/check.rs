@@ -407,19 +407,17 @@ fn check_vfio_module(m: &ModuleState) -> CheckResult {
     result("vfio-pci-module", None, status, saw, fix)
 }
 
-fn node_not_probed<T>(p: &NodeProbe<T>) -> Option<(Status, String, Option<String>)> {
-    match p {
-        NodeProbe::Unknown(why) => Some((
-            Status::Warn,
-            format!("not probed: {why}"),
-            Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".into()),
-        )),
-        _ => None,
-    }
+/// The outcome of a check whose probe could not run.
+fn not_probed(why: &str) -> (Status, String, Option<String>) {
+    (
+        Status::Warn,
+        format!("not probed: {why}"),
+        Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".into()),
+    )
 }
 
 fn check_container(p: &NodeProbe<i32>) -> CheckResult {
-    let (status, saw, fix) = node_not_probed(p).unwrap_or_else(|| match p {
+    let (status, saw, fix) = match p {
         NodeProbe::Ok(v) => (Status::Pass, format!("/dev/vfio/vfio opens, VFIO API version {v}"), None),
         NodeProbe::Absent(path) => (
             Status::Fail,
@@ -431,8 +429,8 @@ fn check_container(p: &NodeProbe<i32>) -> CheckResult {
             e.clone(),
             Some("run as root or give this user access to /dev/vfio/vfio".into()),
         ),
-        NodeProbe::Unknown(_) => unreachable!("handled by node_not_probed"),
-    });
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
     result("vfio-container", None, status, saw, fix)
 }
 
@@ -525,7 +523,7 @@ fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult {
         .get(&group)
         .cloned()
         .unwrap_or_else(|| NodeProbe::Unknown(format!("group {group} was not probed")));
-    let (status, saw, fix) = node_not_probed(&probe).unwrap_or_else(|| match probe {
+    let (status, saw, fix) = match probe {
         NodeProbe::Ok(true) => (
             Status::Pass,
             format!("/dev/vfio/{group} is viable (VFIO_GROUP_GET_STATUS)"),
@@ -549,14 +547,14 @@ fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult {
             e,
             Some("run as root; a running VM holding the group also makes it busy".into()),
         ),
-        NodeProbe::Unknown(_) => unreachable!("handled by node_not_probed"),
-    });
+        NodeProbe::Unknown(why) => not_probed(&why),
+    };
     result("vfio-group", subject, status, saw, fix)
 }
 
 fn check_deep(gpu: &Device, probe: &NodeProbe<bool>) -> CheckResult {
     let subject = Some(gpu.bdf.to_string());
-    let (status, saw, fix) = node_not_probed(probe).unwrap_or_else(|| match probe {
+    let (status, saw, fix) = match probe {
         NodeProbe::Ok(true) => (
             Status::Pass,
             "opened through VFIO (this reset it); VFIO reports it resettable".into(),
@@ -577,13 +575,13 @@ fn check_deep(gpu: &Device, probe: &NodeProbe<bool>) -> CheckResult {
             format!("opening through VFIO failed: {e}"),
             Some("make sure no VM holds the group, then retry".into()),
         ),
-        NodeProbe::Unknown(_) => unreachable!("handled by node_not_probed"),
-    });
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
     result("vfio-device-open", subject, status, saw, fix)
 }
 
 fn check_kvm(p: &NodeProbe<i32>) -> CheckResult {
-    let (status, saw, fix) = node_not_probed(p).unwrap_or_else(|| match p {
+    let (status, saw, fix) = match p {
         NodeProbe::Ok(v) => (Status::Pass, format!("KVM API {v}: created a VM and a KVM-VFIO device"), None),
         NodeProbe::Absent(path) => (
             Status::Fail,
@@ -595,8 +593,8 @@ fn check_kvm(p: &NodeProbe<i32>) -> CheckResult {
             e.clone(),
             Some("run as root or add this user to the kvm group; the KVM-VFIO device needs CONFIG_KVM_VFIO".into()),
         ),
-        NodeProbe::Unknown(_) => unreachable!("handled by node_not_probed"),
-    });
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
     result("kvm", None, status, saw, fix)
 }
 
@@ -806,7 +804,7 @@ fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
             None,
             Status::Fail,
             e.to_string(),
-            Some("see the error".into()),
+            Some("as the message says; `vfio-p2p plan` explains every pair".into()),
         ),
         Ok(p) => {
             let routed = p

@@ -512,7 +512,7 @@ fn pair_warnings(
     let rc = in_clique(Verdict::RootComplex);
     if !rc.is_empty() {
         out.push(format!(
-            "--p2p-level {}: {} do P2P between root ports of one root complex, which is platform-dependent; \
+            "--p2p-level {}: {} do P2P through the root complex (PHB), which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
             list(rc)
