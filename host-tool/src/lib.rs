@@ -10,4 +10,5 @@ pub mod emit;
 pub mod logging;
 pub mod model;
 pub mod read;
+pub mod snapshot;
 pub mod synth;
