@@ -15,8 +15,9 @@ use crate::commands;
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// Optional so that `vfio-p2p --example list` works on its own.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// Where the host facts come from; every data command takes these.
@@ -52,4 +53,6 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }

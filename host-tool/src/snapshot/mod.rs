@@ -124,7 +124,10 @@ impl TreeWriter<'_> {
         }
         let link = [
             ("current_link_speed", d.current_link_speed.clone()),
-            ("current_link_width", d.current_link_width.map(|w| w.to_string())),
+            (
+                "current_link_width",
+                d.current_link_width.map(|w| w.to_string()),
+            ),
             ("max_link_speed", d.max_link_speed.clone()),
             ("max_link_width", d.max_link_width.map(|w| w.to_string())),
         ];
