@@ -152,11 +152,14 @@ impl TopoReport {
     }
 }
 
-/// NICs that are a port's first function (nvidia-smi lists each NIC once).
+/// Virtio network devices are VM plumbing, never GPUDirect RDMA peers.
+const VENDOR_VIRTIO: u16 = 0x1af4;
+
+/// NICs that can be GPUDirect RDMA peers, one per port's first function.
 fn nics(topo: &Topology) -> impl Iterator<Item = &Device> {
     topo.devices
         .values()
-        .filter(|d| d.kind == DeviceKind::Nic && d.bdf.function == 0)
+        .filter(|d| d.kind == DeviceKind::Nic && d.bdf.function == 0 && d.vendor != VENDOR_VIRTIO)
 }
 
 /// Whether some device's config space stopped at the unprivileged 64 bytes.
@@ -209,7 +212,7 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
     if !report.config_complete {
         out.push_str(
             "\nNote: only the first 64 bytes of PCI config space were readable (not running as root): \
-             bridge roles are inferred from the tree, ACS and link capabilities are unknown (ACS ?). \
+             bridge roles are inferred from the tree, ACS and other capabilities are unknown (ACS ?). \
              Run as root for the full picture.\n",
         );
     }
