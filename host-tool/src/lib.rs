@@ -12,4 +12,5 @@ pub mod host_probe;
 pub mod logging;
 pub mod model;
 pub mod read;
+pub mod snapshot;
 pub mod synth;

@@ -3,3 +3,4 @@
 pub mod check;
 pub mod data;
 pub mod plan;
+pub mod topo_report;
