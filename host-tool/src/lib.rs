@@ -6,6 +6,8 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
+pub mod decide;
 pub mod emit;
 pub mod logging;
 pub mod model;
