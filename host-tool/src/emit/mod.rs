@@ -1,3 +1,9 @@
 //! Emit stage: turns decided data into text. Never reads sysfs.
 
+pub mod cloud_hypervisor;
 pub mod data;
+pub mod libvirt;
+pub mod libvirt_patch;
+pub mod nccl;
+pub mod qemu;
+pub mod vm;
