@@ -1,5 +1,9 @@
-//! Decide stage: guest layouts, expectations and sizes derived from the topology.
+//! Decide stage: pure decisions over a [`Topology`](crate::model::Topology) and
+//! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
+//! decision is testable on synthetic hosts.
 
 pub mod expectation;
 pub mod guest_layout;
 pub mod mmio;
+pub mod nvlink;
+pub mod plan;

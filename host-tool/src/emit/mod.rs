@@ -5,5 +5,6 @@ pub mod data;
 pub mod libvirt;
 pub mod libvirt_patch;
 pub mod nccl;
+pub mod plan;
 pub mod qemu;
 pub mod vm;
