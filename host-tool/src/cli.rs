@@ -54,4 +54,8 @@ pub enum Command {
     Topo(commands::topo::TopoArgs),
     /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
     Plan(commands::plan::PlanArgs),
+    /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
+    Gen(commands::gen::GenArgs),
+    /// Edit libvirt domains.
+    Libvirt(commands::libvirt::LibvirtArgs),
 }

@@ -1,5 +1,7 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod gen;
+pub mod libvirt;
 pub mod plan;
 pub mod topo;
 
@@ -17,6 +19,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Gen(a) => gen::run(&cli.global, a),
+        Command::Libvirt(a) => libvirt::run(&cli.global, a),
     }
 }
 

@@ -102,7 +102,7 @@ pub fn set_args(entries: &[(String, u8)]) -> Vec<String> {
         .collect()
 }
 
-/// `<address type='pci' …/>` of a host or guest function.
+/// `<address type='pci' …/>` of a guest function (`bus` is the parent controller's index).
 pub fn pci_address(bdf: &Bdf, bus: Option<u32>, extra: &str) -> String {
     format!(
         "<address type='pci' domain='{:#06x}' bus='{:#04x}' slot='{:#04x}' function='{:#x}'{extra}/>",
@@ -110,6 +110,14 @@ pub fn pci_address(bdf: &Bdf, bus: Option<u32>, extra: &str) -> String {
         bus.unwrap_or(u32::from(bdf.bus)),
         bdf.device,
         bdf.function
+    )
+}
+
+/// `<address …/>` of a host function inside `<source>` (no `type` there).
+pub fn host_address(bdf: &Bdf) -> String {
+    format!(
+        "<address domain='{:#06x}' bus='{:#04x}' slot='{:#04x}' function='{:#x}'/>",
+        bdf.domain, bdf.bus, bdf.device, bdf.function
     )
 }
 
@@ -231,7 +239,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
         args.push("-fw_cfg".into());
         args.push(format!(
             "name=opt/ovmf/X-PciMmio64Mb,string={}",
-            crate::decide::mmio::hole64_mib(vm.hole64)
+            crate::decide::mmio::ovmf_mmio64_mb(vm.hole64)
         ));
     }
     if !version.has_override() {
@@ -275,7 +283,7 @@ fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32) {
         let _ = writeln!(
             w,
             "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <driver name='vfio'/>\n      <source>\n        {}\n      </source>\n      <alias name='{}'/>\n      {}\n    </hostdev>",
-            pci_address(&host, None, ""),
+            host_address(&host),
             alias_for(id),
             pci_address(&guest, Some(bus_index), multi)
         );

@@ -5,7 +5,7 @@
 //! libvirt also uses, so the same properties work whichever way the VM is started.
 
 use clap::ValueEnum;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::vm::{cpulist, VmDefinition};
 use crate::config::vm::Firmware;
@@ -25,44 +25,67 @@ pub enum ArgvFormat {
     Json,
 }
 
+/// A JSON object with keys in the given order (`driver` first reads best).
+#[derive(Debug, Default)]
+pub struct DeviceJson(Vec<(&'static str, Value)>);
+
+impl DeviceJson {
+    fn insert(&mut self, key: &'static str, value: Value) {
+        self.0.push((key, value));
+    }
+}
+
+impl std::fmt::Display for DeviceJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("{")?;
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}:{v}", json!(k))?;
+        }
+        f.write_str("}")
+    }
+}
+
 /// The `-device` JSON object of a guest bridge.
-pub fn bridge_device(b: &GuestBridge) -> Value {
-    let mut m = Map::new();
+pub fn bridge_device(b: &GuestBridge) -> DeviceJson {
+    let mut m = DeviceJson::default();
     let driver = match b.kind {
         GuestBridgeKind::Expander { .. } => "pxb-pcie",
         GuestBridgeKind::RootPort { .. } => "pcie-root-port",
         GuestBridgeKind::SwitchUpstream => "x3130-upstream",
         GuestBridgeKind::SwitchDownstream { .. } => "xio3130-downstream",
     };
-    m.insert("driver".into(), json!(driver));
-    m.insert("id".into(), json!(b.id));
-    m.insert("bus".into(), json!(b.parent));
-    m.insert("addr".into(), json!(format!("{:#x}", b.slot)));
+    m.insert("driver", json!(driver));
+    m.insert("id", json!(b.id));
+    m.insert("bus", json!(b.parent));
+    m.insert("addr", json!(format!("{:#x}", b.slot)));
     match b.kind {
         GuestBridgeKind::Expander { numa_node, .. } => {
-            m.insert("bus_nr".into(), json!(b.bus));
+            m.insert("bus_nr", json!(b.bus));
             if let Some(n) = numa_node {
-                m.insert("numa_node".into(), json!(n));
+                m.insert("numa_node", json!(n));
             }
         }
         GuestBridgeKind::RootPort { chassis, port } => {
-            m.insert("chassis".into(), json!(chassis));
-            m.insert("port".into(), json!(port));
+            m.insert("chassis", json!(chassis));
+            m.insert("port", json!(port));
             // GPUs need no I/O space; without this each port takes 4 KiB of the 64 KiB.
-            m.insert("io-reserve".into(), json!(0));
+            m.insert("io-reserve", json!(0));
         }
         GuestBridgeKind::SwitchUpstream => {}
         GuestBridgeKind::SwitchDownstream { chassis, port } => {
-            m.insert("chassis".into(), json!(chassis));
-            m.insert("slot".into(), json!(0));
-            m.insert("port".into(), json!(port));
+            m.insert("chassis", json!(chassis));
+            m.insert("slot", json!(0));
+            m.insert("port", json!(port));
         }
     }
-    Value::Object(m)
+    m
 }
 
 /// The `-device` JSON objects of a GPU: its own `vfio-pci` then its other functions.
-pub fn gpu_devices(g: &GuestGpu) -> Vec<Value> {
+pub fn gpu_devices(g: &GuestGpu) -> Vec<DeviceJson> {
     let mut out = Vec::new();
     let mut functions: Vec<(pci_config::Bdf, pci_config::Bdf, &str, bool)> =
         vec![(g.host, g.guest, g.id.as_str(), true)];
@@ -73,24 +96,24 @@ pub fn gpu_devices(g: &GuestGpu) -> Vec<Value> {
     );
     functions.sort_by_key(|f| f.1);
     for (host, guest, id, is_gpu) in functions {
-        let mut m = Map::new();
-        m.insert("driver".into(), json!("vfio-pci"));
-        m.insert("host".into(), json!(host.to_string()));
-        m.insert("id".into(), json!(id));
-        m.insert("bus".into(), json!(g.parent));
+        let mut m = DeviceJson::default();
+        m.insert("driver", json!("vfio-pci"));
+        m.insert("host", json!(host.to_string()));
+        m.insert("id", json!(id));
+        m.insert("bus", json!(g.parent));
         m.insert(
             "addr".into(),
             json!(format!("{:#x}.{:x}", guest.device, guest.function)),
         );
         if guest.function == 0 && g.multifunction() {
-            m.insert("multifunction".into(), json!(true));
+            m.insert("multifunction", json!(true));
         }
         if is_gpu {
             if let Some(c) = g.clique {
-                m.insert("x-nv-gpudirect-clique".into(), json!(c));
+                m.insert("x-nv-gpudirect-clique", json!(c));
             }
         }
-        out.push(Value::Object(m));
+        out.push(m);
     }
     out
 }
@@ -146,7 +169,7 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
             "-fw_cfg",
             format!(
                 "name=opt/ovmf/X-PciMmio64Mb,string={}",
-                crate::decide::mmio::hole64_mib(vm.hole64)
+                crate::decide::mmio::ovmf_mmio64_mb(vm.hole64)
             ),
         );
     }
