@@ -73,6 +73,10 @@ pub struct GenArgs {
     /// libvirt version to target (default: `virsh --version`); below 8.2 cliques use `-set`.
     #[arg(long, value_name = "X.Y")]
     pub libvirt_version: Option<LibvirtVersion>,
+    /// nccl only: describe the GPUs at the addresses they have on the machine read
+    /// (`--sysfs-root`/`--example`), for NCCL running there rather than in a new guest.
+    #[arg(long)]
+    pub as_is: bool,
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -147,10 +151,11 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = args.guest_topology {
         config.guest_topology = t;
     }
-    if args.format.is_some()
-        && matches!(args.target, GenTarget::Libvirt | GenTarget::Nccl)
-    {
+    if args.format.is_some() && matches!(args.target, GenTarget::Libvirt | GenTarget::Nccl) {
         bail!("--format applies to qemu and cloud-hypervisor command lines; libvirt and nccl write XML");
+    }
+    if args.as_is && args.target != GenTarget::Nccl {
+        bail!("--as-is applies to `gen nccl` only");
     }
     let mut topo = super::load_topology(global)?;
     super::plan::load_nvlink(&mut topo, &args.planning.nvlink)?;
@@ -161,7 +166,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     };
     let gpus = super::plan::selected_gpus(&topo, &requested);
     let p = plan_for(&topo, &gpus, &args.planning, config.p2p_level)?;
-    let layout = guest_layout::decide(
+    let mut layout = guest_layout::decide(
         &topo,
         &gpus,
         &p.assignments,
@@ -171,6 +176,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
+    if args.as_is {
+        layout.as_is();
+    }
     let expectation = Expectation::new(&config.name, &topo, &layout);
     let devices: Vec<_> = layout
         .gpus

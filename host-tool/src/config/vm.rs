@@ -189,7 +189,10 @@ impl VmConfig {
             Some(m) if m.value < MIN_MEMORY_MIB => {
                 return Err(invalid(
                     &m.referenced,
-                    format!("memory_mib: {} MiB is too little; give at least {MIN_MEMORY_MIB}", m.value),
+                    format!(
+                        "memory_mib: {} MiB is too little; give at least {MIN_MEMORY_MIB}",
+                        m.value
+                    ),
                 ))
             }
             Some(m) => m.value,
@@ -276,14 +279,18 @@ mod tests {
 
     #[test]
     fn unknown_key_names_line_and_column() {
-        let e = parse("name: vm1\nmemroy_mib: 4096\n").unwrap_err().to_string();
+        let e = parse("name: vm1\nmemroy_mib: 4096\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("memroy_mib"), "{e}");
         assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
     }
 
     #[test]
     fn bad_enum_value_names_line() {
-        let e = parse("name: vm1\nguest_topology: tree\n").unwrap_err().to_string();
+        let e = parse("name: vm1\nguest_topology: tree\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tree"), "{e}");
         assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
     }
@@ -299,19 +306,40 @@ mod tests {
         let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.0\n")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("vm.yaml:4:5: gpus: '41:00.0' is not a PCI address"), "{e}");
+        assert!(
+            e.starts_with("vm.yaml:4:5: gpus: '41:00.0' is not a PCI address"),
+            "{e}"
+        );
     }
 
     #[test]
     fn semantic_errors_carry_position() {
         let cases = [
             ("name: 'bad name'\n", "vm.yaml:1:7: name 'bad name'"),
-            ("name: a\nvcpus: 0\n", "vm.yaml:2:8: vcpus: 0 is out of range"),
-            ("name: a\nmemory_mib: 16\n", "vm.yaml:2:13: memory_mib: 16 MiB"),
-            ("name: a\np2p_level: bus\n", "vm.yaml:2:12: p2p_level: 'bus'"),
-            ("name: a\novmf_code: /x.fd\n", "vm.yaml:2:12: ovmf_code is only used"),
-            ("name: a\nfirmware: uefi\novmf_code: x.fd\n", "vm.yaml:3:12: ovmf_code: 'x.fd' must be"),
-            ("name: a\ngpus: [0000:01:00.0, 0000:01:00.0]\n", "vm.yaml:2:22: gpus: 0000:01:00.0 is listed twice"),
+            (
+                "name: a\nvcpus: 0\n",
+                "vm.yaml:2:8: vcpus: 0 is out of range",
+            ),
+            (
+                "name: a\nmemory_mib: 16\n",
+                "vm.yaml:2:13: memory_mib: 16 MiB",
+            ),
+            (
+                "name: a\np2p_level: bus\n",
+                "vm.yaml:2:12: p2p_level: 'bus'",
+            ),
+            (
+                "name: a\novmf_code: /x.fd\n",
+                "vm.yaml:2:12: ovmf_code is only used",
+            ),
+            (
+                "name: a\nfirmware: uefi\novmf_code: x.fd\n",
+                "vm.yaml:3:12: ovmf_code: 'x.fd' must be",
+            ),
+            (
+                "name: a\ngpus: [0000:01:00.0, 0000:01:00.0]\n",
+                "vm.yaml:2:22: gpus: 0000:01:00.0 is listed twice",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();

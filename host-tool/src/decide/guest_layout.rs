@@ -170,6 +170,21 @@ impl GuestLayout {
         self.bridges.iter().find(|b| b.id == id)
     }
 
+    /// The GPUs at their host addresses with no emulated bridges: the machine as it is,
+    /// for describing it to software running on it (NCCL on the host or in an existing VM).
+    pub fn as_is(&mut self) {
+        self.bridges.clear();
+        self.numa_nodes.clear();
+        for g in &mut self.gpus {
+            g.guest = g.host;
+            g.parent = ROOT_BUS.to_string();
+            g.numa_node = g.host_numa_node;
+            for f in &mut g.other_functions {
+                f.guest = f.host;
+            }
+        }
+    }
+
     /// Ancestor bridges of a GPU, top first.
     pub fn ancestors(&self, gpu: &GuestGpu) -> Vec<&GuestBridge> {
         let mut chain = Vec::new();
@@ -387,15 +402,19 @@ pub fn decide(
             .iter()
             .find(|b| b.id == parent)
             .expect("ids and bridges are built together");
-        let slot = u8::try_from(nodes[&parent_key].gpus.iter().position(|b| *b == gpu.bdf).unwrap_or(0))
-            .unwrap_or(0);
+        let slot = u8::try_from(
+            nodes[&parent_key]
+                .gpus
+                .iter()
+                .position(|b| *b == gpu.bdf)
+                .unwrap_or(0),
+        )
+        .unwrap_or(0);
         let guest = Bdf::new(0, parent_bridge.bus, slot, gpu.bdf.function);
-        let numa_node = builder
-            .expander_of(&parent)
-            .and_then(|e| match &e.kind {
-                GuestBridgeKind::Expander { numa_node, .. } => *numa_node,
-                _ => None,
-            });
+        let numa_node = builder.expander_of(&parent).and_then(|e| match &e.kind {
+            GuestBridgeKind::Expander { numa_node, .. } => *numa_node,
+            _ => None,
+        });
         let id = format!("gpu{i}");
         let mut functions: Vec<&Device> = topo
             .sibling_functions(&gpu.bdf)
@@ -567,5 +586,90 @@ impl LayoutBuilder<'_> {
             cur = self.bridges.iter().find(|x| x.id == b.parent);
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+
+    fn layout(example: &str, topology: GuestTopology) -> GuestLayout {
+        let topo = Topology::from_record(&synth::example(example).unwrap());
+        let gpus: Vec<Bdf> = topo.gpus().map(|d| d.bdf).collect();
+        let cliques = gpus.iter().map(|g| (*g, Some(0))).collect();
+        decide(
+            &topo,
+            &gpus,
+            &cliques,
+            LayoutOptions {
+                topology,
+                guest_numa: true,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Bus numbers as SeaBIOS assigned them to this layout in QEMU 7.2 (`info pci`
+    /// after firmware, checked by hand): depth-first from each expander's bus_nr.
+    #[test]
+    fn mirror_numbers_buses_like_seabios() {
+        let l = layout("dual-socket-pcie", GuestTopology::Mirror);
+        let bus = |id: &str| l.bridge(id).unwrap().bus;
+        assert_eq!(
+            (bus("pxb0"), bus("rp0"), bus("us0"), bus("ds0")),
+            (32, 33, 34, 35)
+        );
+        assert_eq!(
+            (bus("us1"), bus("ds1"), bus("ds2"), bus("ds3")),
+            (36, 37, 38, 39)
+        );
+        assert_eq!((bus("pxb1"), bus("rp1"), bus("ds11")), (64, 65, 74));
+        let guest: Vec<String> = l.gpus.iter().map(|g| g.guest.to_string()).collect();
+        assert_eq!(guest[0], "0000:25:00.0");
+        assert_eq!(guest[4], "0000:45:00.0");
+        assert_eq!(l.numa_nodes.len(), 2);
+        assert_eq!(l.gpus[4].numa_node, Some(1));
+        assert_eq!(
+            l.gpus[0].other_functions[0].guest.to_string(),
+            "0000:25:00.1"
+        );
+    }
+
+    #[test]
+    fn flat_gives_each_gpu_a_root_port_on_pcie0() {
+        let l = layout("hgx-h100", GuestTopology::Flat);
+        assert_eq!(l.bridges.len(), 8);
+        assert!(l.numa_nodes.is_empty());
+        for (i, b) in l.bridges.iter().enumerate() {
+            assert_eq!(b.parent, ROOT_BUS);
+            assert_eq!(b.slot, ROOT_PORT_FIRST_SLOT + i as u8);
+            assert_eq!(b.bus, i as u8 + 1);
+        }
+        assert_eq!(l.gpus[7].guest.to_string(), "0000:08:00.0");
+    }
+
+    #[test]
+    fn root_bus_gpus_get_made_up_ports_in_mirror() {
+        let l = layout("flat-vm", GuestTopology::Mirror);
+        assert_eq!(l.bridges.len(), 2);
+        assert!(l.bridges.iter().all(|b| b.host.is_none()));
+        assert_eq!(l.gpus[1].guest.to_string(), "0000:02:00.0");
+    }
+
+    #[test]
+    fn rejects_non_gpus_and_empty_lists() {
+        let topo = Topology::from_record(&synth::example("flat-vm").unwrap());
+        let opts = LayoutOptions {
+            topology: GuestTopology::Mirror,
+            guest_numa: false,
+        };
+        let none = BTreeMap::new();
+        assert_eq!(decide(&topo, &[], &none, opts), Err(LayoutError::NoGpus));
+        let bogus = Bdf::new(0, 0x99, 0, 0);
+        assert_eq!(
+            decide(&topo, &[bogus], &none, opts),
+            Err(LayoutError::NotAGpu(bogus))
+        );
     }
 }

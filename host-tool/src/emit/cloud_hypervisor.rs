@@ -54,7 +54,11 @@ pub fn argv(
             }
         }
         let mut functions = vec![(g.host, g.id.clone(), g.clique)];
-        functions.extend(g.other_functions.iter().map(|f| (f.host, f.id.clone(), None)));
+        functions.extend(
+            g.other_functions
+                .iter()
+                .map(|f| (f.host, f.id.clone(), None)),
+        );
         functions.sort_by_key(|f| f.0);
         for (host, id, clique) in functions {
             let mut d = format!("path=/sys/bus/pci/devices/{host}/,id={id}");

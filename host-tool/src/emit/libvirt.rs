@@ -180,7 +180,10 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
         if id == ROOT_BUS {
             0
         } else {
-            l.bridges.iter().position(|b| b.id == id).map_or(0, |p| p as u32 + 1)
+            l.bridges
+                .iter()
+                .position(|b| b.id == id)
+                .map_or(0, |p| p as u32 + 1)
         }
     };
     for (i, b) in l.bridges.iter().enumerate() {
@@ -220,11 +223,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
         let _ = writeln!(
             w,
             "      {}\n    </controller>",
-            pci_address(
-                &Bdf::new(0, 0, b.slot, 0),
-                Some(index_of(&b.parent)),
-                ""
-            )
+            pci_address(&Bdf::new(0, 0, b.slot, 0), Some(index_of(&b.parent)), "")
         );
     }
     for g in &l.gpus {

@@ -36,6 +36,9 @@ pub enum PatchError {
     },
 }
 
+/// An `<alias>` element's byte range and name.
+type Alias = (std::ops::Range<usize>, String);
+
 /// A `<hostdev mode='subsystem' type='pci'>` found in the domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hostdev {
@@ -70,10 +73,11 @@ pub struct DomainScan {
 }
 
 fn attr(e: &BytesStart, name: &str) -> Option<String> {
-    e.try_get_attribute(name)
-        .ok()
-        .flatten()
-        .and_then(|a| a.normalized_value(quick_xml::XmlVersion::Implicit1_0).ok().map(|v| v.into_owned()))
+    e.try_get_attribute(name).ok().flatten().and_then(|a| {
+        a.normalized_value(quick_xml::XmlVersion::Implicit1_0)
+            .ok()
+            .map(|v| v.into_owned())
+    })
 }
 
 fn parse_hex<T: TryFrom<u32>>(s: &str) -> Option<T> {
@@ -87,7 +91,7 @@ pub fn scan(xml: &str, source_name: &str) -> Result<DomainScan, PatchError> {
     let mut scan = DomainScan::default();
     let mut stack: Vec<String> = Vec::new();
     let mut found_domain = false;
-    let mut cur_hostdev: Option<(Option<Bdf>, Option<(std::ops::Range<usize>, String)>)> = None;
+    let mut cur_hostdev: Option<(Option<Bdf>, Option<Alias>)> = None;
     let mut cur_device: Option<(String, OverrideDevice)> = None;
     loop {
         let start = r.buffer_position() as usize;
@@ -168,7 +172,9 @@ pub fn scan(xml: &str, source_name: &str) -> Result<DomainScan, PatchError> {
             {
                 cur_hostdev = Some((None, None));
             }
-            ("address", Some("source")) if stack.iter().rev().nth(1).map(String::as_str) == Some("hostdev") => {
+            ("address", Some("source"))
+                if stack.iter().rev().nth(1).map(String::as_str) == Some("hostdev") =>
+            {
                 if let Some(h) = cur_hostdev.as_mut() {
                     let field = |n: &str| attr(e, n).unwrap_or_default();
                     let text = format!(
@@ -197,7 +203,7 @@ pub fn scan(xml: &str, source_name: &str) -> Result<DomainScan, PatchError> {
             }
             ("alias", Some("hostdev")) => {
                 if let Some(h) = cur_hostdev.as_mut() {
-                    let range = start..if empty { end } else { end };
+                    let range = start..end;
                     h.1 = Some((range, attr(e, "name").unwrap_or_default()));
                 }
             }
@@ -343,11 +349,11 @@ pub fn apply(
                     let block = override_devices(&new_devices, &format!("{base}  "));
                     edits.push((
                         s.domain_end_tag..s.domain_end_tag,
+                        // The end tag's own indentation is already in front of the insertion point.
                         format!(
-                            "{base}<qemu:override>\n{block}{base}</qemu:override>\n{}",
+                            "  <qemu:override>\n{block}{base}</qemu:override>\n{}",
                             indent_at(xml, s.domain_end_tag)
-                        )
-                        .split_off(base.len()),
+                        ),
                     ));
                 }
             }

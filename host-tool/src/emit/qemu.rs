@@ -102,7 +102,7 @@ pub fn gpu_devices(g: &GuestGpu) -> Vec<DeviceJson> {
         m.insert("id", json!(id));
         m.insert("bus", json!(g.parent));
         m.insert(
-            "addr".into(),
+            "addr",
             json!(format!("{:#x}.{:x}", guest.device, guest.function)),
         );
         if guest.function == 0 && g.multifunction() {
@@ -189,9 +189,7 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
 pub fn render(argv: &[String], format: ArgvFormat) -> String {
     match format {
         ArgvFormat::Argv => argv.iter().map(|a| format!("{a}\n")).collect(),
-        ArgvFormat::Json => {
-            serde_json::to_string_pretty(argv).expect("strings serialize") + "\n"
-        }
+        ArgvFormat::Json => serde_json::to_string_pretty(argv).expect("strings serialize") + "\n",
         ArgvFormat::Shell => {
             let mut out = String::new();
             let mut i = 0;

@@ -48,7 +48,10 @@ impl VmDefinition<'_> {
         let name = crate::decide::expectation::FW_CFG_NAME;
         match &self.expectation_source {
             ExpectationSource::File(p) => {
-                format!("name={name},file={}", p.display().to_string().replace(',', ",,"))
+                format!(
+                    "name={name},file={}",
+                    p.display().to_string().replace(',', ",,")
+                )
             }
             ExpectationSource::Inline => format!(
                 "name={name},string={}",
