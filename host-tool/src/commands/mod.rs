@@ -1,6 +1,8 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
 pub mod check;
+pub mod gen;
+pub mod libvirt;
 pub mod plan;
 pub mod snapshot;
 pub mod topo;
@@ -26,6 +28,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Gen(a) => gen::run(&cli.global, a),
+        Command::Libvirt(a) => libvirt::run(&cli.global, a),
         Command::Check(a) => check::run(&cli.global, a),
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
     }
