@@ -68,6 +68,9 @@ ensure_vfio() {
 # cliques for; the same override level B gets from QEMU's x-pci-vendor-id. Only the chroot's
 # sysfs is covered (vendor, device and a patched copy of config bind-mounted over the files):
 # the kernel, vfio-pci and QEMU still see the real 1234:1111.
+# byte N: write one byte (busybox printf knows octal escapes, not \\x)
+# shellcheck disable=SC2059 # the format is the escape
+byte() { printf "\\$(printf %03o "$1")"; }
 present_as_nvidia() {
     local b real f a
     for b in $GPUS; do
@@ -75,9 +78,10 @@ present_as_nvidia() {
         f=/tmp/nv/$b
         mkdir -p "$f"
         echo 0x10de > "$f/vendor"
-        echo 0x2330 > "$f/device"
+        echo "$NV_DEVICE" > "$f/device"
         cat "$real/config" > "$f/config"
-        printf '\336\020\060\043' | dd of="$f/config" conv=notrunc 2> /dev/null   # de 10 30 23
+        { byte 0xde; byte 0x10; byte $((NV_DEVICE & 255)); byte $((NV_DEVICE >> 8)); } |
+            dd of="$f/config" conv=notrunc 2> /dev/null
         for a in vendor device config; do mount --bind "$f/$a" "$R$real/$a" || return 1; done
     done
 }
@@ -280,34 +284,39 @@ stage_check() {
     [ -z "$WHY" ]
 }
 
-# B_ARGS: the level-B QEMU arguments, as a shell-quoted string (written by stage_gen)
+# vm_yaml: the level-B VM for gen's --config: small enough to boot inside level A
+vm_yaml() {
+    printf 'name: lab-b\nmemory_mib: %s\nvcpus: %s\nguest_topology: %s\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" "$GUEST_TOPOLOGY"
+}
+
 stage_gen() {
     local rc b want got f
     ensure_vfio $GPUS_B
-    vp plan --gpus "$(csv $GPUS_B)" --format json > /out/plan-b.json 2>&1
-    rc=0; vp gen qemu --gpus "$(csv $GPUS_B)" --guest-topology "$GUEST_TOPOLOGY" --format json \
-        --expect-out $O/expect.json > /out/gen.json || rc=$?
+    vm_yaml > /out/vm-b.yaml
+    vp plan --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json > /out/plan-b.json
+    rc=0; vp gen qemu --config $O/vm-b.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --guest-topology "$GUEST_TOPOLOGY" \
+        --format json --expect-out $O/expect.json > /out/gen.json || rc=$?
     echo "== gen qemu (exit $rc)"; cat /out/gen.json
     [ $rc = 0 ] || fail "gen qemu exited $rc"
     is_json /out/gen.json || { fail "gen qemu printed no JSON (not implemented?)"; return 1; }
-    # the argv: a JSON array of strings, or an object carrying one
-    jqr -c 'if type == "array" then . else (.argv // .args // .qemu_args // error("no argv in the JSON")) end
-            | if (.[0] | startswith("-") | not) then .[1:] else . end' < /out/gen.json > /out/gen-argv.json ||
-        { fail "cannot find the argument list in gen's JSON"; return 1; }
+    jqr -e 'type == "array" and all(.[]; type == "string")' < /out/gen.json > /dev/null ||
+        { fail "gen qemu --format json is not an array of arguments"; return 1; }
     # each -device vfio-pci of ours carries the clique the plan gives it (none for null)
     for b in $GPUS_B; do
         want=$(clique_of /out/plan-b.json "$b")
         got=$(jqr -r --arg b "$b" '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci" and .host == $b)]
-                    | if length == 1 then .[0]["x-nv-gpudirect-clique"] else "\(length) devices" end' < /out/gen-argv.json)
+                    | if length == 1 then .[0]["x-nv-gpudirect-clique"] else "\(length) devices" end' < /out/gen.json)
         echo "$b: plan clique $want, generated $got"
         [ "$got" = "$want" ] || fail "$b: generated clique '$got', plan says '$want'"
     done
-    jqr -e --arg f "name=opt/vfio-p2p/expect.json,file=$O/expect.json" 'index($f) != null' < /out/gen-argv.json > /dev/null ||
-        fail "no -fw_cfg $f"
+    [ "$(jqr '[.assignments[] | select(. != null)] | length' < /out/plan-b.json)" -ge 2 ] ||
+        fail "the level-B GPUs ($GPUS_B with $GEN_OPTS) get no clique: nothing for the guest to check"
+    f="name=opt/vfio-p2p/expect.json,file=$O/expect.json"
+    jqr -e --arg f "$f" 'index($f) != null' < /out/gen.json > /dev/null || fail "no -fw_cfg $f"
     echo "== expect.json"; cat /out/expect.json
     is_json /out/expect.json || fail "--expect-out wrote no JSON"
     for f in argv shell; do
-        vp gen qemu --gpus "$(csv $GPUS_B)" --guest-topology "$GUEST_TOPOLOGY" --format $f > /out/gen.$f 2>&1 &&
+        vp gen qemu --config $O/vm-b.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --format $f > /out/gen.$f &&
             grep -q x-nv-gpudirect-clique /out/gen.$f || fail "gen qemu --format $f: exit/output wrong"
     done
     [ -z "$WHY" ]
@@ -333,38 +342,51 @@ stage_qemu_neg() {
     [ -z "$WHY" ]
 }
 
+# b_args ACCEL: gen's arguments as a shell-quoted string, with what the lab changes:
+# - the stand-ins need QEMU's vendor override for the clique check (see stage qemu-neg), and the
+#   device id that level A's overlay shows (present_as_nvidia), so the guest sees the same part;
+# - under TCG (no nested KVM) the accelerator and -cpu host are swapped for their TCG forms.
+b_args() {
+    jqr -r --arg accel "$1" --argjson dev $((NV_DEVICE)) '
+        map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
+            then fromjson | .["x-pci-vendor-id"] = 4318 | .["x-pci-device-id"] = $dev | tojson else . end)
+        | if $accel == "kvm" then . else
+            [range(length) as $i | .[$i] as $a | (if $i > 0 then .[$i - 1] else "" end) as $opt
+             | if $opt == "-machine" or $opt == "-M" then $a | gsub("accel=kvm"; "accel=tcg") | gsub(",kernel-irqchip=on"; "")
+               elif $opt == "-cpu" and ($a | startswith("host")) then "max"
+               elif $opt == "-accel" then "tcg"
+               elif $a == "-enable-kvm" then empty
+               else $a end]
+          end
+        | @sh' < /out/gen.json
+}
+
 # run_b ACCEL TIMEOUT: boot level B from gen's arguments; its console goes to /out/level-b.log
 run_b() {
-    local cpu=max
-    [ "$1" = kvm ] && cpu=host
     echo "== level B, accel $1, limit $2 s"
-    eval "set -- $1 $2 $(cat /out/b-args.sh)"
-    local accel=$1 limit=$2; shift 2
-    C timeout -k 5 "$limit" qemu-system-x86_64 -accel "$accel" -cpu $cpu -m "$MEM_B" -smp 1 \
-        -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    b_args "$1" > /out/b-args-$1.sh
+    echo "arguments from gen (as changed by the lab): $(cat /out/b-args-$1.sh)"
+    eval "set -- $2 $(cat /out/b-args-$1.sh)"
+    local limit=$1
+    shift
+    C timeout -k 5 "$limit" "$@" -nodefaults -display none -monitor none -serial stdio -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         -fw_cfg name=opt/vfio-p2p-lab/wrong-expect.json,file=$O/expect-wrong.json \
-        "$@" < /dev/null > /out/level-b.log 2>&1
+        < /dev/null > /out/level-b.log 2>&1
     echo "level B QEMU exit $?"
 }
 
 stage_guest() {
     local accel=$ACCEL_B t0 rc got want
-    [ -s /out/gen-argv.json ] || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
+    [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
     ensure_vfio $GPUS_B
-    # the stand-ins need QEMU's vendor override for the clique check (see stage qemu-neg);
-    # a device id of a real PCIe GPU (H100) makes the guest see an NVIDIA part
-    jqr -r 'map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
-                then fromjson | .["x-pci-vendor-id"] = 4318 | .["x-pci-device-id"] = 9008 | tojson else . end)
-            | (if any(.[]; . == "-machine" or . == "-M") then . else ["-machine", "q35"] + . end) | @sh' \
-        < /out/gen-argv.json > /out/b-args.sh
-    echo "level B arguments: $(cat /out/b-args.sh)"
     # a wrong expectation for the negative run: every clique moved by one (null becomes 7)
-    jqr 'walk(if type == "object" then with_entries(
+    jqr -c 'walk(if type == "object" then with_entries(
             if (.key | test("clique"; "i")) and (.value | type) == "number" then .value = ((.value + 1) % 16)
             elif (.key | test("clique"; "i")) and .value == null then .value = 7 else . end) else . end)' \
         < /out/expect.json > /out/expect-wrong.json
-    cmp -s /out/expect.json /out/expect-wrong.json && fail "cannot derive a wrong expectation (no clique field in expect.json?)"
+    jqr -e --slurpfile w $O/expect-wrong.json '. != $w[0]' < /out/expect.json > /dev/null ||
+        fail "cannot derive a wrong expectation (no clique field in expect.json?)"
     if [ "$accel" = auto ]; then
         if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
     fi
@@ -382,7 +404,7 @@ stage_guest() {
         run_b tcg "$TIMEOUT_B_TCG"
     fi
     echo "level B took $(awk "BEGIN { print $(up) - $t0 }") s ($accel)"
-    echo "B_ACCEL=$accel" > /out/b-result
+    echo "LAB-PROGRESS level B ran under $accel in $(awk "BEGIN { print $(up) - $t0 }") s"
     tr -d '\r' < /out/level-b.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b.log || { fail "level B ($accel) did not finish"; return 1; }
     tr -d '\r' < /out/level-b.log | sed -n '/^LAB-B-SCAN-BEGIN/,/^LAB-B-SCAN-END/p' | sed '1d;$d' > /out/scan.json
