@@ -361,9 +361,17 @@ b_args() {
         | @sh' < /out/gen.json
 }
 
+# b_limit SECONDS: that, or less if level A's own limit (tests/lab/run) would cut level B short
+b_limit() {
+    local left
+    left=$(awk -v t="$TIMEOUT_A" -v u="$(up)" 'BEGIN { printf "%d", t - u - 20 }')
+    if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+
 # run_b ACCEL TIMEOUT: boot level B from gen's arguments; its console goes to /out/level-b.log
 run_b() {
     echo "== level B, accel $1, limit $2 s"
+    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b.log; return; }
     b_args "$1" > /out/b-args-$1.sh
     echo "arguments from gen (as changed by the lab): $(cat /out/b-args-$1.sh)"
     eval "set -- $2 $(cat /out/b-args-$1.sh)"
@@ -392,16 +400,16 @@ stage_guest() {
     fi
     t0=$(up)
     if [ $accel = kvm ]; then
-        run_b kvm "$TIMEOUT_B_KVM"
+        run_b kvm "$(b_limit "$TIMEOUT_B_KVM")"
         # nested KVM on emulated SVM is still a bonus: a guest that dies before its end marker is
         # retried under TCG; a guest that finished with a verdict is not (that is a real result)
         if ! grep -q LAB-B-DONE /out/level-b.log; then
             cp /out/level-b.log /out/level-b-kvm.log
             echo "level B under nested KVM did not finish; TCG fallback"
-            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b tcg "$TIMEOUT_B_TCG"; }
+            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b tcg "$(b_limit "$TIMEOUT_B_TCG")"; }
         fi
     else
-        run_b tcg "$TIMEOUT_B_TCG"
+        run_b tcg "$(b_limit "$TIMEOUT_B_TCG")"
     fi
     echo "level B took $(awk "BEGIN { print $(up) - $t0 }") s ($accel)"
     echo "LAB-PROGRESS level B ran under $accel in $(awk "BEGIN { print $(up) - $t0 }") s"

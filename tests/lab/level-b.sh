@@ -12,22 +12,25 @@ dmesg -n 1   # keep kernel messages out of the JSON on the console
 FW=/sys/firmware/qemu_fw_cfg/by_name
 modprobe qemu_fw_cfg || echo "LAB-B: modprobe qemu_fw_cfg failed"
 
-echo "LAB-B: kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime)s"
+up() { cut -d' ' -f1 /proc/uptime; }
+echo "LAB-B: kernel $(uname -r), up $(up)s"
 for d in /sys/bus/pci/devices/*; do
-    echo "LAB-B: ${d##*/} $(cat "$d/vendor"):$(cat "$d/device") class $(cat "$d/class")"
+    [ "$(cat "$d/vendor")" = 0x10de ] || continue
     # the bytes where QEMU puts the clique capability, for the record
-    [ "$(cat "$d/vendor")" = 0x10de ] && hexdump -C -s 0xc0 -n 16 "$d/config" | sed -n "1s/^/LAB-B: ${d##*/} /p"
+    echo "LAB-B: ${d##*/} $(cat "$d/vendor"):$(cat "$d/device") class $(cat "$d/class") at 0xc8:" \
+        "$(dd if="$d/config" bs=8 skip=25 count=1 2> /dev/null | hexdump -v -e '8/1 " %02x"')"
 done
 echo "LAB-B: fw_cfg expect.json: $(cat $FW/opt/vfio-p2p/expect.json/raw 2>&1)"
+echo "LAB-B: up $(up)s, running the agent"
 
 echo LAB-B-SCAN-BEGIN
-vfio-p2p-agent scan --format json
+timeout 60 vfio-p2p-agent scan --format json
 echo "LAB-B-SCAN-END rc=$?"
-vfio-p2p-agent expect
+timeout 60 vfio-p2p-agent expect
 echo "LAB-B-EXPECT rc=$?"
 # must not pass: the harness moved every clique of the real expectation by one
-vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw
+timeout 60 vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw
 echo "LAB-B-WRONG rc=$?"
-echo LAB-B-DONE
+echo "LAB-B-DONE up $(up)s"
 sync
 poweroff -f
