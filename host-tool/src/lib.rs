@@ -11,3 +11,4 @@ pub mod logging;
 pub mod model;
 pub mod read;
 pub mod synth;
+pub mod vfio_bind;
