@@ -1,6 +1,7 @@
 //! A device's current driver binding, and whether the host is using it: what
 //! `bind`/`unbind` read before they start and re-read after every device they move.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -90,26 +91,38 @@ impl DeviceUse {
     }
 }
 
-/// Reads how the host uses `bdf` (a GPU): processes holding `/dev/nvidiaN` open (N from
-/// `proc/driver/nvidia/gpus/BDF/information`; every `/dev/nvidiaN` when that is unknown),
-/// and an attached display (`boot_vga`, a connected DRM connector).
-pub fn device_use(root: &Path, bdf: Bdf) -> DeviceUse {
-    let minor = fs::read_to_string(
-        root.join("proc/driver/nvidia/gpus")
-            .join(bdf.to_string())
-            .join("information"),
-    )
-    .ok()
-    .and_then(|t| nvidia_minor(&t));
-    DeviceUse {
-        processes: processes_holding(root, |file| match minor {
-            Some(m) => file == format!("/dev/nvidia{m}"),
-            None => file
-                .strip_prefix("/dev/nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-        }),
-        display: display_attached(root, bdf),
-    }
+/// Reads how the host uses each of `gpus`: processes holding its `/dev/nvidiaN` open (N
+/// from `proc/driver/nvidia/gpus/BDF/information`; any `/dev/nvidiaN` when that is
+/// unknown), and an attached display (`boot_vga`, a connected DRM connector).
+/// `proc` is scanned once for all of them.
+pub fn devices_use(root: &Path, gpus: &[Bdf]) -> BTreeMap<Bdf, DeviceUse> {
+    let holders = processes_holding(root, |file| {
+        file.strip_prefix("/dev/nvidia")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    gpus.iter()
+        .map(|bdf| {
+            let minor = fs::read_to_string(
+                root.join("proc/driver/nvidia/gpus")
+                    .join(bdf.to_string())
+                    .join("information"),
+            )
+            .ok()
+            .and_then(|t| nvidia_minor(&t));
+            let processes = holders
+                .iter()
+                .filter(|u| minor.map_or(true, |m| u.file == format!("/dev/nvidia{m}")))
+                .cloned()
+                .collect();
+            (
+                *bdf,
+                DeviceUse {
+                    processes,
+                    display: display_attached(root, *bdf),
+                },
+            )
+        })
+        .collect()
 }
 
 /// `Device Minor:      0` in the nvidia driver's per-GPU information file.
@@ -120,8 +133,8 @@ fn nvidia_minor(information: &str) -> Option<u32> {
     })
 }
 
-/// Processes with an open file descriptor whose target satisfies `wanted`
-/// (scans `proc/PID/fd`; processes it may not inspect are skipped).
+/// Each (process, open file) whose target satisfies `wanted` (scans `proc/PID/fd`;
+/// processes it may not inspect are skipped).
 fn processes_holding(root: &Path, wanted: impl Fn(&str) -> bool) -> Vec<HostUser> {
     let mut out = Vec::new();
     let Ok(procs) = fs::read_dir(root.join("proc")) else {
@@ -134,16 +147,28 @@ fn processes_holding(root: &Path, wanted: impl Fn(&str) -> bool) -> Vec<HostUser
         let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
             continue;
         };
-        let file = fds.flatten().find_map(|fd| {
-            let target = fs::read_link(fd.path()).ok()?;
-            let target = target.to_string_lossy().into_owned();
-            wanted(&target).then_some(target)
-        });
-        if let Some(file) = file {
-            let command = fs::read_to_string(p.path().join("comm"))
-                .map(|c| c.trim().to_string())
-                .unwrap_or_else(|_| "?".into());
-            out.push(HostUser { pid, command, file });
+        let mut files: Vec<String> = fds
+            .flatten()
+            .filter_map(|fd| {
+                let target = fs::read_link(fd.path()).ok()?;
+                let target = target.to_string_lossy().into_owned();
+                wanted(&target).then_some(target)
+            })
+            .collect();
+        files.sort();
+        files.dedup();
+        if files.is_empty() {
+            continue;
+        }
+        let command = fs::read_to_string(p.path().join("comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "?".into());
+        for file in files {
+            out.push(HostUser {
+                pid,
+                command: command.clone(),
+                file,
+            });
         }
     }
     out.sort_by_key(|u| u.pid);
@@ -162,8 +187,7 @@ fn display_attached(root: &Path, bdf: Bdf) -> Option<String> {
             continue;
         };
         for c in connectors.flatten() {
-            if fs::read_to_string(c.path().join("status")).is_ok_and(|s| s.trim() == "connected")
-            {
+            if fs::read_to_string(c.path().join("status")).is_ok_and(|s| s.trim() == "connected") {
                 return Some(format!(
                     "DRM connector {} is connected",
                     c.file_name().to_string_lossy()

@@ -7,6 +7,6 @@ pub mod flat_json;
 pub mod record;
 pub mod sysfs;
 
-pub use binding::{read_binding, Binding, DeviceUse, HostUser};
+pub use binding::{devices_use, read_binding, Binding, DeviceUse, HostUser};
 pub use record::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};
 pub use sysfs::{read_host, ReadError};

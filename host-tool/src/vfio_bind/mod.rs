@@ -7,10 +7,18 @@
 pub mod apply;
 pub mod lock;
 pub mod plan;
+pub mod session;
 pub mod sim;
 pub mod state;
 
-pub use apply::{FailAt, FileWriter, Moved, SysfsWrite, SysfsWriter, Transaction, TransactionError};
+pub use apply::{
+    FailAt, FileWriter, Moved, SysfsWrite, SysfsWriter, Transaction, TransactionError,
+};
 pub use lock::{BindLock, LockError};
-pub use plan::{plan_bind, plan_unbind, BindOptions, Plan, PlanError, PlannedDevice, Reason, Target, VFIO_PCI};
+pub use plan::{
+    plan_bind, plan_unbind, BindOptions, Plan, PlanError, PlannedDevice, Reason, Target, VFIO_PCI,
+};
+pub use session::{
+    bind, unbind, DeviceReport, SessionError, SessionOptions, SessionReport, UnbindSelection,
+};
 pub use state::{BindState, DeviceRecordEntry, StateError};

@@ -73,7 +73,9 @@ pub struct BindOptions {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
-    #[error("{0}: no such PCI device on this host; list the devices with `vfio-p2p topo` or `lspci -D`")]
+    #[error(
+        "{0}: no such PCI device on this host; list the devices with `vfio-p2p topo` or `lspci -D`"
+    )]
     UnknownDevice(Bdf),
     #[error("{0} is a PCI bridge; bind never touches bridges: name the devices below it instead")]
     Bridge(Bdf),
@@ -226,7 +228,9 @@ pub fn plan_unbind(
     }
     for (bdf, r) in &state.devices {
         if named_set.contains(&r.bound_with) {
-            chosen.entry(*bdf).or_insert(Reason::BoundWith(r.bound_with));
+            chosen
+                .entry(*bdf)
+                .or_insert(Reason::BoundWith(r.bound_with));
         }
     }
     Ok(Plan {

@@ -94,7 +94,10 @@ impl SimKernel {
     }
 
     fn group_of(root: &Path, bdf: Bdf) -> Option<String> {
-        for g in fs::read_dir(root.join("sys/kernel/iommu_groups")).ok()?.flatten() {
+        for g in fs::read_dir(root.join("sys/kernel/iommu_groups"))
+            .ok()?
+            .flatten()
+        {
             if g.path().join("devices").join(bdf.to_string()).exists() {
                 return Some(g.file_name().to_string_lossy().into_owned());
             }
@@ -124,7 +127,8 @@ impl SimKernel {
         fs::remove_file(root.join(device_dir(bdf)).join("driver"))?;
         if was.as_deref() == Some(VFIO_PCI) {
             if let Some(g) = Self::group_of(root, bdf) {
-                let members = fs::read_dir(root.join(format!("sys/kernel/iommu_groups/{g}/devices")))?;
+                let members =
+                    fs::read_dir(root.join(format!("sys/kernel/iommu_groups/{g}/devices")))?;
                 let still = members.flatten().any(|m| {
                     m.file_name()
                         .to_str()
@@ -177,7 +181,9 @@ impl SysfsWriter for SimKernel {
             ["sys", "bus", "pci", "devices", dev, "driver_override"] => {
                 let t = value.trim();
                 let text = if t.is_empty() { "(null)" } else { t };
-                let path = root.join(device_dir(parse_bdf(dev)?)).join("driver_override");
+                let path = root
+                    .join(device_dir(parse_bdf(dev)?))
+                    .join("driver_override");
                 fs::write(path, format!("{text}\n"))
             }
             ["sys", "bus", "pci", "devices", dev, "driver", "unbind"] => {
@@ -185,7 +191,11 @@ impl SysfsWriter for SimKernel {
                 if parse_bdf(value)? != bdf {
                     return Err(err(io::ErrorKind::NotFound, "no such device"));
                 }
-                if read_binding(root, bdf).map_err(io::Error::other)?.driver.is_none() {
+                if read_binding(root, bdf)
+                    .map_err(io::Error::other)?
+                    .driver
+                    .is_none()
+                {
                     return Err(err(io::ErrorKind::NotFound, "no driver bound"));
                 }
                 Self::detach(root, bdf)
