@@ -52,4 +52,6 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
+    Plan(commands::plan::PlanArgs),
 }

@@ -1,0 +1,7 @@
+//! Decide stage: pure decisions over a [`Topology`](crate::model::Topology) and
+//! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
+//! decision is testable on synthetic hosts.
+
+pub mod mmio;
+pub mod nvlink;
+pub mod plan;
