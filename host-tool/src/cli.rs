@@ -54,4 +54,10 @@ pub enum Command {
     Topo(commands::topo::TopoArgs),
     /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
     Plan(commands::plan::PlanArgs),
+    /// Bind GPUs (and their other functions) to vfio-pci, transactionally; recorded for unbind.
+    Bind(commands::bind::BindArgs),
+    /// Give devices back to the driver they had before bind (or the host's default).
+    Unbind(commands::bind::UnbindArgs),
+    /// The libvirt qemu hook: `hook install`, and `hook run` which libvirt calls.
+    Hook(commands::hook::HookArgs),
 }

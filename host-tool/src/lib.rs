@@ -8,6 +8,7 @@ pub mod cli;
 pub mod commands;
 pub mod decide;
 pub mod emit;
+pub mod hook;
 pub mod logging;
 pub mod model;
 pub mod read;

@@ -1,5 +1,7 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod bind;
+pub mod hook;
 pub mod plan;
 pub mod topo;
 
@@ -17,6 +19,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Bind(a) => bind::run_bind(&cli.global, a),
+        Command::Unbind(a) => bind::run_unbind(&cli.global, a),
+        Command::Hook(a) => hook::run(&cli.global, a),
     }
 }
 
