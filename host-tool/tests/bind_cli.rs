@@ -25,12 +25,16 @@ fn host_tree() -> tempfile::TempDir {
 
 fn cmd(root: &Path) -> Command {
     let mut c = Command::cargo_bin("vfio-p2p").unwrap();
-    c.arg("--sysfs-root").arg(root).env_remove("VFIO_P2P_FAIL_AFTER");
+    c.arg("--sysfs-root")
+        .arg(root)
+        .env_remove("VFIO_P2P_FAIL_AFTER");
     c
 }
 
 fn driver_override(root: &Path, bdf: &str) -> Option<String> {
-    read_binding(root, bdf.parse().unwrap()).unwrap().driver_override
+    read_binding(root, bdf.parse().unwrap())
+        .unwrap()
+        .driver_override
 }
 
 #[test]
@@ -166,5 +170,7 @@ fn unbind_needs_devices_or_all() {
         .args(["unbind", GPU])
         .assert()
         .success()
-        .stdout(predicate::str::contains(format!("{GPU}  nvidia → unchanged")));
+        .stdout(predicate::str::contains(format!(
+            "{GPU}  nvidia → unchanged"
+        )));
 }

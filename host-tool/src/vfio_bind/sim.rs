@@ -17,7 +17,8 @@ use super::plan::VFIO_PCI;
 use crate::read::binding::{device_dir, driver_dir, read_binding};
 use crate::read::HostRecord;
 
-/// Writes `host` as a sysfs tree below `root`: device directories under `sys/devices`,
+/// Writes `host` as a sysfs tree below `root`: device directories under `sys/devices`
+/// (identity, config space, NUMA node, `driver_override`), NUMA nodes,
 /// `sys/bus/pci/devices` links, `driver` links, driver directories (vfio-pci among
 /// them), IOMMU groups and `drivers_probe`.
 pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
@@ -35,6 +36,11 @@ pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
         fs::write(drivers.join(n).join("bind"), "")?;
         fs::write(drivers.join(n).join("unbind"), "")?;
     }
+    for (id, cpus) in &host.numa_nodes {
+        let node = root.join(format!("sys/devices/system/node/node{id}"));
+        fs::create_dir_all(&node)?;
+        fs::write(node.join("cpulist"), format!("{cpus}\n"))?;
+    }
     for d in &host.devices {
         let mut rel = PathBuf::from(d.host_bridge.to_string());
         for a in &d.ancestors {
@@ -47,6 +53,8 @@ pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
         fs::write(dir.join("device"), format!("{:#06x}\n", d.device))?;
         fs::write(dir.join("class"), format!("{:#08x}\n", d.class))?;
         fs::write(dir.join("config"), &d.config)?;
+        let numa = d.numa_node.map_or("-1".to_string(), |n| n.to_string());
+        fs::write(dir.join("numa_node"), numa + "\n")?;
         fs::write(
             dir.join("driver_override"),
             d.driver_override.as_deref().unwrap_or("(null)").to_string() + "\n",
