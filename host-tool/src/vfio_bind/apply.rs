@@ -288,12 +288,12 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
 
     /// Moves every device to its target, or none: on failure, every device already
     /// touched goes back to its original binding, the last one first.
-    pub fn run(mut self, moves: &[(Bdf, Target)]) -> Result<Vec<Moved>, TransactionError> {
+    pub fn run(mut self, moves: &[(Bdf, Target)]) -> Result<Vec<Moved>, Box<TransactionError>> {
         let mut done = Vec::new();
         for (bdf, target) in moves {
             match self.move_device(*bdf, target, true) {
                 Ok(m) => done.push(m),
-                Err(failed) => return Err(self.roll_back(failed)),
+                Err(failed) => return Err(Box::new(self.roll_back(failed))),
             }
         }
         Ok(done)

@@ -27,7 +27,7 @@ pub enum SessionError {
     #[error(transparent)]
     State(#[from] StateError),
     #[error(transparent)]
-    Transaction(#[from] TransactionError),
+    Transaction(#[from] Box<TransactionError>),
     #[error("the vfio-pci driver is not loaded ({path} is absent): {fix}")]
     NoVfioPci { path: String, fix: String },
 }

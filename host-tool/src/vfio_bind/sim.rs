@@ -84,8 +84,9 @@ pub struct SimKernel {
     pub log: Vec<(PathBuf, String)>,
 }
 
-fn err(kind: io::ErrorKind, msg: &str) -> io::Error {
-    io::Error::new(kind, msg.to_string())
+/// The errno the kernel answers with, as the real writer would see it.
+fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
 }
 
 impl SimKernel {
@@ -115,7 +116,7 @@ impl SimKernel {
 
     fn attach(root: &Path, bdf: Bdf, driver: &str) -> io::Result<()> {
         if !root.join(driver_dir(driver)).is_dir() {
-            return Err(err(io::ErrorKind::NotFound, "no such driver"));
+            return Err(err(libc::ENODEV));
         }
         symlink(
             root.join(driver_dir(driver)),
@@ -171,7 +172,7 @@ fn parse_bdf(value: &str) -> io::Result<Bdf> {
     value
         .trim()
         .parse()
-        .map_err(|_| err(io::ErrorKind::InvalidInput, "not a PCI address"))
+        .map_err(|_| err(libc::EINVAL))
 }
 
 impl SysfsWriter for SimKernel {
@@ -197,14 +198,14 @@ impl SysfsWriter for SimKernel {
             ["sys", "bus", "pci", "devices", dev, "driver", "unbind"] => {
                 let bdf = parse_bdf(dev)?;
                 if parse_bdf(value)? != bdf {
-                    return Err(err(io::ErrorKind::NotFound, "no such device"));
+                    return Err(err(libc::ENODEV));
                 }
                 if read_binding(root, bdf)
                     .map_err(io::Error::other)?
                     .driver
                     .is_none()
                 {
-                    return Err(err(io::ErrorKind::NotFound, "no driver bound"));
+                    return Err(err(libc::ENODEV));
                 }
                 Self::detach(root, bdf)
             }
@@ -213,20 +214,17 @@ impl SysfsWriter for SimKernel {
                 let bdf = parse_bdf(value)?;
                 let b = read_binding(root, bdf).map_err(io::Error::other)?;
                 if b.driver.is_some() {
-                    return Err(err(io::ErrorKind::ResourceBusy, "device already bound"));
+                    return Err(err(libc::EBUSY));
                 }
                 if b.driver_override.as_deref().is_some_and(|o| o != *driver)
                     || self.default_driver.get(&bdf).map(String::as_str) != Some(*driver)
                         && *driver != VFIO_PCI
                 {
-                    return Err(err(io::ErrorKind::NotFound, "no such device"));
+                    return Err(err(libc::ENODEV));
                 }
                 Self::attach(root, bdf, driver)
             }
-            _ => Err(err(
-                io::ErrorKind::PermissionDenied,
-                "the simulated kernel has no such attribute",
-            )),
+            _ => Err(err(libc::EACCES)),
         }
     }
 }
