@@ -99,6 +99,15 @@ fn is_bridge(topo: &Topology, bdf: &Bdf) -> bool {
     topo.device(bdf).is_some_and(|d| d.bridge_role().is_some())
 }
 
+/// A named device must exist and must not be a bridge.
+fn check_named(topo: &Topology, bdf: &Bdf) -> Result<(), PlanError> {
+    match topo.device(bdf) {
+        None => Err(PlanError::UnknownDevice(*bdf)),
+        Some(d) if d.bridge_role().is_some() => Err(PlanError::Bridge(*bdf)),
+        Some(_) => Ok(()),
+    }
+}
+
 fn binding_of(topo: &Topology, bdf: &Bdf) -> Binding {
     topo.device(bdf)
         .map(|d| Binding {
@@ -119,12 +128,7 @@ pub fn plan_bind(
 ) -> Result<Plan, PlanError> {
     let mut chosen: BTreeMap<Bdf, Reason> = BTreeMap::new();
     for bdf in named {
-        if topo.device(bdf).is_none() {
-            return Err(PlanError::UnknownDevice(*bdf));
-        }
-        if is_bridge(topo, bdf) {
-            return Err(PlanError::Bridge(*bdf));
-        }
+        check_named(topo, bdf)?;
         chosen.insert(*bdf, Reason::Named);
     }
     for bdf in named {
@@ -218,12 +222,7 @@ pub fn plan_unbind(
     }
     let named_set: BTreeSet<Bdf> = named.iter().copied().collect();
     for bdf in named {
-        if topo.device(bdf).is_none() {
-            return Err(PlanError::UnknownDevice(*bdf));
-        }
-        if is_bridge(topo, bdf) {
-            return Err(PlanError::Bridge(*bdf));
-        }
+        check_named(topo, bdf)?;
         chosen.insert(*bdf, Reason::Named);
     }
     for (bdf, r) in &state.devices {

@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use super::apply::{writes_for, SysfsWrite, SysfsWriter, Transaction, TransactionError};
 use super::lock::{BindLock, LockError};
-use super::plan::{plan_bind, plan_unbind, BindOptions, PlanError, Reason, Target, VFIO_PCI};
+use super::plan::{
+    plan_bind, plan_unbind, BindOptions, Plan, PlanError, PlannedDevice, Reason, Target, VFIO_PCI,
+};
 use super::state::{BindState, DeviceRecordEntry, StateError};
 use crate::model::Topology;
 use crate::read::binding::driver_registered;
@@ -113,10 +115,10 @@ fn ensure_vfio_pci(root: &Path) -> Result<(), SessionError> {
     })
 }
 
-fn vfio_group(root: &Path, dry_run: bool, group: Option<u32>, on_vfio: bool) -> Option<String> {
-    let g = group?;
-    let path = format!("/dev/vfio/{g}");
-    (on_vfio && (dry_run || root.join(&path[1..]).exists())).then_some(path)
+/// `/dev/vfio/N` of a device on vfio-pci, when it exists below `root`.
+fn vfio_group(root: &Path, group: Option<u32>, on_vfio: bool) -> Option<String> {
+    let path = format!("/dev/vfio/{}", group?);
+    (on_vfio && root.join(&path[1..]).exists()).then_some(path)
 }
 
 /// Binds `named` (and their other functions, and with `whole_group` their groups) to vfio-pci.
@@ -134,21 +136,7 @@ pub fn bind<W: SysfsWriter>(
     let plan = plan_bind(&topo, named, &usage, bind_opts)?;
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
     if opts.dry_run {
-        return Ok(SessionReport {
-            dry_run: true,
-            devices: plan
-                .devices
-                .iter()
-                .map(|d| DeviceReport {
-                    bdf: d.bdf,
-                    reason: d.reason,
-                    before: d.before.clone(),
-                    after: None,
-                    writes: writes_for(d.bdf, &d.before, &d.target),
-                    vfio_group: vfio_group(root, true, d.iommu_group, true),
-                })
-                .collect(),
-        });
+        return Ok(dry_run_report(&plan));
     }
     if !moves.is_empty() {
         ensure_vfio_pci(root)?;
@@ -181,9 +169,35 @@ pub fn bind<W: SysfsWriter>(
     Ok(report(root, &plan.devices, moved))
 }
 
+/// What a plan would write, without writing.
+fn dry_run_report(plan: &Plan) -> SessionReport {
+    SessionReport {
+        dry_run: true,
+        devices: plan
+            .devices
+            .iter()
+            .map(|d| DeviceReport {
+                bdf: d.bdf,
+                reason: d.reason,
+                before: d.before.clone(),
+                after: None,
+                writes: if d.unchanged {
+                    Vec::new()
+                } else {
+                    writes_for(d.bdf, &d.before, &d.target)
+                },
+                vfio_group: d
+                    .iommu_group
+                    .filter(|_| d.target == Target::Vfio)
+                    .map(|g| format!("/dev/vfio/{g}")),
+            })
+            .collect(),
+    }
+}
+
 fn report(
     root: &Path,
-    planned: &[super::plan::PlannedDevice],
+    planned: &[PlannedDevice],
     moved: Vec<super::apply::Moved>,
 ) -> SessionReport {
     SessionReport {
@@ -200,7 +214,7 @@ fn report(
                     bdf: d.bdf,
                     reason: d.reason,
                     before: d.before.clone(),
-                    vfio_group: vfio_group(root, false, d.iommu_group, on_vfio),
+                    vfio_group: vfio_group(root, d.iommu_group, on_vfio),
                     after: Some(after),
                     writes: m.map(|m| m.writes.clone()).unwrap_or_default(),
                 }
@@ -235,25 +249,7 @@ pub fn unbind<W: SysfsWriter>(
         }
     };
     if opts.dry_run {
-        return Ok(SessionReport {
-            dry_run: true,
-            devices: plan
-                .devices
-                .iter()
-                .map(|d| DeviceReport {
-                    bdf: d.bdf,
-                    reason: d.reason,
-                    before: d.before.clone(),
-                    after: None,
-                    writes: if d.unchanged {
-                        Vec::new()
-                    } else {
-                        writes_for(d.bdf, &d.before, &d.target)
-                    },
-                    vfio_group: None,
-                })
-                .collect(),
-        });
+        return Ok(dry_run_report(&plan));
     }
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
     let moved = Transaction::new(root, writer).run(&moves)?;

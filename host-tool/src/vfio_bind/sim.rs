@@ -169,10 +169,7 @@ impl SimKernel {
 }
 
 fn parse_bdf(value: &str) -> io::Result<Bdf> {
-    value
-        .trim()
-        .parse()
-        .map_err(|_| err(libc::EINVAL))
+    value.trim().parse().map_err(|_| err(libc::EINVAL))
 }
 
 impl SysfsWriter for SimKernel {
