@@ -20,6 +20,12 @@ use crate::vfio_bind::{
 pub const FAIL_AFTER_ENV: &str = "VFIO_P2P_FAIL_AFTER";
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Each device goes the kernel's way: driver_override = vfio-pci, driver/unbind, drivers_probe. \
+If any write fails, every device already changed goes back to its driver and driver_override. \
+What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
+
+Test hook: VFIO_P2P_FAIL_AFTER=N makes the N-th sysfs write fail (rollback tests on a real kernel).")]
 pub struct BindArgs {
     /// The devices to bind (GPUs); their other functions come along.
     #[arg(required = true, value_name = "BDF")]
