@@ -179,6 +179,16 @@ pub enum MoveError {
     Read { bdf: Bdf, message: String },
 }
 
+impl MoveError {
+    pub fn bdf(&self) -> Bdf {
+        match self {
+            MoveError::Write { bdf, .. }
+            | MoveError::NotReached { bdf, .. }
+            | MoveError::Read { bdf, .. } => *bdf,
+        }
+    }
+}
+
 /// A failed transaction: what failed, and how the rollback went.
 #[derive(Debug, thiserror::Error)]
 pub struct TransactionError {

@@ -162,7 +162,14 @@ pub fn bind<W: SysfsWriter>(
     let moved = match Transaction::new(root, writer).run(&moves) {
         Ok(m) => m,
         Err(e) => {
-            before_record.save(root)?;
+            // Devices the rollback could not restore keep their record, for unbind.
+            let mut kept = before_record;
+            for f in &e.rollback_failures {
+                if let Some(r) = state.devices.get(&f.bdf()) {
+                    kept.devices.insert(f.bdf(), r.clone());
+                }
+            }
+            kept.save(root)?;
             return Err(e.into());
         }
     };
@@ -452,6 +459,32 @@ mod tests {
             sorted.reverse();
             assert_eq!(order, sorted, "write {n}: rollback order {rolled:?}");
         }
+    }
+
+    #[test]
+    fn a_failed_rollback_is_reported_and_stays_recorded_for_unbind() {
+        let f = fixture();
+        let original = f.bindings();
+        // Write 4 (the audio function's override) fails, then the 5th write that reaches
+        // the kernel (restoring the GPU: its unbind from vfio-pci) fails too.
+        let mut k = FailAt::new(FailAt::new(SimKernel::new(&f.host), 5), 4);
+        let e = bind(
+            f.root(),
+            &mut k,
+            &[f.gpu_a],
+            &BindOptions::default(),
+            &opts(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with(&format!("{}: writing", f.audio_a)), "{e}");
+        assert!(e.contains(&format!("ROLLBACK INCOMPLETE, restore these by hand (driver_override, driver/unbind, drivers_probe): {}: writing", f.gpu_a)), "{e}");
+        let state = BindState::load(f.root()).unwrap();
+        let kept: Vec<Bdf> = state.devices.keys().copied().collect();
+        assert_eq!(kept, [f.gpu_a]);
+        let mut k = SimKernel::new(&f.host);
+        unbind(f.root(), &mut k, &UnbindSelection::All, &opts()).unwrap();
+        assert_eq!(f.bindings(), original);
     }
 
     #[test]
