@@ -15,8 +15,9 @@ use crate::commands;
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// Optional so that `vfio-p2p --example list` works on its own.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// Where the host facts come from; every data command takes these.
@@ -60,4 +61,8 @@ pub enum Command {
     Unbind(commands::bind::UnbindArgs),
     /// The libvirt qemu hook: `hook install`, and `hook run` which libvirt calls.
     Hook(commands::hook::HookArgs),
+    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
+    Check(commands::check::CheckArgs),
+    /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }

@@ -12,7 +12,7 @@ use pci_config::{AcsFlags, Bdf};
 
 use crate::read::{DeviceRecord, HostBridgeId, HostRecord, Resource};
 
-pub use examples::{example, EXAMPLES};
+pub use examples::{example, example_list, EXAMPLES};
 
 /// ACS control bits Linux requires for isolation (`REQ_ACS_FLAGS`): SV RR CR UF.
 pub const ACS_ISOLATING: u16 = AcsFlags::SV | AcsFlags::RR | AcsFlags::CR | AcsFlags::UF;
@@ -109,6 +109,13 @@ impl HostBuilder {
         let id = HostBridgeId { domain, bus };
         self.next_bus.entry(id).or_insert(bus as u16 + 1);
         id
+    }
+
+    /// The next device added to bus `bus` of `domain` gets device number `device`
+    /// (to mirror a real or QEMU layout with fixed addresses).
+    pub fn next_slot(&mut self, domain: u16, bus: u8, device: u8) -> &mut Self {
+        self.next_slot.insert((domain, bus), device);
+        self
     }
 
     fn record(&self, bdf: &Bdf) -> &DeviceRecord {

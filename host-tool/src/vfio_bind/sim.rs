@@ -16,61 +16,18 @@ use super::apply::SysfsWriter;
 use super::plan::VFIO_PCI;
 use crate::read::binding::{device_dir, driver_dir, read_binding};
 use crate::read::HostRecord;
+use crate::snapshot::write_sysfs_tree;
 
-/// Writes `host` as a sysfs tree below `root`: device directories under `sys/devices`
-/// (identity, config space, NUMA node, `driver_override`), NUMA nodes,
-/// `sys/bus/pci/devices` links, `driver` links, driver directories (vfio-pci among
-/// them), IOMMU groups and `drivers_probe`.
+/// Writes `host` as a sysfs tree below `root` (the snapshot writer's), plus what only a
+/// live kernel has: `drivers_probe`, each driver's `bind` and `unbind`, and vfio-pci.
 pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
+    write_sysfs_tree(host, root).map_err(io::Error::other)?;
     let drivers = root.join("sys/bus/pci/drivers");
-    fs::create_dir_all(root.join("sys/bus/pci/devices"))?;
     fs::write(root.join("sys/bus/pci/drivers_probe"), "")?;
-    let mut names: Vec<&str> = host
-        .devices
-        .iter()
-        .filter_map(|d| d.driver.as_deref())
-        .collect();
-    names.push(VFIO_PCI);
-    for n in names {
-        fs::create_dir_all(drivers.join(n))?;
-        fs::write(drivers.join(n).join("bind"), "")?;
-        fs::write(drivers.join(n).join("unbind"), "")?;
-    }
-    for (id, cpus) in &host.numa_nodes {
-        let node = root.join(format!("sys/devices/system/node/node{id}"));
-        fs::create_dir_all(&node)?;
-        fs::write(node.join("cpulist"), format!("{cpus}\n"))?;
-    }
-    for d in &host.devices {
-        let mut rel = PathBuf::from(d.host_bridge.to_string());
-        for a in &d.ancestors {
-            rel.push(a.to_string());
-        }
-        rel.push(d.bdf.to_string());
-        let dir = root.join("sys/devices").join(&rel);
-        fs::create_dir_all(&dir)?;
-        fs::write(dir.join("vendor"), format!("{:#06x}\n", d.vendor))?;
-        fs::write(dir.join("device"), format!("{:#06x}\n", d.device))?;
-        fs::write(dir.join("class"), format!("{:#08x}\n", d.class))?;
-        fs::write(dir.join("config"), &d.config)?;
-        let numa = d.numa_node.map_or("-1".to_string(), |n| n.to_string());
-        fs::write(dir.join("numa_node"), numa + "\n")?;
-        fs::write(
-            dir.join("driver_override"),
-            d.driver_override.as_deref().unwrap_or("(null)").to_string() + "\n",
-        )?;
-        if let Some(n) = &d.driver {
-            symlink(drivers.join(n), dir.join("driver"))?;
-        }
-        symlink(
-            Path::new("../../../devices").join(&rel),
-            root.join(device_dir(d.bdf)),
-        )?;
-        if let Some(g) = d.iommu_group {
-            let gdir = root.join(format!("sys/kernel/iommu_groups/{g}/devices"));
-            fs::create_dir_all(&gdir)?;
-            symlink(&dir, gdir.join(d.bdf.to_string()))?;
-        }
+    fs::create_dir_all(drivers.join(VFIO_PCI))?;
+    for d in fs::read_dir(&drivers)?.flatten() {
+        fs::write(d.path().join("bind"), "")?;
+        fs::write(d.path().join("unbind"), "")?;
     }
     Ok(())
 }
