@@ -65,4 +65,8 @@ pub enum Command {
     Check(commands::check::CheckArgs),
     /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
     Snapshot(commands::snapshot::SnapshotArgs),
+    /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
+    Gen(commands::gen::GenArgs),
+    /// Edit libvirt domains.
+    Libvirt(commands::libvirt::LibvirtArgs),
 }

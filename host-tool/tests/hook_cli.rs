@@ -309,3 +309,67 @@ fn install_writes_an_executable_that_runs_this_binary() {
         })
         .unwrap();
 }
+
+/// `gen libvirt` for the dual-socket example (the host the tree was written from).
+fn generated(gpus: &str, libvirt_version: &str) -> String {
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "libvirt",
+            "--gpus",
+            gpus,
+        ])
+        .args(["--libvirt-version", libvirt_version])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn generated_domains_pass_and_broken_ones_are_caught() {
+    let t = host_tree();
+    set_policy(t.path(), "policy: deny\n");
+    let gpus = "0000:07:00.0,0000:0a:00.0,0000:87:00.0";
+    for version in ["9.0", "8.0"] {
+        let xml = generated(gpus, version);
+        hook(t.path(), "prepare", "begin", &xml)
+            .success()
+            .stdout("")
+            .stderr("");
+    }
+    let xml = generated(gpus, "9.0");
+    let dropped = xml.replace(
+        "<qemu:device alias='ua-gpu1'>",
+        "<qemu:device alias='ua-gone'>",
+    );
+    hook(t.path(), "prepare", "begin", &dropped)
+        .code(1)
+        .stderr(predicate::str::contains(
+            "0000:0a:00.0 has no x-nv-gpudirect-clique",
+        ));
+    let hidden = xml.replace(
+        "<features>",
+        "<features>\n    <kvm><hidden state='on'/></kvm>",
+    );
+    hook(t.path(), "prepare", "begin", &hidden)
+        .code(1)
+        .stderr(predicate::str::contains("the hypervisor is hidden"));
+    // The far-socket GPU dragged into the others' clique (old -set form).
+    let xml = generated(gpus, "8.0");
+    let joined = xml.replace(
+        "<qemu:arg value='-set'/>\n    <qemu:arg value='device.ua-gpu1.x-nv-gpudirect-clique=0'/>",
+        "<qemu:arg value='-set'/>\n    <qemu:arg value='device.ua-gpu1.x-nv-gpudirect-clique=0'/>\n    <qemu:arg value='-set'/>\n    <qemu:arg value='device.ua-gpu2.x-nv-gpudirect-clique=0'/>",
+    );
+    assert_ne!(joined, xml);
+    hook(t.path(), "prepare", "begin", &joined)
+        .code(1)
+        .stderr(predicate::str::contains(
+            "0000:07:00.0 and 0000:87:00.0 share clique 0 but their host path is SYS",
+        ));
+}

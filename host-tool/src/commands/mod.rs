@@ -2,7 +2,9 @@
 
 pub mod bind;
 pub mod check;
+pub mod gen;
 pub mod hook;
+pub mod libvirt;
 pub mod plan;
 pub mod snapshot;
 pub mod topo;
@@ -33,6 +35,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Hook(a) => hook::run(&cli.global, a),
         Command::Check(a) => check::run(&cli.global, a),
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
+        Command::Gen(a) => gen::run(&cli.global, a),
+        Command::Libvirt(a) => libvirt::run(&cli.global, a),
     }
 }
 

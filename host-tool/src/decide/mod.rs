@@ -3,6 +3,8 @@
 //! decision is testable on synthetic hosts.
 
 pub mod check;
+pub mod expectation;
+pub mod guest_layout;
 pub mod mmio;
 pub mod nvlink;
 pub mod plan;
