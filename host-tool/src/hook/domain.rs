@@ -7,10 +7,7 @@ use std::collections::BTreeMap;
 use pci_config::Bdf;
 use xmltree::{Element, XMLNode};
 
-/// libvirt's QEMU namespace (`xmlns:qemu=...`).
-pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
-/// QEMU's vfio-pci property for the clique.
-pub const CLIQUE_PROPERTY: &str = "x-nv-gpudirect-clique";
+pub use crate::emit::libvirt::{CLIQUE_PROPERTY, QEMU_NS};
 
 /// One `<hostdev mode='subsystem' type='pci'>`.
 #[derive(Debug, Clone, PartialEq, Eq)]

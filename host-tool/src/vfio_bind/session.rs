@@ -352,6 +352,15 @@ mod tests {
         }
     }
 
+    /// `bind` without flags, as the CLI runs it by default.
+    fn bind_plain<W: SysfsWriter>(
+        root: &Path,
+        w: &mut W,
+        named: &[Bdf],
+    ) -> Result<SessionReport, SessionError> {
+        bind(root, w, named, &BindOptions::default(), &opts())
+    }
+
     fn opts() -> SessionOptions {
         SessionOptions {
             dry_run: false,
@@ -365,14 +374,7 @@ mod tests {
         let f = fixture();
         let original = f.bindings();
         let mut k = SimKernel::new(&f.host);
-        let r = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_a],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap();
+        let r = bind_plain(f.root(), &mut k, &[f.gpu_a]).unwrap();
         assert_eq!(r.devices.len(), 2);
         assert_eq!(r.devices[1].reason, Reason::OtherFunction(f.gpu_a));
         assert_eq!(f.driver(f.gpu_a).as_deref(), Some(VFIO_PCI));
@@ -407,14 +409,7 @@ mod tests {
         let total = {
             let f = fixture();
             let mut k = SimKernel::new(&f.host);
-            bind(
-                f.root(),
-                &mut k,
-                &[f.gpu_a, f.gpu_b],
-                &BindOptions::default(),
-                &opts(),
-            )
-            .unwrap();
+            bind_plain(f.root(), &mut k, &[f.gpu_a, f.gpu_b]).unwrap();
             k.log.len()
         };
         assert_eq!(total, 9, "3 devices × (override, unbind, probe)");
@@ -422,15 +417,9 @@ mod tests {
             let f = fixture();
             let original = f.bindings();
             let mut k = FailAt::new(SimKernel::new(&f.host), n);
-            let e = bind(
-                f.root(),
-                &mut k,
-                &[f.gpu_a, f.gpu_b],
-                &BindOptions::default(),
-                &opts(),
-            )
-            .unwrap_err()
-            .to_string();
+            let e = bind_plain(f.root(), &mut k, &[f.gpu_a, f.gpu_b])
+                .unwrap_err()
+                .to_string();
             let failed_dev = [f.gpu_a, f.audio_a, f.gpu_b][(n - 1) / 3];
             assert!(e.starts_with(&failed_dev.to_string()), "write {n}: {e}");
             assert!(e.contains("injected failure"), "write {n}: {e}");
@@ -468,15 +457,9 @@ mod tests {
         // Write 4 (the audio function's override) fails, then the 5th write that reaches
         // the kernel (restoring the GPU: its unbind from vfio-pci) fails too.
         let mut k = FailAt::new(FailAt::new(SimKernel::new(&f.host), 5), 4);
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_a],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_a])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with(&format!("{}: writing", f.audio_a)), "{e}");
         assert!(e.contains(&format!("ROLLBACK INCOMPLETE, restore these by hand (driver_override, driver/unbind, drivers_probe): {}: writing", f.gpu_a)), "{e}");
         let state = BindState::load(f.root()).unwrap();
@@ -491,14 +474,7 @@ mod tests {
     fn refuses_a_shared_group_unless_whole_group() {
         let f = fixture();
         let mut k = SimKernel::new(&f.host);
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_c],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_c]).unwrap_err();
         let text = e.to_string();
         assert!(text.contains(&format!("{} (mlx5_core)", f.nic_c)), "{text}");
         assert!(text.contains("--whole-group"), "{text}");
@@ -528,24 +504,10 @@ mod tests {
         let f = fixture();
         let mut k = SimKernel::new(&f.host);
         let bridge = f.host.devices[0].bdf;
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[bridge],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[bridge]).unwrap_err();
         assert!(e.to_string().contains("is a PCI bridge"), "{e}");
         let nowhere: Bdf = "0000:ee:00.0".parse().unwrap();
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[nowhere],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[nowhere]).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("0000:ee:00.0: no such PCI device"),
@@ -576,22 +538,8 @@ mod tests {
         fs::create_dir_all(&info_b).unwrap();
         fs::write(info_b.join("information"), "Device Minor: 0\n").unwrap();
         let mut k = SimKernel::new(&f.host);
-        bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap();
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_a],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_a]).unwrap_err();
         assert!(
             e.to_string()
                 .contains("python3 (pid 4242) holds /dev/nvidia1"),
@@ -617,23 +565,9 @@ mod tests {
         fs::create_dir_all(&conn).unwrap();
         fs::write(conn.join("status"), "connected\n").unwrap();
         let mut k = SimKernel::new(&f.host);
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap_err();
         assert!(e.to_string().contains("boot_vga = 1"), "{e}");
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_a],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_a]).unwrap_err();
         assert!(e.to_string().contains("card1-DP-1 is connected"), "{e}");
     }
 
@@ -674,14 +608,7 @@ mod tests {
     fn unbind_of_an_unrecorded_device_restores_the_host_default() {
         let f = fixture();
         let mut k = SimKernel::new(&f.host);
-        bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap();
+        bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
         fs::remove_file(crate::vfio_bind::state::state_path(f.root())).unwrap();
         let r = unbind(
             f.root(),
@@ -707,14 +634,7 @@ mod tests {
         fs::remove_file(f.root().join(device_path(f.gpu_b)).join("driver")).unwrap();
         let original = f.bindings();
         let mut k = SimKernel::new(&f.host);
-        bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_a, f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap();
+        bind_plain(f.root(), &mut k, &[f.gpu_a, f.gpu_b]).unwrap();
         assert_eq!(f.driver(f.gpu_b).as_deref(), Some(VFIO_PCI));
         unbind(f.root(), &mut k, &UnbindSelection::All, &opts()).unwrap();
         assert_eq!(f.bindings(), original);
@@ -729,14 +649,7 @@ mod tests {
             ..opts()
         };
         bind(f.root(), &mut k, &[f.gpu_a], &BindOptions::default(), &vm1).unwrap();
-        bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap();
+        bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
         unbind(
             f.root(),
             &mut k,
@@ -759,14 +672,7 @@ mod tests {
         let f = fixture();
         fs::remove_dir_all(f.root().join("sys/bus/pci/drivers/vfio-pci")).unwrap();
         let mut k = SimKernel::new(&f.host);
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap_err();
         assert!(
             e.to_string().contains("vfio-pci driver is not loaded"),
             "{e}"
@@ -780,14 +686,7 @@ mod tests {
         let f = fixture();
         let _held = BindLock::acquire(f.root(), Duration::ZERO).unwrap();
         let mut k = SimKernel::new(&f.host);
-        let e = bind(
-            f.root(),
-            &mut k,
-            &[f.gpu_b],
-            &BindOptions::default(),
-            &opts(),
-        )
-        .unwrap_err();
+        let e = bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap_err();
         assert!(
             e.to_string()
                 .contains("another vfio-p2p bind/unbind/hook is running"),
