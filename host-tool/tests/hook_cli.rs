@@ -373,3 +373,46 @@ fn generated_domains_pass_and_broken_ones_are_caught() {
             "0000:07:00.0 and 0000:87:00.0 share clique 0 but their host path is SYS",
         ));
 }
+
+#[test]
+fn release_gives_back_only_what_prepare_recorded_for_that_guest() {
+    let t = host_tree();
+    let gpu = "0000:07:00.0";
+    let dev = t.path().join("sys/bus/pci/devices").join(gpu);
+    fs::remove_file(dev.join("driver")).unwrap();
+    std::os::unix::fs::symlink(
+        t.path().join("sys/bus/pci/drivers/vfio-pci"),
+        dev.join("driver"),
+    )
+    .unwrap();
+    fs::write(dev.join("driver_override"), "vfio-pci\n").unwrap();
+    fs::create_dir_all(t.path().join("run/vfio-p2p")).unwrap();
+    fs::write(
+        t.path().join("run/vfio-p2p/state.json"),
+        format!(r#"{{"devices": {{"{gpu}": {{"original": {{"driver": "nvidia", "driver_override": null}}, "bound_with": "{gpu}", "guest": "vm1"}}}}}}"#),
+    )
+    .unwrap();
+    let other = |guest: &str| {
+        Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .arg("--sysfs-root")
+            .arg(t.path())
+            .args(["hook", "run", guest, "release", "end", "-"])
+            .assert()
+    };
+    other("vm2").success().stdout("").stderr("");
+    // vm1's device is restored the kernel's way; plain files do not rebind, so the
+    // read-back fails, the device goes back to vfio-pci and stays recorded.
+    other("vm1")
+        .code(1)
+        .stderr(predicate::str::contains(format!(
+            "vfio-p2p hook: vm1: giving back the devices prepare bound: {gpu}: after writing /sys/bus/pci/drivers/nvidia/bind"
+        )));
+    assert_eq!(
+        fs::read_to_string(dev.join("driver_override")).unwrap(),
+        "vfio-pci"
+    );
+    assert!(fs::read_to_string(t.path().join("run/vfio-p2p/state.json"))
+        .unwrap()
+        .contains("vm1"));
+}

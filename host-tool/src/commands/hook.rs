@@ -17,7 +17,7 @@ use crate::hook::config::{HookConfig, Policy, CONFIG_PATH};
 use crate::hook::domain;
 use crate::model::Topology;
 use crate::read::read_host;
-use crate::vfio_bind::{self, BindOptions, SessionOptions, UnbindSelection};
+use crate::vfio_bind::{self, BindOptions, BindState, SessionOptions, UnbindSelection};
 
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
@@ -183,6 +183,16 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
 
 fn release(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
     let root = change_root(global)?;
+    // Most guests had nothing bound by prepare: answer without the lock or reading the host.
+    // (The record is replaced atomically, so reading it unlocked sees a whole one.)
+    let recorded = BindState::load(root)?;
+    if !recorded
+        .devices
+        .values()
+        .any(|r| r.guest.as_deref() == Some(guest))
+    {
+        return Ok(ExitCode::SUCCESS);
+    }
     match vfio_bind::unbind(
         root,
         &mut writer()?,
