@@ -103,7 +103,10 @@ fn install(global: &GlobalArgs, prefix: &Path) -> anyhow::Result<ExitCode> {
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(HOOK_NAME);
     let tmp = dir.join(format!(".{HOOK_NAME}.{}", std::process::id()));
-    fs::write(&tmp, hook_script(&binary, &global.sysfs_root))
+    // libvirt runs the hook from its own working directory: only absolute paths hold.
+    let root = fs::canonicalize(&global.sysfs_root)
+        .with_context(|| format!("resolving --sysfs-root {}", global.sysfs_root.display()))?;
+    fs::write(&tmp, hook_script(&binary, &root))
         .with_context(|| format!("writing {}", tmp.display()))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", tmp.display()))?;
