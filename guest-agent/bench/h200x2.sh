@@ -13,12 +13,13 @@ agent="$DIR/vfio-p2p-agent"
 # Wall-clock seconds of a command; its stdout goes to $OUT/$1, stderr to $OUT/$1.err.
 timed() {
     local out=$1; shift
-    local t0 t1 rc
-    t0=$(date +%s.%N)
+    local t0 t1 rc ms
+    t0=$(date +%s%N)
     "$@" >"$OUT/$out" 2>"$OUT/$out.err"
     rc=$?
-    t1=$(date +%s.%N)
-    printf '%-40s rc=%d %6.2f s\n' "$*" "$rc" "$(echo "$t1 - $t0" | bc)" | tee -a "$OUT/timings.txt"
+    t1=$(date +%s%N)
+    ms=$(( (t1 - t0) / 1000000 ))
+    printf '%-50s rc=%d %d.%03d s\n' "$*" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$OUT/timings.txt"
 }
 
 {

@@ -83,11 +83,13 @@ impl Nvml {
             let remote: Symbol<
                 unsafe extern "C" fn(NvmlDevice, c_uint, *mut PciInfo) -> NvmlReturn,
             > = self.lib.get(b"nvmlDeviceGetNvLinkRemotePciInfo_v2").ok()?;
+            let mut active_links = 0;
             for link in 0..MAX_LINKS {
                 let mut active = 0;
                 if state(da, link, &mut active) != NVML_SUCCESS || active == 0 {
                     continue;
                 }
+                active_links += 1;
                 let mut pci: PciInfo = std::mem::zeroed();
                 if remote(da, link, &mut pci) == NVML_SUCCESS
                     && pci.domain == b.domain as c_uint
@@ -98,8 +100,9 @@ impl Nvml {
                 }
             }
             if nvlinks == 0 {
-                // Remote PCI info may name the peer by an address the guest does not
-                // use; the P2P status still says whether NVLink joins them.
+                // Behind NVSwitches the links end at a switch, not at the peer (whose
+                // address the guest may not see either); NVLink P2P then uses all of
+                // them, which is how `nvidia-smi topo -m` counts them too.
                 let p2p: Symbol<
                     unsafe extern "C" fn(NvmlDevice, NvmlDevice, c_int, *mut c_int) -> NvmlReturn,
                 > = self.lib.get(b"nvmlDeviceGetP2PStatus").ok()?;
@@ -108,8 +111,8 @@ impl Nvml {
                     && status == P2P_STATUS_OK
                 {
                     return Some(Link {
-                        nvlinks: 0,
-                        label: "NV".into(),
+                        nvlinks: active_links,
+                        label: format!("NV{active_links}"),
                     });
                 }
             }
