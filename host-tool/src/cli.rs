@@ -61,12 +61,12 @@ pub enum Command {
     Unbind(commands::bind::UnbindArgs),
     /// The libvirt qemu hook: `hook install`, and `hook run` which libvirt calls.
     Hook(commands::hook::HookArgs),
-    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
-    Check(commands::check::CheckArgs),
-    /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
-    Snapshot(commands::snapshot::SnapshotArgs),
     /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
     Gen(commands::gen::GenArgs),
     /// Edit libvirt domains.
     Libvirt(commands::libvirt::LibvirtArgs),
+    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
+    Check(commands::check::CheckArgs),
+    /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }

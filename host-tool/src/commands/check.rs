@@ -9,7 +9,7 @@ use pci_config::Bdf;
 
 use crate::cli::{DataFormat, GlobalArgs};
 use crate::decide::check::{self, QemuVersion, Vmm, VmmFacts};
-use crate::decide::plan::{plan, PlanOptions};
+use crate::decide::plan::plan;
 use crate::emit;
 use crate::host_probe;
 
@@ -18,6 +18,8 @@ pub struct CheckArgs {
     /// The VM's GPUs (default: every GPU on the host).
     #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
     pub gpus: Vec<Bdf>,
+    #[command(flatten)]
+    pub plan: super::plan::PlanOptionArgs,
     /// libvirt domain XML of the VM (hidden hypervisor, 64-bit MMIO window).
     #[arg(long, value_name = "FILE")]
     pub domain_xml: Option<PathBuf>,
@@ -77,7 +79,8 @@ fn vmm_facts(args: &CheckArgs) -> anyhow::Result<VmmFacts> {
 }
 
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let topo = super::load_topology(global)?;
+    let mut topo = super::load_topology(global)?;
+    super::plan::load_nvlink(&mut topo, &args.plan.nvlink)?;
     let gpus = super::plan::selected_gpus(&topo, &args.gpus);
     for g in &gpus {
         anyhow::ensure!(
@@ -97,7 +100,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         host_probe::gather(&global.sysfs_root, &topo, &gpus, args.deep)
     };
     let vmm = vmm_facts(&args)?;
-    let p = plan(&topo, &gpus, &PlanOptions::default());
+    let p = plan(&topo, &gpus, &args.plan.options());
     let report = check::run_checks(&topo, &gpus, &host, &vmm, &p);
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

@@ -33,10 +33,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bind(a) => bind::run_bind(&cli.global, a),
         Command::Unbind(a) => bind::run_unbind(&cli.global, a),
         Command::Hook(a) => hook::run(&cli.global, a),
-        Command::Check(a) => check::run(&cli.global, a),
-        Command::Snapshot(a) => snapshot::run(&cli.global, a),
         Command::Gen(a) => gen::run(&cli.global, a),
         Command::Libvirt(a) => libvirt::run(&cli.global, a),
+        Command::Check(a) => check::run(&cli.global, a),
+        Command::Snapshot(a) => snapshot::run(&cli.global, a),
     }
 }
 

@@ -118,8 +118,14 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
                 continue;
             };
             let gp = dev.join(format!("vfio/{group}"));
-            let r = vfio_ioctl::open_device(&container, &gp, &g.to_string()).map(|i| i.resettable);
-            deep_results.insert(*g, node(&gp, r));
+            let probe = if !container.exists() {
+                NodeProbe::Absent(container.display().to_string())
+            } else {
+                let r =
+                    vfio_ioctl::open_device(&container, &gp, &g.to_string()).map(|i| i.resettable);
+                node(&gp, r)
+            };
+            deep_results.insert(*g, probe);
         }
     }
     HostFacts {
@@ -128,5 +134,53 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
         groups,
         kvm,
         deep: deep_results,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+
+    #[test]
+    fn module_states() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(matches!(vfio_pci_module(root), ModuleState::Missing(_)));
+        let rel = root.join("lib/modules/6.1.0-28-amd64");
+        fs::create_dir_all(&rel).unwrap();
+        fs::write(
+            rel.join("modules.dep"),
+            "kernel/drivers/vfio/pci/vfio-pci.ko.xz: kernel/drivers/vfio/pci/vfio-pci-core.ko.xz\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(vfio_pci_module(root), ModuleState::Available(p) if p.ends_with("vfio-pci.ko.xz"))
+        );
+        fs::write(
+            rel.join("modules.builtin"),
+            "kernel/drivers/vfio/pci/vfio-pci.ko\n",
+        )
+        .unwrap();
+        assert_eq!(vfio_pci_module(root), ModuleState::BuiltIn);
+        fs::create_dir_all(root.join("sys/module/vfio_pci")).unwrap();
+        assert_eq!(vfio_pci_module(root), ModuleState::Loaded);
+    }
+
+    #[test]
+    fn missing_dev_is_reported_absent_with_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = Topology::from_record(&synth::example("dual-socket-pcie").unwrap());
+        let gpus: Vec<Bdf> = topo.gpus().map(|d| d.bdf).take(2).collect();
+        let facts = gather(dir.path(), &topo, &gpus, true);
+        let vfio = dir.path().join("dev/vfio/vfio").display().to_string();
+        assert_eq!(facts.vfio_container, NodeProbe::Absent(vfio));
+        assert_eq!(facts.groups.len(), 2);
+        assert!(facts
+            .groups
+            .values()
+            .all(|g| matches!(g, NodeProbe::Absent(p) if p.contains("/dev/vfio/"))));
+        assert!(matches!(facts.kvm, NodeProbe::Absent(ref p) if p.ends_with("dev/kvm")));
+        assert_eq!(facts.deep.len(), 2);
     }
 }
