@@ -279,7 +279,11 @@ impl PlacementHost {
                 }),
             }
         }
-        units.extend(by_group.into_iter().map(|(group, gpus)| Unit { gpus, group }));
+        units.extend(
+            by_group
+                .into_iter()
+                .map(|(group, gpus)| Unit { gpus, group }),
+        );
         units.sort_by_key(|u| u.gpus[0]);
         let blocked = units
             .iter()
@@ -384,7 +388,13 @@ impl PlacementHost {
                         .collect::<BTreeSet<_>>()
                         .len();
                     let near = WorstPath::of_pair(self.link(anchor, unit.gpus[0]));
-                    let key = (w.0, numa.len() + new_numa, w.1, near, Reverse(unit.gpus.len()));
+                    let key = (
+                        w.0,
+                        numa.len() + new_numa,
+                        w.1,
+                        near,
+                        Reverse(unit.gpus.len()),
+                    );
                     (key, u, w)
                 })
                 .min_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)))?;
@@ -436,10 +446,7 @@ impl PlacementHost {
     fn largest_fit(&self, s: &FreeState, below: usize, limit: Option<PathKind>) -> usize {
         (1..below.min(self.free_gpus(s) + 1))
             .rev()
-            .find(|n| {
-                self.best(s, *n)
-                    .is_some_and(|c| c.worst.within(limit))
-            })
+            .find(|n| self.best(s, *n).is_some_and(|c| c.worst.within(limit)))
             .unwrap_or(0)
     }
 
@@ -451,7 +458,11 @@ impl PlacementHost {
             worst_path: c.worst,
             worst_pcie_path: c.pcie,
             numa_nodes: numa.into_iter().collect(),
-            iommu_groups: c.units.iter().filter_map(|u| self.units[*u].group).collect(),
+            iommu_groups: c
+                .units
+                .iter()
+                .filter_map(|u| self.units[*u].group)
+                .collect(),
         }
     }
 
@@ -520,8 +531,7 @@ pub fn validate_requests(requests: &[VmRequest]) -> Result<(), PlacementError> {
     for r in requests {
         let file_safe = !r.name.is_empty()
             && !r.name.starts_with('.')
-            && r
-                .name
+            && r.name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
         if !file_safe {
@@ -580,6 +590,7 @@ pub fn largest_shape(
 mod tests {
     use super::*;
     use crate::synth::{self, tree};
+    use proptest::prelude::*;
 
     fn topo(name: &str) -> Topology {
         Topology::from_record(&synth::example(name).unwrap())
@@ -593,14 +604,384 @@ mod tests {
         place(topo, requests, &PlacementOptions::default()).unwrap()
     }
 
+    fn with_nvswitch_fabric(mut t: Topology) -> Topology {
+        let gpus: Vec<Bdf> = t.gpus().map(|g| g.bdf).collect();
+        for a in &gpus {
+            for b in &gpus {
+                if a < b {
+                    t.set_nvlink(*a, *b, 18);
+                }
+            }
+        }
+        t
+    }
+
     #[test]
     fn dual_socket_two_by_four_gives_each_vm_one_socket() {
-        let t = topo("dual-socket-pcie");
+        let p = run(&topo("dual-socket-pcie"), &shape(2, 4));
+        assert!(p.unplaced.is_empty());
+        assert_eq!(p.vms[0].name, "vm0");
+        assert_eq!(
+            p.vms[0].gpus,
+            bdfs(&[
+                "0000:07:00.0",
+                "0000:08:00.0",
+                "0000:0a:00.0",
+                "0000:0b:00.0"
+            ])
+        );
+        assert_eq!(
+            p.vms[1].gpus,
+            bdfs(&[
+                "0000:87:00.0",
+                "0000:88:00.0",
+                "0000:8a:00.0",
+                "0000:8b:00.0"
+            ])
+        );
+        for vm in &p.vms {
+            assert_eq!(vm.worst_path, WorstPath::Pcie(PathKind::Pxb));
+            assert_eq!(vm.numa_nodes.len(), 1);
+            assert_eq!(vm.iommu_groups.len(), 4);
+        }
+        assert_ne!(p.vms[0].numa_nodes, p.vms[1].numa_nodes);
+        assert!(p.free.is_empty());
+    }
+
+    #[test]
+    fn dual_socket_pairs_get_one_leaf_switch_each() {
+        let p = run(&topo("dual-socket-pcie"), &shape(4, 2));
+        assert!(p.unplaced.is_empty());
+        let pairs: Vec<Vec<Bdf>> = p.vms.iter().map(|v| v.gpus.clone()).collect();
+        assert_eq!(
+            pairs,
+            vec![
+                bdfs(&["0000:07:00.0", "0000:08:00.0"]),
+                bdfs(&["0000:0a:00.0", "0000:0b:00.0"]),
+                bdfs(&["0000:87:00.0", "0000:88:00.0"]),
+                bdfs(&["0000:8a:00.0", "0000:8b:00.0"]),
+            ]
+        );
+        assert!(p
+            .vms
+            .iter()
+            .all(|v| v.worst_path == WorstPath::Pcie(PathKind::Pix)));
+    }
+
+    #[test]
+    fn mixed_sizes_keep_a_socket_whole_for_the_large_vm() {
+        // The 2-GPU VM is asked first but placed after the 4-GPU one, and best-fit
+        // puts it on the other socket's leaf switch, leaving two PIX pairs free.
+        let requests = vec![
+            VmRequest {
+                name: "small".into(),
+                gpus: 2,
+            },
+            VmRequest {
+                name: "large".into(),
+                gpus: 4,
+            },
+        ];
+        let p = run(&topo("dual-socket-pcie"), &requests);
+        assert_eq!(p.vms[0].name, "small");
+        assert_eq!(p.vms[0].worst_path, WorstPath::Pcie(PathKind::Pix));
+        assert_eq!(p.vms[1].worst_path, WorstPath::Pcie(PathKind::Pxb));
+        assert_ne!(p.vms[0].numa_nodes, p.vms[1].numa_nodes);
+    }
+
+    #[test]
+    fn hgx_two_by_four_splits_by_socket_over_nvlink() {
+        let t = with_nvswitch_fabric(topo("hgx-h100"));
         let p = run(&t, &shape(2, 4));
         assert!(p.unplaced.is_empty());
-        for vm in &p.vms {
-            eprintln!("{} {:?} {}", vm.name, vm.gpus, vm.worst_path);
+        assert_eq!(
+            p.vms[0].gpus,
+            bdfs(&[
+                "0000:18:00.0",
+                "0000:19:00.0",
+                "0000:3a:00.0",
+                "0000:3b:00.0"
+            ])
+        );
+        assert_eq!(
+            p.vms[1].gpus,
+            bdfs(&[
+                "0000:9d:00.0",
+                "0000:9e:00.0",
+                "0000:bb:00.0",
+                "0000:bc:00.0"
+            ])
+        );
+        for (vm, node) in p.vms.iter().zip([0, 1]) {
+            assert_eq!(vm.worst_path, WorstPath::NvLink(18));
+            assert_eq!(vm.worst_path.label(), "NV18");
+            assert_eq!(vm.worst_pcie_path, PathKind::Node);
+            assert_eq!(vm.numa_nodes, vec![node]);
         }
-        panic!();
+    }
+
+    #[test]
+    fn hgx_pairs_without_nvlink_share_a_switch() {
+        let p = run(&topo("hgx-h100"), &shape(4, 2));
+        assert!(p.unplaced.is_empty());
+        assert!(p
+            .vms
+            .iter()
+            .all(|v| v.worst_path == WorstPath::Pcie(PathKind::Pix)));
+    }
+
+    #[test]
+    fn flat_vm_places_its_two_gpus_without_iommu_groups() {
+        let p = run(&topo("flat-vm"), &shape(1, 2));
+        assert_eq!(p.vms[0].gpus, bdfs(&["0000:00:06.0", "0000:00:07.0"]));
+        assert_eq!(p.vms[0].worst_path, WorstPath::Pcie(PathKind::Phb));
+        assert!(p.vms[0].iommu_groups.is_empty());
+    }
+
+    #[test]
+    fn taken_gpus_are_skipped_and_the_shortfall_explained() {
+        let t = topo("dual-socket-pcie");
+        let options = PlacementOptions {
+            unavailable: bdfs(&["0000:07:00.0"]).into_iter().collect(),
+            max_path: None,
+        };
+        let p = place(&t, &shape(2, 4), &options).unwrap();
+        assert_eq!(p.vms.len(), 1);
+        assert_eq!(p.vms[0].worst_path, WorstPath::Pcie(PathKind::Pxb));
+        let u = &p.unplaced[0];
+        assert_eq!(u.name, "vm1");
+        assert_eq!(u.reason, "needs 4 GPUs, 3 are free");
+        assert_eq!(u.largest_fit, 3);
+        assert!(!p.free.contains(&"0000:07:00.0".parse().unwrap()));
+        assert_eq!(
+            largest_shape(&PlacementHost::new(&t, &options).unwrap(), 2, 4, None),
+            Some((2, 3))
+        );
+    }
+
+    #[test]
+    fn taking_a_gpu_audio_function_takes_its_group() {
+        // The audio function shares the GPU's IOMMU group: the GPU is not free.
+        let t = topo("dual-socket-pcie");
+        let options = PlacementOptions {
+            unavailable: bdfs(&["0000:07:00.1"]).into_iter().collect(),
+            max_path: None,
+        };
+        let p = place(&t, &shape(1, 8), &options).unwrap();
+        assert_eq!(p.unplaced[0].reason, "needs 8 GPUs, 7 are free");
+        assert!(!p.free.contains(&"0000:07:00.0".parse().unwrap()));
+    }
+
+    #[test]
+    fn path_limit_reports_what_would_have_to_be_accepted() {
+        let t = topo("dual-socket-pcie");
+        let options = PlacementOptions {
+            unavailable: BTreeSet::new(),
+            max_path: Some(PathKind::Pix),
+        };
+        let p = place(&t, &shape(1, 4), &options).unwrap();
+        let u = &p.unplaced[0];
+        assert_eq!(u.best_worst_path, Some(WorstPath::Pcie(PathKind::Pxb)));
+        assert_eq!(u.largest_fit, 2);
+        assert!(
+            u.reason.contains("worse than the limit PIX"),
+            "{}",
+            u.reason
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        let t = topo("dual-socket-pcie");
+        let two = |a: &str, b: &str| {
+            vec![
+                VmRequest {
+                    name: a.into(),
+                    gpus: 1,
+                },
+                VmRequest {
+                    name: b.into(),
+                    gpus: 1,
+                },
+            ]
+        };
+        let o = PlacementOptions::default();
+        assert_eq!(
+            place(&t, &two("a", "a"), &o),
+            Err(PlacementError::DuplicateName("a".into()))
+        );
+        assert_eq!(
+            place(&t, &two("a", "../b"), &o),
+            Err(PlacementError::BadName("../b".into()))
+        );
+        assert_eq!(
+            place(
+                &t,
+                &[VmRequest {
+                    name: "z".into(),
+                    gpus: 0
+                }],
+                &o
+            ),
+            Err(PlacementError::NoGpus("z".into()))
+        );
+        let o = PlacementOptions {
+            unavailable: bdfs(&["0001:00:00.0"]).into_iter().collect(),
+            max_path: None,
+        };
+        assert_eq!(
+            place(&t, &shape(1, 1), &o),
+            Err(PlacementError::UnknownDevice(
+                "0001:00:00.0".parse().unwrap()
+            ))
+        );
+    }
+
+    #[test]
+    fn shared_groups_are_never_split() {
+        let spec = tree::ServerSpec {
+            sockets: vec![vec![vec![
+                tree::LeafSpec {
+                    gpus: 2,
+                    shared_group: true,
+                },
+                tree::LeafSpec {
+                    gpus: 1,
+                    shared_group: false,
+                },
+            ]]],
+        };
+        let t = Topology::from_record(&tree::server(&spec));
+        let p = run(&t, &shape(3, 1));
+        assert_eq!(p.vms.len(), 1);
+        assert_eq!(p.unplaced.len(), 2);
+        assert!(p.unplaced[0]
+            .reason
+            .contains("no whole IOMMU groups add up to 1"));
+        let p = run(&t, &shape(1, 2));
+        assert_eq!(p.vms[0].iommu_groups.len(), 1);
+        assert_eq!(p.vms[0].worst_path, WorstPath::Pcie(PathKind::Pix));
+    }
+
+    /// The best (worst path, NUMA nodes, groups) over every set of whole free groups.
+    fn exhaustive(host: &PlacementHost, n: usize) -> Option<(WorstPath, usize, usize)> {
+        fn walk(
+            host: &PlacementHost,
+            free: &[usize],
+            n: usize,
+            from: usize,
+            chosen: &mut Vec<usize>,
+            best: &mut Option<(WorstPath, usize, usize)>,
+        ) {
+            let size: usize = chosen.iter().map(|u| host.units[*u].gpus.len()).sum();
+            if size == n {
+                let gpus: Vec<usize> = chosen
+                    .iter()
+                    .flat_map(|u| host.units[*u].gpus.clone())
+                    .collect();
+                let mut worst = WorstPath::Single;
+                for a in &gpus {
+                    for b in &gpus {
+                        if a != b {
+                            worst = worst.max(WorstPath::of_pair(host.link(*a, *b)));
+                        }
+                    }
+                }
+                let numa: BTreeSet<_> = gpus.iter().map(|g| host.numa[*g]).collect();
+                let q = (worst, numa.len(), chosen.len());
+                if best.is_none_or(|b| q < b) {
+                    *best = Some(q);
+                }
+                return;
+            }
+            for (i, u) in free.iter().enumerate().skip(from) {
+                if size + host.units[*u].gpus.len() <= n {
+                    chosen.push(*u);
+                    walk(host, free, n, i + 1, chosen, best);
+                    chosen.pop();
+                }
+            }
+        }
+        let s = host.initial_state();
+        let free: Vec<usize> = (0..host.units.len()).filter(|u| s.unit_free[*u]).collect();
+        let mut best = None;
+        walk(host, &free, n, 0, &mut Vec::new(), &mut best);
+        best
+    }
+
+    fn server_spec() -> impl Strategy<Value = tree::ServerSpec> {
+        let leaf = (1u8..=3, proptest::bool::weighted(0.2))
+            .prop_map(|(gpus, shared_group)| tree::LeafSpec { gpus, shared_group });
+        let bridge = proptest::collection::vec(leaf, 1..=2);
+        let socket = proptest::collection::vec(bridge, 1..=2);
+        proptest::collection::vec(socket, 1..=2).prop_map(|sockets| tree::ServerSpec { sockets })
+    }
+
+    fn taken(t: &Topology, picks: &[proptest::sample::Index]) -> BTreeSet<Bdf> {
+        let gpus: Vec<Bdf> = t.gpus().map(|g| g.bdf).collect();
+        picks.iter().map(|i| *i.get(&gpus)).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// One VM: the greedy tree search finds the exhaustive optimum.
+        #[test]
+        fn single_vm_matches_exhaustive_search(
+            spec in server_spec(),
+            n in 1usize..=5,
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let t = Topology::from_record(&tree::server(&spec));
+            let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+            let host = PlacementHost::new(&t, &options).unwrap();
+            let s = host.initial_state();
+            let found = host.best(&s, n).map(|c| (c.worst, c.numa_nodes, c.groups));
+            prop_assert_eq!(found, exhaustive(&host, n));
+        }
+
+        /// Many VMs: every VM gets what it asked for, no GPU twice, no group split,
+        /// nothing unavailable, and the same answer every time.
+        #[test]
+        fn many_vms_respect_groups_and_are_deterministic(
+            spec in server_spec(),
+            sizes in proptest::collection::vec(1usize..=4, 1..=6),
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let t = Topology::from_record(&tree::server(&spec));
+            let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+            let requests: Vec<VmRequest> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, g)| VmRequest { name: format!("vm{i}"), gpus: *g })
+                .collect();
+            let p = place(&t, &requests, &options).unwrap();
+            prop_assert_eq!(&p, &place(&t, &requests, &options).unwrap());
+            prop_assert_eq!(p.vms.len() + p.unplaced.len(), requests.len());
+            let mut owner: BTreeMap<Bdf, &str> = BTreeMap::new();
+            for vm in &p.vms {
+                let want = requests.iter().find(|r| r.name == vm.name).unwrap().gpus;
+                prop_assert_eq!(vm.gpus.len(), want);
+                for g in &vm.gpus {
+                    prop_assert!(owner.insert(*g, &vm.name).is_none(), "{} used twice", g);
+                    for member in t.group_members(g) {
+                        prop_assert!(!options.unavailable.contains(&member));
+                        if t.device(&member).unwrap().is_gpu() {
+                            prop_assert!(vm.gpus.contains(&member), "group of {} split", g);
+                        }
+                    }
+                }
+            }
+            for g in &p.free {
+                prop_assert!(!owner.contains_key(g));
+            }
+            prop_assert_eq!(
+                owner.len() + p.free.len()
+                    + t.gpus().filter(|g| {
+                        t.group_members(&g.bdf).iter().any(|m| options.unavailable.contains(m))
+                    }).count(),
+                t.gpus().count()
+            );
+        }
     }
 }

@@ -5,12 +5,13 @@
 use super::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 use crate::read::HostRecord;
 
-/// One leaf switch: how many GPUs sit below it and whether its downstream ports
-/// isolate them (without ACS, Linux puts all of them in one IOMMU group).
+/// One leaf switch and the GPUs below it: one per downstream port, each in its
+/// own IOMMU group, or (`shared_group`) all as functions of one multi-function
+/// device without ACS, which Linux puts in one IOMMU group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeafSpec {
     pub gpus: u8,
-    pub acs: bool,
+    pub shared_group: bool,
 }
 
 /// A host bridge: its root port carries one top switch with these leaf switches.
@@ -25,7 +26,10 @@ pub struct ServerSpec {
 impl ServerSpec {
     /// `sockets × bridges × leaves × gpus` GPUs, every port isolating.
     pub fn uniform(sockets: usize, bridges: usize, leaves: usize, gpus: u8) -> Self {
-        let leaf = LeafSpec { gpus, acs: true };
+        let leaf = LeafSpec {
+            gpus,
+            shared_group: false,
+        };
         ServerSpec {
             sockets: vec![vec![vec![leaf; leaves]; bridges]; sockets],
         }
@@ -49,7 +53,10 @@ const SWITCH_GPU: (u16, u16) = (0x10de, 0x26b9);
 pub fn server(spec: &ServerSpec) -> HostRecord {
     let mut b = HostBuilder::new("generated server");
     for socket in 0..spec.sockets.len() {
-        b.numa_node(socket as u32, &format!("{}-{}", socket * 16, socket * 16 + 15));
+        b.numa_node(
+            socket as u32,
+            &format!("{}-{}", socket * 16, socket * 16 + 15),
+        );
     }
     let mut bus: u16 = 0;
     for (socket, bridges) in spec.sockets.iter().enumerate() {
@@ -61,11 +68,17 @@ pub fn server(spec: &ServerSpec) -> HostRecord {
             let rp = b.root_port(hb, numa, Some(ACS_ISOLATING));
             let (_, top) = b.switch(rp, leaves.len(), Some(ACS_ISOLATING));
             for (port, leaf) in top.iter().zip(leaves) {
-                let acs = leaf.acs.then_some(ACS_ISOLATING).or(Some(0));
-                let (_, dsps) = b.switch(*port, usize::from(leaf.gpus), acs);
                 let gpu = EndpointSpec::gpu(SWITCH_GPU.0, SWITCH_GPU.1, 48);
-                for d in dsps {
-                    b.endpoint(Attach::Below(d), 0, &gpu, None);
+                if leaf.shared_group {
+                    let (_, dsps) = b.switch(*port, 1, Some(ACS_ISOLATING));
+                    for function in 0..leaf.gpus {
+                        b.endpoint(Attach::Below(dsps[0]), function, &gpu, None);
+                    }
+                } else {
+                    let (_, dsps) = b.switch(*port, usize::from(leaf.gpus), Some(ACS_ISOLATING));
+                    for d in dsps {
+                        b.endpoint(Attach::Below(d), 0, &gpu, None);
+                    }
                 }
             }
         }
@@ -89,17 +102,22 @@ mod tests {
         assert_eq!(topo.path(&gpus[0], &gpus[4]).kind, PathKind::Pxb);
         assert_eq!(topo.path(&gpus[0], &gpus[8]).kind, PathKind::Node);
         assert_eq!(topo.path(&gpus[0], &gpus[63]).kind, PathKind::Sys);
-        let groups: std::collections::BTreeSet<_> =
-            topo.gpus().map(|g| g.iommu_group).collect();
+        let groups: std::collections::BTreeSet<_> = topo.gpus().map(|g| g.iommu_group).collect();
         assert_eq!(groups.len(), 64);
     }
 
     #[test]
-    fn leaf_without_acs_shares_one_group() {
+    fn shared_group_leaf_puts_its_gpus_in_one_group() {
         let spec = ServerSpec {
             sockets: vec![vec![vec![
-                LeafSpec { gpus: 2, acs: false },
-                LeafSpec { gpus: 2, acs: true },
+                LeafSpec {
+                    gpus: 2,
+                    shared_group: true,
+                },
+                LeafSpec {
+                    gpus: 2,
+                    shared_group: false,
+                },
             ]]],
         };
         let topo = Topology::from_record(&server(&spec));
