@@ -1,3 +1,8 @@
-//! Decide stage: plans and verdicts computed from the model, never from sysfs.
+//! Decide stage: pure decisions over a [`Topology`](crate::model::Topology) and
+//! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
+//! decision is testable on synthetic hosts.
 
+pub mod mmio;
+pub mod nvlink;
 pub mod placement;
+pub mod plan;
