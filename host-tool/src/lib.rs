@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod decide;
 pub mod emit;
 pub mod logging;
