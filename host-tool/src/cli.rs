@@ -52,4 +52,6 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Choose GPUs for many VMs (best P2P paths, one NUMA node, whole IOMMU groups) and plan their cliques.
+    Place(commands::place::PlaceArgs),
 }

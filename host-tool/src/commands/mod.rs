@@ -1,5 +1,6 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod place;
 pub mod topo;
 
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use crate::synth;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Topo(a) => topo::run(&cli.global, a),
+        Command::Place(a) => place::run(&cli.global, a),
     }
 }
 
