@@ -54,4 +54,6 @@ pub enum Command {
     Topo(commands::topo::TopoArgs),
     /// Choose GPUs for many VMs (best P2P paths, one NUMA node, whole IOMMU groups) and plan their cliques.
     Place(commands::place::PlaceArgs),
+    /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
+    Plan(commands::plan::PlanArgs),
 }

@@ -1,6 +1,7 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
 pub mod place;
+pub mod plan;
 pub mod topo;
 
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::cli::{Cli, Command, GlobalArgs};
+use crate::decide;
 use crate::model::Topology;
 use crate::read::{read_host, HostRecord};
 use crate::synth;
@@ -16,6 +18,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Place(a) => place::run(&cli.global, a),
+        Command::Plan(a) => plan::run(&cli.global, a),
     }
 }
 
@@ -31,8 +34,11 @@ pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
 /// The typed topology, with read warnings logged once.
 pub fn load_topology(global: &GlobalArgs) -> anyhow::Result<Topology> {
     let host = load_host(global)?;
-    let topo = Topology::from_record(&host);
+    let mut topo = Topology::from_record(&host);
     for w in &topo.warnings {
+        tracing::warn!("{w}");
+    }
+    for w in decide::nvlink::apply_nvswitch_fabric(&mut topo) {
         tracing::warn!("{w}");
     }
     Ok(topo)

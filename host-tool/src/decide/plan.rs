@@ -557,7 +557,7 @@ fn pair_warnings(
         .collect();
     if !lonely.is_empty() {
         out.push(format!(
-            "{} reach no other selected GPU within --p2p-level {} without NVLink: no clique, PCIe P2P stays off for them",
+            "no clique for {}: no other selected GPU within --p2p-level {} without NVLink, so PCIe P2P stays off for them",
             lonely.join(", "),
             options.p2p_level.label().to_lowercase()
         ));
