@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::cli::{DataFormat, GlobalArgs};
 use crate::config::host::{HostConfig, NvlinkSource};
 use crate::decide::placement::{self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest};
-use crate::decide::{nvlink, plan};
+use crate::decide::plan;
 use crate::emit;
 use crate::model::{PathKind, Topology};
 
@@ -101,24 +101,21 @@ struct PlaceReport {
     configs_written: Vec<PathBuf>,
 }
 
-/// Adds NVLink facts from the configured source.
+/// NVLink facts from the configured source (`load_topology` already applied an
+/// NVSwitch fabric, the default).
 fn apply_nvlink(topo: &mut Topology, source: &NvlinkSource) -> anyhow::Result<()> {
     match source {
-        NvlinkSource::None => {}
-        NvlinkSource::Nvswitch => {
-            for w in nvlink::apply_nvswitch_fabric(topo) {
-                tracing::warn!("{w}");
-            }
+        NvlinkSource::Nvswitch => Ok(()),
+        NvlinkSource::None => {
+            topo.nvlinks.clear();
+            Ok(())
         }
         NvlinkSource::NvidiaSmi(file) => {
-            let name = file.display().to_string();
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading the NVLink source {name} (host config nvlink.file)"))?;
-            let map = nvlink::parse_nvidia_smi(&text, &name)?;
-            nvlink::apply(topo, &map, &name)?;
+            topo.nvlinks.clear();
+            super::plan::load_nvlink(topo, std::slice::from_ref(file))
+                .context("loading the host config's nvlink.file")
         }
     }
-    Ok(())
 }
 
 fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
