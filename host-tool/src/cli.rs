@@ -15,8 +15,9 @@ use crate::commands;
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// Optional so that `vfio-p2p --example list` works on its own.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// Where the host facts come from; every data command takes these.
@@ -56,4 +57,12 @@ pub enum Command {
     Place(commands::place::PlaceArgs),
     /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
     Plan(commands::plan::PlanArgs),
+    /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
+    Gen(commands::gen::GenArgs),
+    /// Edit libvirt domains.
+    Libvirt(commands::libvirt::LibvirtArgs),
+    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
+    Check(commands::check::CheckArgs),
+    /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
+    Snapshot(commands::snapshot::SnapshotArgs),
 }

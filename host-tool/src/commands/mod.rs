@@ -1,7 +1,11 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod check;
+pub mod gen;
+pub mod libvirt;
 pub mod place;
 pub mod plan;
+pub mod snapshot;
 pub mod topo;
 
 use std::process::ExitCode;
@@ -15,10 +19,21 @@ use crate::read::{read_host, HostRecord};
 use crate::synth;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    match cli.command {
+    if cli.global.example.as_deref() == Some("list") {
+        print!("{}", synth::example_list());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(command) = cli.command else {
+        anyhow::bail!("no command given; see vfio-p2p --help (start with: vfio-p2p topo)");
+    };
+    match command {
         Command::Topo(a) => topo::run(&cli.global, a),
         Command::Place(a) => place::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Gen(a) => gen::run(&cli.global, a),
+        Command::Libvirt(a) => libvirt::run(&cli.global, a),
+        Command::Check(a) => check::run(&cli.global, a),
+        Command::Snapshot(a) => snapshot::run(&cli.global, a),
     }
 }
 

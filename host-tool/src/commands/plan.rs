@@ -18,6 +18,15 @@ pub struct PlanArgs {
     /// The VM's GPUs (default: every GPU on the host).
     #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
     pub gpus: Vec<Bdf>,
+    #[command(flatten)]
+    pub plan: PlanOptionArgs,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: DataFormat,
+}
+
+/// The planning options `plan` and `check` share.
+#[derive(Debug, Args)]
+pub struct PlanOptionArgs {
     /// Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys.
     #[arg(long, value_name = "LEVEL", default_value = "pxb")]
     pub p2p_level: PathKind,
@@ -29,8 +38,15 @@ pub struct PlanArgs {
     /// Put GPUs whose switch routes P2P untranslated (ACS RR/CR cleared) into cliques anyway.
     #[arg(long)]
     pub allow_untranslated_p2p: bool,
-    #[arg(long, value_enum, default_value_t)]
-    pub format: DataFormat,
+}
+
+impl PlanOptionArgs {
+    pub fn options(&self) -> PlanOptions {
+        PlanOptions {
+            p2p_level: self.p2p_level,
+            allow_untranslated_p2p: self.allow_untranslated_p2p,
+        }
+    }
 }
 
 /// Records NVLink from `--nvlink` files (read together) into `topo`.
@@ -65,13 +81,9 @@ pub fn selected_gpus(topo: &Topology, gpus: &[Bdf]) -> Vec<Bdf> {
 
 pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let mut topo = super::load_topology(global)?;
-    load_nvlink(&mut topo, &args.nvlink)?;
+    load_nvlink(&mut topo, &args.plan.nvlink)?;
     let gpus = selected_gpus(&topo, &args.gpus);
-    let options = PlanOptions {
-        p2p_level: args.p2p_level,
-        allow_untranslated_p2p: args.allow_untranslated_p2p,
-    };
-    let p = plan(&topo, &gpus, &options)
+    let p = plan(&topo, &gpus, &args.plan.options())
         .with_context(|| format!("planning cliques on {}", topo.source))?;
     match emit::data::to_text(&p, args.format)? {
         Some(t) => print!("{t}"),

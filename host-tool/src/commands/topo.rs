@@ -1,74 +1,45 @@
-//! `vfio-p2p topo`.
+//! `vfio-p2p topo`: the host's PCIe/NUMA/IOMMU layout and the P2P path between GPUs.
 
 use std::process::ExitCode;
 
-use clap::Args;
-use serde::Serialize;
+use clap::{Args, ValueEnum};
 
 use crate::cli::{DataFormat, GlobalArgs};
 use crate::emit;
-use crate::model::Topology;
+use crate::emit::topo_report::{self, TopoReport};
+
+/// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum TopoFormat {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+    Dot,
+}
 
 #[derive(Debug, Args)]
 pub struct TopoArgs {
     #[arg(long, value_enum, default_value_t)]
-    pub format: DataFormat,
-}
-
-#[derive(Serialize)]
-struct GpuEntry {
-    index: usize,
-    bdf: String,
-    vendor: String,
-    device: String,
-    numa_node: Option<u32>,
-    iommu_group: Option<u32>,
-    driver: Option<String>,
-}
-
-#[derive(Serialize)]
-struct TopoReport {
-    gpus: Vec<GpuEntry>,
-    matrix: Vec<Vec<String>>,
-}
-
-fn report(topo: &Topology) -> TopoReport {
-    let gpus: Vec<_> = topo.gpus().collect();
-    TopoReport {
-        gpus: gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| GpuEntry {
-                index: i,
-                bdf: g.bdf.to_string(),
-                vendor: format!("{:#06x}", g.vendor),
-                device: format!("{:#06x}", g.device),
-                numa_node: g.numa_node,
-                iommu_group: g.iommu_group,
-                driver: g.driver.clone(),
-            })
-            .collect(),
-        matrix: gpus
-            .iter()
-            .map(|a| {
-                gpus.iter()
-                    .map(|b| topo.path(&a.bdf, &b.bdf).label())
-                    .collect()
-            })
-            .collect(),
-    }
+    pub format: TopoFormat,
 }
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
     let topo = super::load_topology(global)?;
-    let r = report(&topo);
-    match emit::data::to_text(&r, args.format)? {
-        Some(t) => print!("{t}"),
-        None => {
-            for row in &r.matrix {
-                println!("{}", row.join("\t"));
-            }
-        }
+    let report = TopoReport::new(&topo);
+    if report.gpus.is_empty() && global.example.is_none() {
+        eprintln!(
+            "vfio-p2p: no GPUs in {}; to see what topo shows on a GPU server, try an embedded example: \
+             vfio-p2p --example hgx-h100 topo (all examples: vfio-p2p --example list topo)",
+            report.source
+        );
     }
+    let text = match args.format {
+        TopoFormat::Table => topo_report::render_table(&topo, &report),
+        TopoFormat::Dot => topo_report::render_dot(&topo, &report),
+        TopoFormat::Json => emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default(),
+        TopoFormat::Yaml => emit::data::to_text(&report, DataFormat::Yaml)?.unwrap_or_default(),
+    };
+    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }

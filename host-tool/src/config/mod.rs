@@ -1,3 +1,4 @@
 //! Files the operator writes: parsed (syntax, unknown keys, types) then validated (meaning).
 
 pub mod host;
+pub mod vm;

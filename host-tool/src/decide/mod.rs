@@ -2,6 +2,9 @@
 //! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
 //! decision is testable on synthetic hosts.
 
+pub mod check;
+pub mod expectation;
+pub mod guest_layout;
 pub mod mmio;
 pub mod nvlink;
 pub mod placement;

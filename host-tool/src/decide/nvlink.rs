@@ -355,6 +355,21 @@ index, pci.bus_id
         assert!(matches!(e, NvlinkError::Syntax { .. }), "{e}");
     }
 
+    /// Captured on the 2 × H200 VM (`nvidia-smi topo -m` then `--query-gpu` CSV, tty escapes kept).
+    #[test]
+    fn real_h200_capture() {
+        let text = include_str!("../../../tests/fixtures/nvidia-smi/h200x2-topo-m.txt");
+        let m = parse_nvidia_smi(text, "h200x2-topo-m.txt").unwrap();
+        assert_eq!(m.links, [(bdf("0000:00:06.0"), bdf("0000:00:07.0"), 18)]);
+        let mut topo = Topology::from_record(&synth::example("flat-vm").unwrap());
+        apply(&mut topo, &m, "h200x2-topo-m.txt").unwrap();
+        assert_eq!(
+            topo.path(&bdf("0000:00:06.0"), &bdf("0000:00:07.0"))
+                .label(),
+            "NV18"
+        );
+    }
+
     #[test]
     fn nvswitch_board_makes_all_h100_peers() {
         let mut topo = Topology::from_record(&synth::example("hgx-h100").unwrap());

@@ -452,8 +452,8 @@ fn verdict(
         }
         PathKind::Phb => (
             Verdict::RootComplex,
-            "through the host bridge between root ports: translated by the IOMMU; whether the \
-             root complex forwards P2P between its root ports is platform-dependent"
+            "through the host bridge (root complex): translated by the IOMMU; whether the \
+             root complex forwards P2P between its ports is platform-dependent"
                 .into(),
         ),
         PathKind::Node => (
@@ -512,7 +512,7 @@ fn pair_warnings(
     let rc = in_clique(Verdict::RootComplex);
     if !rc.is_empty() {
         out.push(format!(
-            "--p2p-level {}: {} do P2P between root ports of one root complex, which is platform-dependent; \
+            "--p2p-level {}: {} do P2P through the root complex (PHB), which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
             list(rc)

@@ -198,7 +198,10 @@ fn read_device(
         local_cpulist: r.optional("local_cpulist", attr::cpulist),
         iommu_group: groups.get(&bdf).copied(),
         driver: link_name(&dir.join("driver")),
-        driver_override: r.optional("driver_override", attr::driver_override),
+        // `(null)` (no override) parses to None and is not worth a warning.
+        driver_override: r
+            .text("driver_override")
+            .and_then(|t| attr::driver_override(&t)),
         resources: r.optional("resource", attr::resources).unwrap_or_default(),
         current_link_speed: r.optional("current_link_speed", attr::link_speed),
         current_link_width: r

@@ -13,7 +13,7 @@ use pci_config::{AcsFlags, Bdf};
 
 use crate::read::{DeviceRecord, HostBridgeId, HostRecord, Resource};
 
-pub use examples::{example, EXAMPLES};
+pub use examples::{example, example_list, EXAMPLES};
 
 /// ACS control bits Linux requires for isolation (`REQ_ACS_FLAGS`): SV RR CR UF.
 pub const ACS_ISOLATING: u16 = AcsFlags::SV | AcsFlags::RR | AcsFlags::CR | AcsFlags::UF;
@@ -110,6 +110,13 @@ impl HostBuilder {
         let id = HostBridgeId { domain, bus };
         self.next_bus.entry(id).or_insert(bus as u16 + 1);
         id
+    }
+
+    /// The next device added to bus `bus` of `domain` gets device number `device`
+    /// (to mirror a real or QEMU layout with fixed addresses).
+    pub fn next_slot(&mut self, domain: u16, bus: u8, device: u8) -> &mut Self {
+        self.next_slot.insert((domain, bus), device);
+        self
     }
 
     fn record(&self, bdf: &Bdf) -> &DeviceRecord {
@@ -286,15 +293,22 @@ impl HostBuilder {
         self.push(r, spec.acs)
     }
 
-    /// Marks function 0 of a slot as multi-function (call after adding function 1+).
-    fn fix_multifunction(&mut self) {
-        let slots: Vec<Bdf> = self
+    /// Function 0 of every slot that has more than one function.
+    fn multifunction_slots(&self) -> Vec<Bdf> {
+        let mut slots: Vec<Bdf> = self
             .host
             .devices
             .iter()
             .filter(|d| d.bdf.function > 0)
             .map(|d| d.bdf.with_function(0))
             .collect();
+        slots.dedup();
+        slots
+    }
+
+    /// Marks function 0 of a slot as multi-function (call after adding function 1+).
+    fn fix_multifunction(&mut self) {
+        let slots = self.multifunction_slots();
         for d in &mut self.host.devices {
             if slots.contains(&d.bdf.with_function(0)) && d.config.len() > 0x0e {
                 d.config[0x0e] |= 0x80;
@@ -320,13 +334,7 @@ impl HostBuilder {
                 )
             })
             .collect();
-        let multifunction: Vec<Bdf> = self
-            .host
-            .devices
-            .iter()
-            .filter(|d| d.bdf.function > 0)
-            .map(|d| d.bdf.with_function(0))
-            .collect();
+        let multifunction = self.multifunction_slots();
         let acs_enabled = |b: &Bdf| -> bool {
             let port_type = by_bdf.get(b).map(|x| x.1).unwrap_or(0);
             let ctl = self.acs_ctl.get(b).copied().flatten();
