@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use crate::cli::{DataFormat, GlobalArgs};
 use crate::config::host::{HostConfig, NvlinkSource};
-use crate::decide::placement::{self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest};
+use crate::decide::placement::{
+    self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
+};
 use crate::decide::plan;
 use crate::emit;
 use crate::model::{PathKind, Topology};
@@ -49,7 +51,9 @@ fn parse_shape(s: &str) -> Result<(usize, usize), String> {
     let (c, g) = s.split_once(['x', 'X']).ok_or_else(bad)?;
     let (c, g) = (c.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?);
     if c == 0 || g == 0 {
-        return Err(format!("'{s}': both the VM count and GPUs per VM must be at least 1"));
+        return Err(format!(
+            "'{s}': both the VM count and GPUs per VM must be at least 1"
+        ));
     }
     Ok((c, g))
 }
@@ -132,7 +136,9 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
                 .map(|pair| PairReport {
                     a: pair.a,
                     b: pair.b,
-                    path: pair.nvlink.map_or(pair.path.label().to_string(), |n| format!("NV{n}")),
+                    path: pair
+                        .nvlink
+                        .map_or(pair.path.label().to_string(), |n| format!("NV{n}")),
                     verdict: pair.verdict,
                     clique: pair.clique,
                 })
@@ -151,18 +157,34 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
     }
 }
 
+fn numa_text(nodes: &[u32]) -> String {
+    if nodes.is_empty() {
+        return "unknown".into();
+    }
+    nodes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The `vm.yaml` of a placed VM, in `gen`'s schema (`config::vm`).
 fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
     let mut t = format!(
-        "# Written by `vfio-p2p place`: worst GPU path {}, NUMA node(s) {:?}.\n",
-        vm.vm.worst_path, vm.vm.numa_nodes
+        "# Written by `vfio-p2p place`: worst GPU path {}, NUMA node(s) {}.\n",
+        vm.vm.worst_path,
+        numa_text(&vm.vm.numa_nodes)
     );
+    let no_clique = match vm.vm.worst_path {
+        WorstPath::NvLink(_) => "no clique (NVLink)",
+        _ => "no clique",
+    };
     t += &format!("name: {}\ngpus:\n", vm.vm.name);
     for g in &vm.vm.gpus {
         let clique = vm.cliques.get(g).copied().flatten();
         t += &match clique {
             Some(c) => format!("  - {g}  # clique {c}\n"),
-            None => format!("  - {g}  # no clique\n"),
+            None => format!("  - {g}  # {no_clique}\n"),
         };
     }
     t += &format!("p2p_level: {}\n", p2p_level.label().to_ascii_lowercase());
@@ -170,13 +192,25 @@ fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
 }
 
 /// Writes every file or none: all are checked first, then written via temporary names.
-fn write_configs(dir: &Path, vms: &[VmReport], p2p_level: PathKind) -> anyhow::Result<Vec<PathBuf>> {
+fn write_configs(
+    dir: &Path,
+    vms: &[VmReport],
+    p2p_level: PathKind,
+) -> anyhow::Result<Vec<PathBuf>> {
     if !dir.is_dir() {
-        bail!("--write-configs {}: no such directory; create it first", dir.display());
+        bail!(
+            "--write-configs {}: no such directory; create it first",
+            dir.display()
+        );
     }
     let files: Vec<(PathBuf, String)> = vms
         .iter()
-        .map(|vm| (dir.join(format!("{}.yaml", vm.vm.name)), vm_config_text(vm, p2p_level)))
+        .map(|vm| {
+            (
+                dir.join(format!("{}.yaml", vm.vm.name)),
+                vm_config_text(vm, p2p_level),
+            )
+        })
         .collect();
     if let Some((path, _)) = files.iter().find(|(p, _)| p.exists()) {
         bail!(
@@ -196,26 +230,45 @@ fn write_configs(dir: &Path, vms: &[VmReport], p2p_level: PathKind) -> anyhow::R
         staged.push(tmp);
     }
     for ((path, _), tmp) in files.iter().zip(&staged) {
-        std::fs::rename(tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        std::fs::rename(tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     }
     Ok(files.into_iter().map(|(p, _)| p).collect())
 }
 
 fn print_table(r: &PlaceReport) {
     let mut t = Table::new();
-    t.set_header(["VM", "GPUs", "worst path", "NUMA", "IOMMU groups", "cliques"]);
+    t.set_header([
+        "VM",
+        "GPUs",
+        "worst path",
+        "NUMA",
+        "IOMMU groups",
+        "cliques",
+    ]);
     for vm in &r.vms {
         let cliques: Vec<String> = vm
             .vm
             .gpus
             .iter()
-            .map(|g| vm.cliques.get(g).copied().flatten().map_or("-".into(), |c| c.to_string()))
+            .map(|g| {
+                vm.cliques
+                    .get(g)
+                    .copied()
+                    .flatten()
+                    .map_or("-".into(), |c| c.to_string())
+            })
             .collect();
         t.add_row([
             vm.vm.name.clone(),
-            vm.vm.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(" "),
+            vm.vm
+                .gpus
+                .iter()
+                .map(|g| g.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
             format!("{} (PCIe {})", vm.vm.worst_path, vm.vm.worst_pcie_path),
-            format!("{:?}", vm.vm.numa_nodes),
+            numa_text(&vm.vm.numa_nodes),
             vm.vm.iommu_groups.len().to_string(),
             cliques.join(" "),
         ]);
@@ -241,7 +294,14 @@ fn print_table(r: &PlaceReport) {
         println!("largest shape that fits: {s}");
     }
     let free: Vec<String> = r.free.iter().map(|b| b.to_string()).collect();
-    println!("free GPUs: {}", if free.is_empty() { "none".into() } else { free.join(" ") });
+    println!(
+        "free GPUs: {}",
+        if free.is_empty() {
+            "none".into()
+        } else {
+            free.join(" ")
+        }
+    );
     for p in &r.configs_written {
         println!("wrote {}", p.display());
     }
@@ -263,9 +323,8 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
         max_path: args.max_path,
     };
     placement::validate_requests(&requests)?;
-    let placement_host = PlacementHost::new(&topo, &options).with_context(|| {
-        "checking --taken and the host config's reserved devices".to_string()
-    })?;
+    let placement_host = PlacementHost::new(&topo, &options)
+        .with_context(|| "checking --taken and the host config's reserved devices".to_string())?;
     let placed = placement_host.place(&requests, options.max_path);
     let largest_shape = match args.shape {
         Some((count, gpus)) if !placed.unplaced.is_empty() => {

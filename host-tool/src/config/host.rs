@@ -120,18 +120,19 @@ impl HostConfig {
 
     /// Parses and validates `text`; `path` names the file in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<HostConfig, HostConfigError> {
-        let file: HostConfigFile = serde_saphyr::from_str(text).map_err(|e| match e.location() {
-            Some(at) => HostConfigError::Invalid {
-                path: path.to_path_buf(),
-                line: at.line(),
-                column: at.column(),
-                message: e.to_string(),
-            },
-            None => HostConfigError::Parse {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            },
-        })?;
+        let file: HostConfigFile =
+            serde_saphyr::from_str(text).map_err(|e| match e.location() {
+                Some(at) => HostConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: at.line(),
+                    column: at.column(),
+                    message: e.to_string(),
+                },
+                None => HostConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                },
+            })?;
         Self::validate(file, path)
     }
 
@@ -147,7 +148,10 @@ impl HostConfig {
                 Ok(PathKind::X) | Err(_) => {
                     return Err(invalid(
                         &l.referenced,
-                        format!("p2p_level: '{}' is not a level; use pix, pxb, phb, node or sys", l.value),
+                        format!(
+                            "p2p_level: '{}' is not a level; use pix, pxb, phb, node or sys",
+                            l.value
+                        ),
                     ))
                 }
                 Ok(k) => k,
@@ -161,7 +165,10 @@ impl HostConfig {
                 .parse()
                 .map_err(|e| invalid(&r.referenced, format!("reserved: {e}")))?;
             if reserved.contains(&bdf) {
-                return Err(invalid(&r.referenced, format!("reserved: {bdf} is listed twice")));
+                return Err(invalid(
+                    &r.referenced,
+                    format!("reserved: {bdf} is listed twice"),
+                ));
             }
             reserved.push(bdf);
         }

@@ -49,7 +49,9 @@ pub enum PlacementError {
     DuplicateName(String),
     #[error("VM '{0}' asks for 0 GPUs; ask for at least one")]
     NoGpus(String),
-    #[error("VM name '{0}' cannot be a file name; use letters, digits, '-', '_' and '.'")]
+    #[error(
+        "VM name '{0}': use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'"
+    )]
     BadName(String),
 }
 
@@ -529,8 +531,10 @@ impl PlacementHost {
 pub fn validate_requests(requests: &[VmRequest]) -> Result<(), PlacementError> {
     let mut seen = BTreeSet::new();
     for r in requests {
+        // The rule of `vm.yaml`'s `name` (config::vm): a file and domain name.
         let file_safe = !r.name.is_empty()
-            && !r.name.starts_with('.')
+            && r.name.len() <= 64
+            && !r.name.starts_with(['-', '.'])
             && r.name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
