@@ -203,19 +203,18 @@ fn named_vms_taken_gpus_and_the_alternative() {
     assert!(stdout.contains("largest shape that fits: 2x4"), "{stdout}");
 }
 
+/// Runs `--example hgx-h100 place ARGS`, which must fail; its stderr.
+fn place_error(args: &[&str]) -> String {
+    let mut all = vec!["--example", "hgx-h100", "place"];
+    all.extend(args);
+    let out = vfio_p2p(&all);
+    assert!(!out.status.success(), "place {args:?} succeeded");
+    String::from_utf8(out.stderr).unwrap()
+}
+
 #[test]
 fn bad_input_is_refused_with_the_fix() {
-    let out = vfio_p2p(&[
-        "--example",
-        "hgx-h100",
-        "place",
-        "--shape",
-        "1x2",
-        "--taken",
-        "0000:aa:00.0",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = place_error(&["--shape", "1x2", "--taken", "0000:aa:00.0"]);
     assert!(
         err.contains("0000:aa:00.0 is not a device of this host"),
         "{err}"
@@ -228,32 +227,19 @@ fn bad_input_is_refused_with_the_fix() {
         "p2p_level: pxb\nreserved: [0000:18:00.0, 0000:18:00.0]\n",
     )
     .unwrap();
-    let out = vfio_p2p(&[
-        "--example",
-        "hgx-h100",
-        "place",
-        "--shape",
-        "1x2",
-        "--host-config",
-        host.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = place_error(&["--shape", "1x2", "--host-config", host.to_str().unwrap()]);
     assert!(
         err.contains("host.yaml:2:") && err.contains("listed twice"),
         "{err}"
     );
 
     std::fs::write(dir.path().join("vm0.yaml"), "name: keep\n").unwrap();
-    let out = vfio_p2p(&[
-        "--example",
-        "hgx-h100",
-        "place",
+    let err = place_error(&[
         "--shape",
         "2x2",
         "--write-configs",
         dir.path().to_str().unwrap(),
     ]);
-    let err = String::from_utf8(out.stderr).unwrap();
     assert!(
         err.contains("vm0.yaml already exists") && err.contains("nothing was written"),
         "{err}"
@@ -264,14 +250,7 @@ fn bad_input_is_refused_with_the_fix() {
         "name: keep\n"
     );
 
-    let out = vfio_p2p(&[
-        "--example",
-        "hgx-h100",
-        "place",
-        "--shape",
-        "2x",
-        "--vm",
-        "a=1",
-    ]);
-    assert!(!out.status.success());
+    place_error(&["--shape", "2x", "--vm", "a=1"]);
+    let err = place_error(&["--vm", "a=1", "--vm", "a=2"]);
+    assert!(err.contains("'a' is given twice"), "{err}");
 }

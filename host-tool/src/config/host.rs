@@ -143,35 +143,12 @@ impl HostConfig {
             column: at.column(),
             message,
         };
+        let field = |e: super::FieldError| invalid(&e.at, e.message);
         let p2p_level = match &file.p2p_level {
-            Some(l) => match l.value.parse::<PathKind>() {
-                Ok(PathKind::X) | Err(_) => {
-                    return Err(invalid(
-                        &l.referenced,
-                        format!(
-                            "p2p_level: '{}' is not a level; use pix, pxb, phb, node or sys",
-                            l.value
-                        ),
-                    ))
-                }
-                Ok(k) => k,
-            },
+            Some(l) => super::p2p_level(l).map_err(field)?,
             None => DEFAULT_P2P_LEVEL,
         };
-        let mut reserved = Vec::new();
-        for r in &file.reserved {
-            let bdf: Bdf = r
-                .value
-                .parse()
-                .map_err(|e| invalid(&r.referenced, format!("reserved: {e}")))?;
-            if reserved.contains(&bdf) {
-                return Err(invalid(
-                    &r.referenced,
-                    format!("reserved: {bdf} is listed twice"),
-                ));
-            }
-            reserved.push(bdf);
-        }
+        let reserved = super::bdf_list("reserved", &file.reserved).map_err(field)?;
         let nvlink = match file.nvlink {
             None => NvlinkSource::Nvswitch,
             Some(n) => match (n.source.value, n.file) {
@@ -256,7 +233,7 @@ mod tests {
     fn bad_values_point_at_their_line_and_column() {
         let (line, column, message) = error_at("hook_policy: warn\np2p_level: nvlink\n");
         assert_eq!((line, column), (2, 12));
-        assert!(message.contains("use pix, pxb"), "{message}");
+        assert!(message.contains("not a path level"), "{message}");
         let (line, _, message) = error_at("reserved:\n  - 0000:01:00.0\n  - 41:00\n");
         assert_eq!(line, 3);
         assert!(message.starts_with("reserved:"), "{message}");

@@ -531,13 +531,7 @@ impl PlacementHost {
 pub fn validate_requests(requests: &[VmRequest]) -> Result<(), PlacementError> {
     let mut seen = BTreeSet::new();
     for r in requests {
-        // The rule of `vm.yaml`'s `name` (config::vm): a file and domain name.
-        let file_safe = !r.name.is_empty()
-            && r.name.len() <= 64
-            && !r.name.starts_with(['-', '.'])
-            && r.name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        let file_safe = crate::config::is_valid_vm_name(&r.name);
         if !file_safe {
             return Err(PlacementError::BadName(r.name.clone()));
         }
@@ -865,6 +859,40 @@ mod tests {
         let p = run(&t, &shape(1, 2));
         assert_eq!(p.vms[0].iommu_groups.len(), 1);
         assert_eq!(p.vms[0].worst_path, WorstPath::Pcie(PathKind::Pix));
+    }
+
+    #[test]
+    fn sixty_four_gpus_pack_into_leaf_switches_and_sockets() {
+        let t = Topology::from_record(&tree::server(&tree::ServerSpec::uniform(2, 4, 2, 4)));
+        let p = run(&t, &shape(16, 4));
+        assert!(p.unplaced.is_empty());
+        assert!(p
+            .vms
+            .iter()
+            .all(|v| v.worst_path == WorstPath::Pcie(PathKind::Pix)));
+        let p = run(&t, &shape(8, 8));
+        assert!(p
+            .vms
+            .iter()
+            .all(|v| v.worst_path == WorstPath::Pcie(PathKind::Pxb)));
+        // Mixed sizes: the 32-GPU VM takes a whole socket, the rest still fit their switches.
+        let mut requests = shape(8, 4);
+        requests.push(VmRequest {
+            name: "half".into(),
+            gpus: 32,
+        });
+        let p = run(&t, &requests);
+        assert!(p.unplaced.is_empty());
+        let half = p.vms.iter().find(|v| v.name == "half").unwrap();
+        assert_eq!(
+            (half.worst_path, half.numa_nodes.len()),
+            (WorstPath::Pcie(PathKind::Node), 1)
+        );
+        assert!(p
+            .vms
+            .iter()
+            .filter(|v| v.name != "half")
+            .all(|v| v.worst_path == WorstPath::Pcie(PathKind::Pix)));
     }
 
     /// The best (worst path, NUMA nodes, groups) over every set of whole free groups.
