@@ -53,6 +53,8 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Choose GPUs for many VMs (best P2P paths, one NUMA node, whole IOMMU groups) and plan their cliques.
+    Place(commands::place::PlaceArgs),
     /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
     Plan(commands::plan::PlanArgs),
     /// Bind GPUs (and their other functions) to vfio-pci, transactionally; recorded for unbind.

@@ -5,6 +5,7 @@ pub mod check;
 pub mod gen;
 pub mod hook;
 pub mod libvirt;
+pub mod place;
 pub mod plan;
 pub mod snapshot;
 pub mod topo;
@@ -29,6 +30,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match command {
         Command::Topo(a) => topo::run(&cli.global, a),
+        Command::Place(a) => place::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
         Command::Bind(a) => bind::run_bind(&cli.global, a),
         Command::Unbind(a) => bind::run_unbind(&cli.global, a),
