@@ -200,21 +200,36 @@ stage_plan() {
     [ -z "$WHY" ]
 }
 
+# displays_off BDF...: switch off the stand-ins' DRM connectors (bochs-drm always reports its
+# virtual display connected), as an operator moves the display off a GPU before passing it through
+displays_off() {
+    local b c
+    for b in "$@"; do
+        for c in "$(dev "$b")"/drm/card*/card*-*/status; do [ -e "$c" ] && echo off > "$c"; done
+    done
+}
+
 stage_bind() {
     local before after rc n b
     before=$(state $GPUS)
     echo "before: $before"
+    # a GPU that drives a display is in use on the host: bind must refuse and touch nothing
+    rc=0; vp bind $GPU_SW0 || rc=$?
+    [ $rc != 0 ] && [ "$(state $GPUS)" = "$before" ] || fail "bind of a GPU with a connected display: exit $rc, $(state $GPU_SW0)"
+    displays_off $GPUS
     rc=0; vp bind --dry-run $GPUS || rc=$?
     [ $rc = 0 ] || fail "bind --dry-run exited $rc"
     [ "$(state $GPUS)" = "$before" ] || fail "bind --dry-run changed the devices: $(state $GPUS)"
     # a failure half-way must roll back to exactly the old drivers and driver_override values
     for n in $FAIL_AFTER; do
+        displays_off $GPUS   # a rollback re-probes bochs-drm, whose connectors come back on
         rc=0; C VFIO_P2P_FAIL_AFTER="$n" "$VFIO_P2P" bind $GPU_SW0 $GPU_SW1 || rc=$?
         after=$(state $GPUS)
         echo "failure injected at sysfs write $n: exit $rc, after: $after"
         [ $rc != 0 ] || fail "bind with VFIO_P2P_FAIL_AFTER=$n exited 0"
         [ "$after" = "$before" ] || fail "not rolled back after failure at write $n: $after"
     done
+    displays_off $GPUS
     rc=0; vp bind $GPUS || rc=$?
     [ $rc = 0 ] || fail "bind exited $rc"
     for b in $GPUS; do
@@ -225,6 +240,7 @@ stage_bind() {
     rc=0; vp unbind $GPU_RP || rc=$?
     [ $rc = 0 ] || fail "unbind exited $rc"
     [ "$(state $GPU_RP)" = "$(echo "$before" | grep "^$GPU_RP ")" ] || fail "unbind: $(state $GPU_RP), before bind: $(echo "$before" | grep "^$GPU_RP ")"
+    displays_off $GPU_RP
     rc=0; vp bind $GPU_RP || rc=$?
     [ $rc = 0 ] && [ "$(driver_of $GPU_RP)" = vfio-pci ] || fail "re-bind of $GPU_RP: exit $rc, driver $(driver_of $GPU_RP)"
     state $GPUS
