@@ -400,6 +400,13 @@ run_b() {
     echo "level B QEMU exit $?"
 }
 
+# b_section NAME: the JSON level B printed for NAME (level-b.sh section) into /out/b-NAME.json;
+# prints the command's exit status
+b_section() {
+    tr -d '\r' < /out/level-b.log | sed -n "/^LAB-B-$1-BEGIN/,/^LAB-B-$1-END/p" | sed '1d;$d' > /out/b-$1.json
+    tr -d '\r' < /out/level-b.log | sed -n "s/^LAB-B-$1-END rc=//p"
+}
+
 stage_guest() {
     local accel=$ACCEL_B t0 rc got want
     [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
@@ -431,28 +438,31 @@ stage_guest() {
     echo "LAB-PROGRESS level B ran under $accel in $(awk "BEGIN { print $(up) - $t0 }") s"
     tr -d '\r' < /out/level-b.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b.log || { fail "level B ($accel) did not finish"; return 1; }
-    tr -d '\r' < /out/level-b.log | sed -n '/^LAB-B-SCAN-BEGIN/,/^LAB-B-SCAN-END/p' | sed '1d;$d' > /out/scan.json
-    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-SCAN-END rc=//p')
+    rc=$(b_section SCAN)
     [ "$rc" = 0 ] || fail "agent scan exited $rc"
-    is_json /out/scan.json || { fail "agent scan printed no JSON (not implemented?)"; return 1; }
+    is_json /out/b-SCAN.json || { fail "agent scan printed no JSON (not implemented?)"; return 1; }
     # the guest sees every assigned GPU with the plan's clique, at QEMU 7.2's offset 0xc8
     want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-b.json)
-    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/scan.json)
+    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-SCAN.json)
     echo "cliques in the guest: [$got], planned: [$want]"
     [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
-    jqr -e 'all(.gpus[]; if .clique == null then .cap_offset == null else .cap_offset == "0xc8" end)' < /out/scan.json > /dev/null ||
+    jqr -e 'all(.gpus[]; if .clique == null then .cap_offset == null else .cap_offset == "0xc8" end)' < /out/b-SCAN.json > /dev/null ||
         fail "cap_offset is not 0xc8 for every GPU with a clique"
-    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-EXPECT rc=//p')
+    rc=$(b_section EXPECT)
     [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"
+    is_json /out/b-EXPECT.json || fail "agent expect printed no JSON report"
     [ -z "$WHY" ]
 }
 
 stage_guest_wrong() {
     local rc
     grep -q LAB-B-DONE /out/level-b.log 2>/dev/null || { fail "level B did not run (stage guest)"; return 1; }
-    tr -d '\r' < /out/level-b.log | sed -n '/^LAB-B-WRONG/,$p'
-    rc=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-WRONG rc=//p')
+    rc=$(b_section WRONG)
+    cat /out/b-WRONG.json
+    tr -d '\r' < /out/level-b.log | grep '^LAB-B-STDERR WRONG'
+    # exit 1 with a report, not an error without one: the mismatch was found, not a crash
     [ "$rc" = 1 ] || fail "agent expect with a wrong expectation exited '$rc', not 1"
+    is_json /out/b-WRONG.json || fail "agent expect with a wrong expectation printed no JSON report"
     [ -z "$WHY" ]
 }
 

@@ -1,8 +1,8 @@
 #!/bin/busybox sh
 # shellcheck shell=dash
 # /init of level B, the guest started from `vfio-p2p gen qemu`'s arguments. Runs our agent and
-# prints its results between markers on the console, which level A reads (level-a.sh stage_guest):
-#   LAB-B-SCAN-BEGIN / <scan JSON> / LAB-B-SCAN-END rc=N, LAB-B-EXPECT rc=N, LAB-B-WRONG rc=N, LAB-B-DONE
+# prints its results between markers on the console, which level A reads (level-a.sh b_section):
+#   LAB-B-SCAN-BEGIN / <JSON> / LAB-B-SCAN-END rc=N, the same for EXPECT and WRONG, LAB-B-DONE
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -23,14 +23,20 @@ done
 echo "LAB-B: fw_cfg expect.json: $(cat $FW/opt/vfio-p2p/expect.json/raw 2>&1)"
 echo "LAB-B: up $(up)s, running the agent"
 
-echo LAB-B-SCAN-BEGIN
-timeout 60 vfio-p2p-agent scan --format json
-echo "LAB-B-SCAN-END rc=$?"
-timeout 60 vfio-p2p-agent expect
-echo "LAB-B-EXPECT rc=$?"
+# section NAME CMD...: the command's stdout between markers, its stderr after them
+section() {
+    local name=$1 rc
+    shift
+    echo "LAB-B-$name-BEGIN"
+    timeout 60 "$@" 2> /tmp/stderr
+    rc=$?
+    echo "LAB-B-$name-END rc=$rc"
+    sed "s/^/LAB-B-STDERR $name: /" /tmp/stderr
+}
+section SCAN vfio-p2p-agent scan --format json
+section EXPECT vfio-p2p-agent expect --format json
 # must not pass: the harness moved every clique of the real expectation by one
-timeout 60 vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw
-echo "LAB-B-WRONG rc=$?"
+section WRONG vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw --format json
 echo "LAB-B-DONE up $(up)s"
 sync
 poweroff -f
