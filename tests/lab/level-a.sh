@@ -32,7 +32,7 @@ mount_shares() {
 }
 
 # ------------------------------------------------------------------------------ helpers
-WHY=""; NFAIL=0
+WHY=""; NFAIL=0; NOTE=""   # NOTE: what a passing stage wants to say in the summary
 # fail MSG: record a failed assertion and go on checking; the summary shows the first three
 fail() {
     echo "FAIL: $*"
@@ -296,7 +296,8 @@ stage_check() {
     echo "== check with $GPU_RP unbound (exit $rc)"; cat /out/check-unbound.json
     [ $rc = 2 ] || fail "check exits $rc (not 2) for a GPU not bound to vfio-pci"
     echo "$GPU_RP" > /sys/bus/pci/drivers_probe    # driver_override still says vfio-pci
-    echo "baseline exit $base"
+    NOTE="baseline check exit $base (0 pass, 1 warn)"
+    echo "$NOTE"
     [ -z "$WHY" ]
 }
 
@@ -435,7 +436,8 @@ stage_guest() {
         run_b tcg "$(b_limit "$TIMEOUT_B_TCG")"
     fi
     echo "level B took $(awk "BEGIN { print $(up) - $t0 }") s ($accel)"
-    echo "LAB-PROGRESS level B ran under $accel in $(awk "BEGIN { print $(up) - $t0 }") s"
+    NOTE="level B under $accel: $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
+    echo "LAB-PROGRESS $NOTE"
     tr -d '\r' < /out/level-b.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b.log || { fail "level B ($accel) did not finish"; return 1; }
     rc=$(b_section SCAN)
@@ -471,11 +473,11 @@ run_stage() {
     local name=$1 t0 res
     case " $LAB_STAGES " in *" $name "*) ;; *) echo "LAB-STAGE $name SKIP 0 not selected" | tee -a /out/stages.txt; return ;; esac
     echo "LAB-PROGRESS $name ..."
-    t0=$(up); WHY=""; NFAIL=0
+    t0=$(up); WHY=""; NFAIL=0; NOTE=""
     if "stage_$(echo "$name" | tr - _)" > /out/"$name".log 2>&1 && [ -z "$WHY" ]; then res=PASS; else res=FAIL; fi
     sed "s/^/[$name] /" /out/"$name".log
     [ $NFAIL -le 3 ] || WHY="$WHY; ... $NFAIL failures in all, see $name.log"
-    echo "LAB-STAGE $name $res $(awk "BEGIN { printf \"%.1f\", $(up) - $t0 }") ${WHY:+$WHY}" | tee -a /out/stages.txt
+    echo "LAB-STAGE $name $res $(awk "BEGIN { printf \"%.1f\", $(up) - $t0 }") ${WHY:-$NOTE}" | tee -a /out/stages.txt
 }
 
 if ! mount_shares; then
