@@ -7,7 +7,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, Module, Param, Stream};
-use crate::kernels::{chase_next, Kernel};
+use crate::kernels::{chase_next, Kernel, POLLS_PER_CHECK};
 use crate::stats::Stat;
 
 /// How much to measure.
@@ -15,6 +15,11 @@ use crate::stats::Stat;
 pub struct Plan {
     /// Kept rounds of each measurement (after one warm-up).
     pub samples: usize,
+    /// Kept rounds of the ping-pong (after one warm-up), each with both flags at
+    /// another place in memory (see [`flag_offset`]). Absent (0) in reports of
+    /// earlier agents, whose ping-pong took `samples` rounds at one place.
+    #[serde(default)]
+    pub pingpong_samples: usize,
     pub pingpong_iters: u32,
     pub chase_steps: u32,
     /// Words of the pointer-chase array (a power of two).
@@ -30,6 +35,7 @@ impl Plan {
     /// The reference probe's sizes.
     pub const FULL: Plan = Plan {
         samples: 5,
+        pingpong_samples: 9,
         pingpong_iters: 100_000,
         chase_steps: 20_000,
         chase_words: 1 << 22,
@@ -42,6 +48,7 @@ impl Plan {
 
     pub const QUICK: Plan = Plan {
         samples: 3,
+        pingpong_samples: 5,
         pingpong_iters: 10_000,
         chase_steps: 5_000,
         chase_words: 1 << 22,
@@ -57,7 +64,11 @@ impl Plan {
 }
 
 /// Polls of a flag before a ping-pong kernel gives up (seconds, at any link speed).
-const SPIN_LIMIT: u64 = 1 << 24;
+const POLL_LIMIT: u64 = 1 << 24;
+/// Distance between the flag places of successive ping-pong rounds: a 128 KiB step
+/// plus one 128-byte line, so that both the low and the high address bits that pick
+/// an L2 slice change from round to round.
+const FLAG_STRIDE: usize = (128 << 10) + 128;
 const COPY_BLOCK: u32 = 512;
 
 /// Everything measured for `src` → `dst`.
@@ -89,6 +100,18 @@ pub struct PairBench {
 
 /// A GPU with its module, as the benchmark needs them.
 pub type Side<'a, 'g> = (&'g Gpu, &'a Module<'g>);
+
+/// Byte offset of round `round`'s flag in the ping-pong flag buffers.
+///
+/// The ping-pong latency depends on where the flags lie (most likely on which L2 slice,
+/// near or far from the polling SM, holds their line): with one fixed pair of flags
+/// the same two H200s measured 0.58 µs for 06→07 and 0.71 µs for 07→06 in one run,
+/// although both directions make the same round trip, and 0.58–0.77 µs across
+/// processes, each steady to 0.1 % inside its run. Each round therefore puts its flags
+/// at another place, and the median over them does not hang on one placement.
+pub fn flag_offset(round: usize) -> usize {
+    round * FLAG_STRIDE
+}
 
 /// Runs `rounds` timed rounds (plus a warm-up), each returning one sample.
 fn sampled(
@@ -129,8 +152,7 @@ pub fn bench_pair(
     let sb = Stream::new(dst)?;
 
     let (one_way_latency_us, pingpong_timed_out) = if both_ways {
-        let (s, t) = pingpong((src, src_mod, &sa), (dst, dst_mod, &sb), plan)?;
-        (Some(s), t)
+        pingpong((src, src_mod, &sa), (dst, dst_mod, &sb), plan)?
     } else {
         (None, false)
     };
@@ -286,38 +308,50 @@ pub fn bench_pair(
 }
 
 /// Flag ping-pong between a kernel on each GPU; each polls its own memory and
-/// writes the other's, so one round trip is two one-way writes.
+/// writes the other's, so one round trip is two one-way writes. Timed like the
+/// reference probe: CUDA events on `src`'s stream around the ping kernel, the pong
+/// kernel already queued on `dst`. Stops at the first round that timed out.
 fn pingpong(
     (src, src_mod, sa): (&Gpu, &Module<'_>, &Stream<'_>),
     (dst, dst_mod, sb): (&Gpu, &Module<'_>, &Stream<'_>),
     plan: &Plan,
-) -> Result<(Stat, bool), CudaError> {
-    let flag_a = DeviceBuffer::words(src, 2, 0)?;
-    let flag_b = DeviceBuffer::words(dst, 2, 0)?;
+) -> Result<(Option<Stat>, bool), CudaError> {
+    let rounds = plan.pingpong_samples + 1;
+    let flags_bytes = flag_offset(rounds - 1) + 4;
+    let flags_a = DeviceBuffer::new(src, flags_bytes)?;
+    let flags_b = DeviceBuffer::new(dst, flags_bytes)?;
+    let stop_a = DeviceBuffer::words(src, 1, 0)?;
+    let stop_b = DeviceBuffer::words(dst, 1, 0)?;
     let iters = plan.pingpong_iters;
-    let mut timed_out = false;
-    let stat = sampled(plan.samples, || {
-        flag_a.fill_u32(0)?;
-        flag_b.fill_u32(0)?;
-        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>| {
+    let mut samples = Vec::with_capacity(plan.pingpong_samples);
+    for round in 0..rounds {
+        flags_a.fill_u32(0)?;
+        flags_b.fill_u32(0)?;
+        let at = flag_offset(round) as u64;
+        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>, stop: &DeviceBuffer<'_>| {
             [
-                Param::U64(my.ptr()),
-                Param::U64(peer.ptr()),
+                Param::U64(my.ptr() + at),
+                Param::U64(peer.ptr() + at),
                 Param::U32(iters),
-                Param::U64(SPIN_LIMIT),
-                Param::U64(my.ptr() + 4),
+                Param::U64(POLL_LIMIT / POLLS_PER_CHECK),
+                Param::U64(stop.ptr()),
             ]
         };
-        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(&flag_b, &flag_a))?;
+        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(&flags_b, &flags_a, &stop_b))?;
         let ms = timed(sa, || {
-            src_mod.launch(Kernel::Ping, 1, 1, sa, &args(&flag_a, &flag_b))
+            src_mod.launch(Kernel::Ping, 1, 1, sa, &args(&flags_a, &flags_b, &stop_a))
         })?;
         sb.synchronize()?;
-        let (mut a, mut b) = ([0u32; 2], [0u32; 2]);
-        flag_a.download(&mut a)?;
-        flag_b.download(&mut b)?;
-        timed_out |= a[1] != 0 || b[1] != 0;
-        Ok(ms * 1e3 / iters as f64 / 2.0)
-    })?;
-    Ok((stat, timed_out))
+        let (mut a, mut b) = ([0u32], [0u32]);
+        stop_a.download(&mut a)?;
+        stop_b.download(&mut b)?;
+        if a[0] != 0 || b[0] != 0 {
+            return Ok((Stat::of(samples), true));
+        }
+        // Round 0 is the warm-up.
+        if round > 0 {
+            samples.push(ms * 1e3 / iters as f64 / 2.0);
+        }
+    }
+    Ok((Stat::of(samples), false))
 }

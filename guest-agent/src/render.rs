@@ -188,8 +188,9 @@ pub fn bench(results: &[PairBench]) -> String {
         ]);
     }
     format!(
-        "{t}\nmedian of {} samples each, ± half the spread; GB/s = 10^9 bytes/s\n",
-        results.first().map_or(0, |b| b.plan.samples)
+        "{t}\nmedian of {} samples each ({} flag placements for the one-way latency), ± half the spread; GB/s = 10^9 bytes/s\n",
+        results.first().map_or(0, |b| b.plan.samples),
+        results.first().map_or(0, |b| b.plan.pingpong_samples)
     )
 }
 
