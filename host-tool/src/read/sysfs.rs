@@ -42,32 +42,31 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         ..Default::default()
     };
     let groups = read_iommu_groups(root, &mut host.warnings);
-    let mut short_config = 0usize;
+    let mut bdfs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| ReadError::Io {
             path: devices_dir.clone(),
             source: e,
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let bdf: Bdf = match name.parse() {
-            Ok(b) => b,
-            Err(e) => {
-                host.warnings.push(ReadWarning {
-                    device: None,
-                    file: Some(entry.path().display().to_string()),
-                    message: format!("skipped: {e}"),
-                });
-                continue;
+        match name.parse::<Bdf>() {
+            Ok(b) => bdfs.push(b),
+            Err(e) => host.warnings.push(ReadWarning {
+                device: None,
+                file: Some(entry.path().display().to_string()),
+                message: format!("skipped: {e}"),
+            }),
+        }
+    }
+    bdfs.sort();
+    let mut short_config = 0usize;
+    for (device, warnings) in read_devices(root, &bdfs, &groups) {
+        host.warnings.extend(warnings);
+        if let Some(d) = device {
+            if !d.config.is_empty() && d.config.len() <= pci_config::CONFIG_SPACE_UNPRIVILEGED {
+                short_config += 1;
             }
-        };
-        match read_device(root, bdf, &groups, &mut host.warnings) {
-            Some(d) => {
-                if !d.config.is_empty() && d.config.len() <= pci_config::CONFIG_SPACE_UNPRIVILEGED {
-                    short_config += 1;
-                }
-                host.devices.push(d)
-            }
-            None => continue,
+            host.devices.push(d);
         }
     }
     host.devices.sort_by_key(|d| d.bdf);
@@ -86,6 +85,40 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         .ok()
         .map(|s| s.trim().to_string());
     Ok(host)
+}
+
+/// Reads every device, in `bdfs` order. Hosts have thousands of functions and each
+/// needs about 20 small reads, so the work is spread over a few threads.
+fn read_devices(
+    root: &Path,
+    bdfs: &[Bdf],
+    groups: &BTreeMap<Bdf, u32>,
+) -> Vec<(Option<DeviceRecord>, Vec<ReadWarning>)> {
+    let read_one = |bdf: &Bdf| {
+        let mut warnings = Vec::new();
+        let d = read_device(root, *bdf, groups, &mut warnings);
+        (d, warnings)
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8);
+    if threads == 1 || bdfs.len() < 64 {
+        return bdfs.iter().map(read_one).collect();
+    }
+    let chunk = bdfs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bdfs
+            .chunks(chunk)
+            .map(|part| s.spawn(move || part.iter().map(read_one).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| match h.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// The device's real directory, from the `sys/bus/pci/devices/BDF` link, as a path
