@@ -53,6 +53,14 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
+    Plan(commands::plan::PlanArgs),
+    /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
+    Gen(commands::gen::GenArgs),
+    /// Edit libvirt domains.
+    Libvirt(commands::libvirt::LibvirtArgs),
+    /// Preflight the host: everything that stops pass-through or P2P, with the fix (exit 0 pass, 1 warn, 2 fail).
+    Check(commands::check::CheckArgs),
     /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
     Snapshot(commands::snapshot::SnapshotArgs),
 }

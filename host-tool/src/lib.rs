@@ -6,7 +6,10 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
+pub mod decide;
 pub mod emit;
+pub mod host_probe;
 pub mod logging;
 pub mod model;
 pub mod read;

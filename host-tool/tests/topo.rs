@@ -116,9 +116,12 @@ fn hgx_board() {
     let r = topo_json(dir.path());
     assert_eq!(gpu_bdfs(&r).len(), 8, "NVSwitches are not GPUs");
     let m = matrix(&r);
-    assert_eq!(m[0][1], "PIX");
-    assert_eq!(m[0][2], "NODE", "host bridges of one socket");
-    assert_eq!(m[0][7], "SYS");
+    assert_eq!(m[0][1], "NV18", "NVSwitch board: every GPU pair is NVLink");
+    assert_eq!(m[0][7], "NV18");
+    let pcie = &r["pcie_matrix"];
+    assert_eq!(pcie[0][1], "PIX");
+    assert_eq!(pcie[0][2], "NODE", "host bridges of one socket");
+    assert_eq!(pcie[0][7], "SYS");
     assert_eq!(r["nics"][0]["gpu_paths"][0], "PIX");
     assert_eq!(r["gpus"][0]["bar64_total"], (128u64 << 30) + (32 << 20));
     let upstream = &r["gpus"][0]["upstream"];

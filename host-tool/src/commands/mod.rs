@@ -1,5 +1,9 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod check;
+pub mod gen;
+pub mod libvirt;
+pub mod plan;
 pub mod snapshot;
 pub mod topo;
 
@@ -8,6 +12,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::cli::{Cli, Command, GlobalArgs};
+use crate::decide;
 use crate::model::Topology;
 use crate::read::{read_host, HostRecord};
 use crate::synth;
@@ -22,6 +27,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match command {
         Command::Topo(a) => topo::run(&cli.global, a),
+        Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Gen(a) => gen::run(&cli.global, a),
+        Command::Libvirt(a) => libvirt::run(&cli.global, a),
+        Command::Check(a) => check::run(&cli.global, a),
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
     }
 }
@@ -38,8 +47,11 @@ pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
 /// The typed topology, with read warnings logged once.
 pub fn load_topology(global: &GlobalArgs) -> anyhow::Result<Topology> {
     let host = load_host(global)?;
-    let topo = Topology::from_record(&host);
+    let mut topo = Topology::from_record(&host);
     for w in &topo.warnings {
+        tracing::warn!("{w}");
+    }
+    for w in decide::nvlink::apply_nvswitch_fabric(&mut topo) {
         tracing::warn!("{w}");
     }
     Ok(topo)

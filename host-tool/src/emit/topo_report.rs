@@ -19,6 +19,8 @@ pub struct TopoReport {
     pub source: String,
     pub gpus: Vec<GpuEntry>,
     pub matrix: Vec<Vec<String>>,
+    /// The PCIe path label alone (what matters for the clique), even where NVLink is shown.
+    pub pcie_matrix: Vec<Vec<String>>,
     pub nics: Vec<NicEntry>,
     pub host_bridges: Vec<HostBridgeEntry>,
     /// NUMA node → CPU list.
@@ -122,6 +124,14 @@ impl TopoReport {
             matrix: gpus
                 .iter()
                 .map(|a| gpus.iter().map(|b| label(a, b)).collect())
+                .collect(),
+            pcie_matrix: gpus
+                .iter()
+                .map(|a| {
+                    gpus.iter()
+                        .map(|b| topo.path(&a.bdf, &b.bdf).kind.label().to_string())
+                        .collect()
+                })
                 .collect(),
             nics: nics
                 .iter()

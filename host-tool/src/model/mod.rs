@@ -272,7 +272,9 @@ fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bd
             None if parent.is_none() => BridgeRole::RootPort,
             None => BridgeRole::PciBridge,
         }),
-        _ if r.class == CLASS_OTHER_BRIDGE && r.vendor == VENDOR_NVIDIA => DeviceKind::NvSwitch,
+        _ if r.class >> 8 == CLASS_OTHER_BRIDGE && r.vendor == VENDOR_NVIDIA => {
+            DeviceKind::NvSwitch
+        }
         _ => DeviceKind::Other,
     }
 }

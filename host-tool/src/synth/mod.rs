@@ -292,15 +292,22 @@ impl HostBuilder {
         self.push(r, spec.acs)
     }
 
-    /// Marks function 0 of a slot as multi-function (call after adding function 1+).
-    fn fix_multifunction(&mut self) {
-        let slots: Vec<Bdf> = self
+    /// Function 0 of every slot that has more than one function.
+    fn multifunction_slots(&self) -> Vec<Bdf> {
+        let mut slots: Vec<Bdf> = self
             .host
             .devices
             .iter()
             .filter(|d| d.bdf.function > 0)
             .map(|d| d.bdf.with_function(0))
             .collect();
+        slots.dedup();
+        slots
+    }
+
+    /// Marks function 0 of a slot as multi-function (call after adding function 1+).
+    fn fix_multifunction(&mut self) {
+        let slots = self.multifunction_slots();
         for d in &mut self.host.devices {
             if slots.contains(&d.bdf.with_function(0)) && d.config.len() > 0x0e {
                 d.config[0x0e] |= 0x80;
@@ -326,13 +333,7 @@ impl HostBuilder {
                 )
             })
             .collect();
-        let multifunction: Vec<Bdf> = self
-            .host
-            .devices
-            .iter()
-            .filter(|d| d.bdf.function > 0)
-            .map(|d| d.bdf.with_function(0))
-            .collect();
+        let multifunction = self.multifunction_slots();
         let acs_enabled = |b: &Bdf| -> bool {
             let port_type = by_bdf.get(b).map(|x| x.1).unwrap_or(0);
             let ctl = self.acs_ctl.get(b).copied().flatten();
