@@ -53,8 +53,16 @@ pub enum DataFormat {
 pub enum Command {
     /// Show the PCIe/NUMA/IOMMU topology and the P2P path between every pair of GPUs.
     Topo(commands::topo::TopoArgs),
+    /// Choose GPUs for many VMs (best P2P paths, one NUMA node, whole IOMMU groups) and plan their cliques.
+    Place(commands::place::PlaceArgs),
     /// Group a VM's GPUs into GPUDirect P2P cliques and explain every pair's path.
     Plan(commands::plan::PlanArgs),
+    /// Bind GPUs (and their other functions) to vfio-pci, transactionally; recorded for unbind.
+    Bind(commands::bind::BindArgs),
+    /// Give devices back to the driver they had before bind (or the host's default).
+    Unbind(commands::bind::UnbindArgs),
+    /// The libvirt qemu hook: `hook install`, and `hook run` which libvirt calls.
+    Hook(commands::hook::HookArgs),
     /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
     Gen(commands::gen::GenArgs),
     /// Edit libvirt domains.

@@ -1,8 +1,11 @@
 //! Glue between the CLI and the stages: each command reads, models, decides, emits.
 
+pub mod bind;
 pub mod check;
 pub mod gen;
+pub mod hook;
 pub mod libvirt;
+pub mod place;
 pub mod plan;
 pub mod snapshot;
 pub mod topo;
@@ -27,7 +30,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match command {
         Command::Topo(a) => topo::run(&cli.global, a),
+        Command::Place(a) => place::run(&cli.global, a),
         Command::Plan(a) => plan::run(&cli.global, a),
+        Command::Bind(a) => bind::run_bind(&cli.global, a),
+        Command::Unbind(a) => bind::run_unbind(&cli.global, a),
+        Command::Hook(a) => hook::run(&cli.global, a),
         Command::Gen(a) => gen::run(&cli.global, a),
         Command::Libvirt(a) => libvirt::run(&cli.global, a),
         Command::Check(a) => check::run(&cli.global, a),

@@ -142,47 +142,16 @@ impl VmConfig {
             message,
         };
         let name = file.name.value.clone();
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-            || name.starts_with(['-', '.'])
-        {
+        if !super::is_valid_vm_name(&name) {
             return Err(invalid(
                 &file.name.referenced,
                 format!("name '{name}': use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'"),
             ));
         }
-        let mut gpus = Vec::new();
-        for g in &file.gpus {
-            let bdf: Bdf = g
-                .value
-                .parse()
-                .map_err(|e| invalid(&g.referenced, format!("gpus: {e}")))?;
-            if gpus.contains(&bdf) {
-                return Err(invalid(
-                    &g.referenced,
-                    format!("gpus: {bdf} is listed twice"),
-                ));
-            }
-            gpus.push(bdf);
-        }
+        let field = |e: super::FieldError| invalid(&e.at, e.message);
+        let gpus = super::bdf_list("gpus", &file.gpus).map_err(field)?;
         let p2p_level = match &file.p2p_level {
-            Some(l) => {
-                let kind: PathKind = l
-                    .value
-                    .parse()
-                    .map_err(|e| invalid(&l.referenced, format!("p2p_level: {e}")))?;
-                if kind == PathKind::X {
-                    return Err(invalid(
-                        &l.referenced,
-                        "p2p_level: 'x' means a GPU with itself; use pix, pxb, phb, node or sys"
-                            .into(),
-                    ));
-                }
-                Some(kind)
-            }
+            Some(l) => Some(super::p2p_level(l).map_err(field)?),
             None => None,
         };
         let memory_mib = match &file.memory_mib {
@@ -353,7 +322,8 @@ mod tests {
         let mut n = 0;
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "yaml") {
+            // host.yaml is the host policy (config::host), not a VM.
+            if path.extension().is_some_and(|e| e == "yaml") && !path.ends_with("host.yaml") {
                 VmConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
                 n += 1;
             }

@@ -7,4 +7,5 @@ pub mod expectation;
 pub mod guest_layout;
 pub mod mmio;
 pub mod nvlink;
+pub mod placement;
 pub mod plan;

@@ -5,6 +5,7 @@
 //! Used for the embedded `--example` topologies, test fixtures and benchmarks.
 
 mod examples;
+pub mod tree;
 
 use std::collections::BTreeMap;
 

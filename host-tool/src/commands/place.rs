@@ -1,0 +1,362 @@
+//! `vfio-p2p place`: chooses GPUs for many VMs and plans each VM's cliques.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use comfy_table::Table;
+use pci_config::Bdf;
+use serde::Serialize;
+
+use crate::cli::{DataFormat, GlobalArgs};
+use crate::config::host::{HostConfig, NvlinkSource};
+use crate::decide::placement::{
+    self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
+};
+use crate::decide::plan;
+use crate::emit;
+use crate::model::{PathKind, Topology};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exits 2 when some VM could not be placed (the report says why and what would fit)."
+)]
+pub struct PlaceArgs {
+    /// COUNTxGPUS identical VMs named vm0, vm1… (e.g. 2x4).
+    #[arg(long, value_name = "COUNTxGPUS", conflicts_with = "vm", required_unless_present = "vm", value_parser = parse_shape)]
+    pub shape: Option<(usize, usize)>,
+    /// One VM as NAME=GPUS (repeat for more).
+    #[arg(long, value_name = "NAME=GPUS", value_parser = parse_vm)]
+    pub vm: Vec<VmRequest>,
+    /// Host policy (p2p level, reserved devices, NVLink source); see configs/README.md.
+    #[arg(long, value_name = "FILE")]
+    pub host_config: Option<PathBuf>,
+    /// Devices already given to running VMs; their IOMMU groups are not used.
+    #[arg(long, value_name = "BDF", num_args = 1..)]
+    pub taken: Vec<Bdf>,
+    /// Refuse VMs whose worst PCIe path between GPUs is worse than this (pix, pxb, phb, node, sys).
+    #[arg(long, value_name = "LEVEL")]
+    pub max_path: Option<PathKind>,
+    /// Write one vm.yaml per placed VM (NAME.yaml) into this directory, for `vfio-p2p gen`.
+    #[arg(long, value_name = "DIR")]
+    pub write_configs: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: DataFormat,
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("'{s}' is not a shape; write COUNTxGPUS, e.g. 2x4");
+    let (c, g) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (c, g) = (c.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?);
+    if c == 0 || g == 0 {
+        return Err(format!(
+            "'{s}': both the VM count and GPUs per VM must be at least 1"
+        ));
+    }
+    Ok((c, g))
+}
+
+fn parse_vm(s: &str) -> Result<VmRequest, String> {
+    let (name, gpus) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not NAME=GPUS, e.g. train0=4"))?;
+    let gpus = gpus
+        .parse()
+        .map_err(|_| format!("'{s}': GPUS must be a number, e.g. {name}=4"))?;
+    Ok(VmRequest {
+        name: name.to_string(),
+        gpus,
+    })
+}
+
+/// One placed VM with its clique plan.
+#[derive(Debug, Serialize)]
+struct VmReport {
+    #[serde(flatten)]
+    vm: PlacedVm,
+    /// Clique ID per GPU (`null`: no PCIe P2P clique, e.g. NVLink-only or alone).
+    cliques: BTreeMap<Bdf, Option<u8>>,
+    pairs: Vec<PairReport>,
+    warnings: Vec<String>,
+    /// Why no clique plan could be made (the placement still stands).
+    plan_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct PairReport {
+    a: Bdf,
+    b: Bdf,
+    path: String,
+    verdict: plan::Verdict,
+    clique: Option<u8>,
+}
+
+#[derive(Debug, Serialize)]
+struct PlaceReport {
+    p2p_level: PathKind,
+    vms: Vec<VmReport>,
+    unplaced: Vec<UnplacedVm>,
+    free: Vec<Bdf>,
+    /// For `--shape`: the largest shape that fits, when the requested one does not.
+    largest_shape: Option<String>,
+    /// Files written by `--write-configs`.
+    configs_written: Vec<PathBuf>,
+}
+
+/// NVLink facts from the configured source (`load_topology` already applied an
+/// NVSwitch fabric, the default).
+fn apply_nvlink(topo: &mut Topology, source: &NvlinkSource) -> anyhow::Result<()> {
+    match source {
+        NvlinkSource::Nvswitch => Ok(()),
+        NvlinkSource::None => {
+            topo.nvlinks.clear();
+            Ok(())
+        }
+        NvlinkSource::NvidiaSmi(file) => {
+            topo.nvlinks.clear();
+            super::plan::load_nvlink(topo, std::slice::from_ref(file))
+                .context("loading the host config's nvlink.file")
+        }
+    }
+}
+
+fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
+    let options = plan::PlanOptions {
+        p2p_level,
+        ..plan::PlanOptions::default()
+    };
+    match plan::plan(topo, &vm.gpus, &options) {
+        Ok(p) => VmReport {
+            cliques: p.assignments.clone(),
+            pairs: p
+                .pairs
+                .iter()
+                .map(|pair| PairReport {
+                    a: pair.a,
+                    b: pair.b,
+                    path: pair
+                        .nvlink
+                        .map_or(pair.path.label().to_string(), |n| format!("NV{n}")),
+                    verdict: pair.verdict,
+                    clique: pair.clique,
+                })
+                .collect(),
+            warnings: p.warnings,
+            plan_error: None,
+            vm,
+        },
+        Err(e) => VmReport {
+            cliques: vm.gpus.iter().map(|g| (*g, None)).collect(),
+            pairs: Vec::new(),
+            warnings: Vec::new(),
+            plan_error: Some(e.to_string()),
+            vm,
+        },
+    }
+}
+
+fn numa_text(nodes: &[u32]) -> String {
+    if nodes.is_empty() {
+        return "unknown".into();
+    }
+    nodes
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The `vm.yaml` of a placed VM, in `gen`'s schema (`config::vm`).
+fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
+    let mut t = format!(
+        "# Written by `vfio-p2p place`: worst GPU path {}, NUMA node(s) {}.\n",
+        vm.vm.worst_path,
+        numa_text(&vm.vm.numa_nodes)
+    );
+    let no_clique = match vm.vm.worst_path {
+        WorstPath::NvLink(_) => "no clique (NVLink)",
+        _ => "no clique",
+    };
+    t += &format!("name: {}\ngpus:\n", vm.vm.name);
+    for g in &vm.vm.gpus {
+        let clique = vm.cliques.get(g).copied().flatten();
+        t += &match clique {
+            Some(c) => format!("  - {g}  # clique {c}\n"),
+            None => format!("  - {g}  # {no_clique}\n"),
+        };
+    }
+    t += &format!("p2p_level: {}\n", p2p_level.label().to_ascii_lowercase());
+    t
+}
+
+/// Writes every file or none: all are checked first, then written via temporary names.
+fn write_configs(
+    dir: &Path,
+    vms: &[VmReport],
+    p2p_level: PathKind,
+) -> anyhow::Result<Vec<PathBuf>> {
+    if !dir.is_dir() {
+        bail!(
+            "--write-configs {}: no such directory; create it first",
+            dir.display()
+        );
+    }
+    let files: Vec<(PathBuf, String)> = vms
+        .iter()
+        .map(|vm| {
+            (
+                dir.join(format!("{}.yaml", vm.vm.name)),
+                vm_config_text(vm, p2p_level),
+            )
+        })
+        .collect();
+    if let Some((path, _)) = files.iter().find(|(p, _)| p.exists()) {
+        bail!(
+            "{} already exists; remove it or write to another directory (nothing was written)",
+            path.display()
+        );
+    }
+    let mut staged = Vec::new();
+    for (path, text) in &files {
+        let tmp = path.with_extension("yaml.tmp");
+        if let Err(e) = std::fs::write(&tmp, text) {
+            for t in &staged {
+                let _ = std::fs::remove_file(t);
+            }
+            return Err(e).with_context(|| format!("writing {}", tmp.display()));
+        }
+        staged.push(tmp);
+    }
+    for ((path, _), tmp) in files.iter().zip(&staged) {
+        std::fs::rename(tmp, path)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    }
+    Ok(files.into_iter().map(|(p, _)| p).collect())
+}
+
+fn print_table(r: &PlaceReport) {
+    let mut t = Table::new();
+    t.set_header([
+        "VM",
+        "GPUs",
+        "worst path",
+        "NUMA",
+        "IOMMU groups",
+        "cliques",
+    ]);
+    for vm in &r.vms {
+        let cliques: Vec<String> = vm
+            .vm
+            .gpus
+            .iter()
+            .map(|g| {
+                vm.cliques
+                    .get(g)
+                    .copied()
+                    .flatten()
+                    .map_or("-".into(), |c| c.to_string())
+            })
+            .collect();
+        t.add_row([
+            vm.vm.name.clone(),
+            vm.vm
+                .gpus
+                .iter()
+                .map(|g| g.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+            format!("{} (PCIe {})", vm.vm.worst_path, vm.vm.worst_pcie_path),
+            numa_text(&vm.vm.numa_nodes),
+            vm.vm.iommu_groups.len().to_string(),
+            cliques.join(" "),
+        ]);
+    }
+    println!("{t}");
+    for vm in &r.vms {
+        if let Some(e) = &vm.plan_error {
+            println!("{}: no clique plan: {e}", vm.vm.name);
+        }
+        for w in &vm.warnings {
+            println!("{}: {w}", vm.vm.name);
+        }
+    }
+    for u in &r.unplaced {
+        let mut line = format!("{} ({} GPUs): not placed: {}", u.name, u.gpus, u.reason);
+        if let Some(w) = u.best_worst_path {
+            line += &format!("; accepting worst path {w} would place it (--max-path)");
+        }
+        line += &format!("; the most it could get now is {} GPUs", u.largest_fit);
+        println!("{line}");
+    }
+    if let Some(s) = &r.largest_shape {
+        println!("largest shape that fits: {s}");
+    }
+    let free: Vec<String> = r.free.iter().map(|b| b.to_string()).collect();
+    println!(
+        "free GPUs: {}",
+        if free.is_empty() {
+            "none".into()
+        } else {
+            free.join(" ")
+        }
+    );
+    for p in &r.configs_written {
+        println!("wrote {}", p.display());
+    }
+}
+
+pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
+    let host = match &args.host_config {
+        Some(path) => HostConfig::load(path)?,
+        None => HostConfig::default(),
+    };
+    let mut topo = super::load_topology(global)?;
+    apply_nvlink(&mut topo, &host.nvlink)?;
+    let requests = match args.shape {
+        Some((count, gpus)) => placement::shape(count, gpus),
+        None => args.vm.clone(),
+    };
+    let options = PlacementOptions {
+        unavailable: args.taken.iter().chain(&host.reserved).copied().collect(),
+        max_path: args.max_path,
+    };
+    placement::validate_requests(&requests)?;
+    let placement_host = PlacementHost::new(&topo, &options)
+        .with_context(|| "checking --taken and the host config's reserved devices".to_string())?;
+    let placed = placement_host.place(&requests, options.max_path);
+    let largest_shape = match args.shape {
+        Some((count, gpus)) if !placed.unplaced.is_empty() => {
+            placement::largest_shape(&placement_host, count, gpus, options.max_path)
+                .map(|(c, g)| format!("{c}x{g}"))
+        }
+        _ => None,
+    };
+    let vms: Vec<VmReport> = placed
+        .vms
+        .into_iter()
+        .map(|vm| plan_vm(&topo, vm, host.p2p_level))
+        .collect();
+    let configs_written = match &args.write_configs {
+        Some(dir) => write_configs(dir, &vms, host.p2p_level)?,
+        None => Vec::new(),
+    };
+    let report = PlaceReport {
+        p2p_level: host.p2p_level,
+        vms,
+        unplaced: placed.unplaced,
+        free: placed.free,
+        largest_shape,
+        configs_written,
+    };
+    match emit::data::to_text(&report, args.format)? {
+        Some(t) => print!("{t}"),
+        None => print_table(&report),
+    }
+    Ok(if report.unplaced.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}

@@ -1,0 +1,248 @@
+//! `host.yaml`: host-wide policy shared by every VM on the host.
+//!
+//! Parsed like `vm.yaml`: [`HostConfigFile`] is what serde reads (unknown keys and
+//! wrong types are errors with line and column), [`HostConfig::validate`] checks the
+//! meaning and points at the offending line.
+
+use std::path::{Path, PathBuf};
+
+use pci_config::Bdf;
+use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
+
+use crate::model::PathKind;
+
+/// What the libvirt hook does when a VM's preflight check fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HookPolicy {
+    /// Log the failure and let the VM start (P2P may be off inside it).
+    #[default]
+    Warn,
+    /// Refuse to start the VM.
+    Deny,
+}
+
+/// Where NVLink connections between GPUs come from (PCI config space does not show them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NvlinkSourceKind {
+    /// Treat every GPU pair as PCIe only.
+    None,
+    /// NVSwitches on the PCI tree: all NVIDIA SXM GPUs are one NVLink fabric.
+    Nvswitch,
+    /// A saved `nvidia-smi topo -m` (taken before the GPUs went to vfio-pci).
+    NvidiaSmi,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvlinkFile {
+    pub source: Spanned<NvlinkSourceKind>,
+    /// The `nvidia-smi topo -m` output, for `source: nvidia-smi`; relative to this file.
+    #[serde(default)]
+    pub file: Option<Spanned<PathBuf>>,
+}
+
+/// The file as written; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfigFile {
+    /// Worst host path that still gets a P2P clique: pix, pxb, phb, node or sys.
+    #[serde(default)]
+    pub p2p_level: Option<Spanned<String>>,
+    #[serde(default)]
+    pub hook_policy: HookPolicy,
+    /// Devices the host keeps for itself: never placed, never bound to vfio-pci.
+    #[serde(default)]
+    pub reserved: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub nvlink: Option<NvlinkFile>,
+}
+
+/// Where NVLink facts come from, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvlinkSource {
+    None,
+    Nvswitch,
+    NvidiaSmi(PathBuf),
+}
+
+/// A validated host policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    pub p2p_level: PathKind,
+    pub hook_policy: HookPolicy,
+    pub reserved: Vec<Bdf>,
+    pub nvlink: NvlinkSource,
+}
+
+/// NCCL's default: P2P inside one switch tree, never through the CPU.
+pub const DEFAULT_P2P_LEVEL: PathKind = PathKind::Pxb;
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            p2p_level: DEFAULT_P2P_LEVEL,
+            hook_policy: HookPolicy::Warn,
+            reserved: Vec::new(),
+            nvlink: NvlinkSource::Nvswitch,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: u64,
+        column: u64,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl HostConfig {
+    pub fn load(path: &Path) -> Result<HostConfig, HostConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| HostConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates `text`; `path` names the file in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<HostConfig, HostConfigError> {
+        let file: HostConfigFile =
+            serde_saphyr::from_str(text).map_err(|e| match e.location() {
+                Some(at) => HostConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line: at.line(),
+                    column: at.column(),
+                    message: e.to_string(),
+                },
+                None => HostConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                },
+            })?;
+        Self::validate(file, path)
+    }
+
+    pub fn validate(file: HostConfigFile, path: &Path) -> Result<HostConfig, HostConfigError> {
+        let invalid = |at: &Location, message: String| HostConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: at.line(),
+            column: at.column(),
+            message,
+        };
+        let field = |e: super::FieldError| invalid(&e.at, e.message);
+        let p2p_level = match &file.p2p_level {
+            Some(l) => super::p2p_level(l).map_err(field)?,
+            None => DEFAULT_P2P_LEVEL,
+        };
+        let reserved = super::bdf_list("reserved", &file.reserved).map_err(field)?;
+        let nvlink = match file.nvlink {
+            None => NvlinkSource::Nvswitch,
+            Some(n) => match (n.source.value, n.file) {
+                (NvlinkSourceKind::NvidiaSmi, Some(f)) => {
+                    let dir = path.parent().unwrap_or(Path::new(""));
+                    NvlinkSource::NvidiaSmi(dir.join(f.value))
+                }
+                (NvlinkSourceKind::NvidiaSmi, None) => {
+                    return Err(invalid(
+                        &n.source.referenced,
+                        "nvlink: 'source: nvidia-smi' needs 'file:' naming saved `nvidia-smi topo -m` output".into(),
+                    ))
+                }
+                (_, Some(f)) => {
+                    return Err(invalid(
+                        &f.referenced,
+                        "nvlink: 'file' is only read with 'source: nvidia-smi'; remove it".into(),
+                    ))
+                }
+                (NvlinkSourceKind::None, None) => NvlinkSource::None,
+                (NvlinkSourceKind::Nvswitch, None) => NvlinkSource::Nvswitch,
+            },
+        };
+        Ok(HostConfig {
+            p2p_level,
+            hook_policy: file.hook_policy,
+            reserved,
+            nvlink,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HostConfig, HostConfigError> {
+        HostConfig::parse(text, Path::new("/etc/vfio-p2p/host.yaml"))
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            "p2p_level: phb\nhook_policy: deny\nreserved: [0000:01:00.0]\n\
+             nvlink:\n  source: nvidia-smi\n  file: topo-m.txt\n",
+        )
+        .unwrap();
+        assert_eq!(c.p2p_level, PathKind::Phb);
+        assert_eq!(c.hook_policy, HookPolicy::Deny);
+        assert_eq!(c.reserved, vec!["0000:01:00.0".parse::<Bdf>().unwrap()]);
+        assert_eq!(
+            c.nvlink,
+            NvlinkSource::NvidiaSmi(PathBuf::from("/etc/vfio-p2p/topo-m.txt"))
+        );
+    }
+
+    #[test]
+    fn empty_file_is_the_default_policy() {
+        assert_eq!(parse("{}\n").unwrap(), HostConfig::default());
+    }
+
+    fn error_at(text: &str) -> (u64, u64, String) {
+        match parse(text) {
+            Err(HostConfigError::Invalid {
+                line,
+                column,
+                message,
+                ..
+            }) => (line, column, message),
+            other => panic!("expected an error with a location, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_its_line() {
+        let (line, _, message) = error_at("p2p_level: pxb\nreserve: [0000:01:00.0]\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("reserve"), "{message}");
+    }
+
+    #[test]
+    fn bad_values_point_at_their_line_and_column() {
+        let (line, column, message) = error_at("hook_policy: warn\np2p_level: nvlink\n");
+        assert_eq!((line, column), (2, 12));
+        assert!(message.contains("not a path level"), "{message}");
+        let (line, _, message) = error_at("reserved:\n  - 0000:01:00.0\n  - 41:00\n");
+        assert_eq!(line, 3);
+        assert!(message.starts_with("reserved:"), "{message}");
+        let (line, _, _) = error_at("hook_policy: maybe\n");
+        assert_eq!(line, 1);
+        let (line, _, message) = error_at("nvlink:\n  source: nvidia-smi\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("needs 'file:'"), "{message}");
+        let (line, _, _) = error_at("nvlink:\n  source: nvswitch\n  links: 18\n");
+        assert_eq!(line, 3);
+    }
+}
