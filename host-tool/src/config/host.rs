@@ -119,12 +119,6 @@ impl HostConfig {
 
     /// Parses and validates `text`; `path` names the file in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<HostConfig, ConfigError> {
-        if text.lines().all(|l| {
-            let l = l.trim_start();
-            l.is_empty() || l.starts_with('#')
-        }) {
-            return Ok(HostConfig::default());
-        }
         Self::validate(super::parse_yaml(text, path)?, path)
     }
 
@@ -231,5 +225,32 @@ mod tests {
         assert!(message.contains("needs 'file:'"), "{message}");
         let (line, _, _) = error_at("nvlink:\n  source: nvswitch\n  links: 18\n");
         assert_eq!(line, 3);
+    }
+
+    #[test]
+    fn below_a_root_defaults_when_absent_and_refuses_a_left_over_hook_yaml() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(
+            HostConfig::load_below(root.path()).unwrap(),
+            HostConfig::default()
+        );
+        let dir = root.path().join("etc/vfio-p2p");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("host.yaml"), "# all commented out\n\n").unwrap();
+        assert_eq!(
+            HostConfig::load_below(root.path()).unwrap(),
+            HostConfig::default()
+        );
+        std::fs::write(dir.join("host.yaml"), "hook_policy: deny\n").unwrap();
+        let c = HostConfig::load_below(root.path()).unwrap();
+        assert_eq!(c.hook_policy, HookPolicy::Deny);
+        std::fs::write(dir.join("hook.yaml"), "policy: deny\n").unwrap();
+        let e = HostConfig::load_below(root.path()).unwrap_err();
+        assert!(matches!(e, ConfigError::LegacyHookConfig { .. }), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("hook.yaml") && e.contains("as `hook_policy:"),
+            "{e}"
+        );
     }
 }
