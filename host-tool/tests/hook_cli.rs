@@ -404,6 +404,21 @@ fn install_writes_an_executable_that_runs_this_binary() {
         fs::metadata(&script).unwrap().permissions().mode() & 0o777,
         0o755
     );
+    // A left-over hook.yaml below the root is pointed out at install time.
+    let root = tempfile::tempdir().unwrap();
+    fs::create_dir_all(root.path().join("etc/vfio-p2p")).unwrap();
+    fs::write(root.path().join("etc/vfio-p2p/hook.yaml"), "policy: deny\n").unwrap();
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .arg("--sysfs-root")
+        .arg(root.path())
+        .args(["hook", "install", "--prefix"])
+        .arg(root.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "hook.yaml is no longer read and makes the hook refuse every start",
+        ));
     // libvirt's way of calling it: a non-prepare operation exits 0 silently.
     std::process::Command::new(&script)
         .args(["vm1", "started", "begin", "-"])

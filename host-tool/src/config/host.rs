@@ -111,10 +111,14 @@ impl HostConfig {
         if legacy.exists() {
             return Err(ConfigError::LegacyHookConfig { legacy, host: path });
         }
-        if !path.exists() {
-            return Ok(HostConfig::default());
+        match Self::load(&path) {
+            Err(ConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(HostConfig::default())
+            }
+            loaded => loaded,
         }
-        Self::load(&path)
     }
 
     /// Parses and validates `text`; `path` names the file in errors and anchors relative paths.
