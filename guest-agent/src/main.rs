@@ -1,1 +1,413 @@
-fn main() {}
+//! vfio-p2p-agent: checks and measures GPU P2P inside a VM.
+//!
+//! Exit status: 0 all as expected, 1 a mismatch, 2 cannot run.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use vfio_p2p_agent::bench::{self, Plan};
+use vfio_p2p_agent::cuda::{self, Gpu, Module};
+use vfio_p2p_agent::expect::{self, Expectation};
+use vfio_p2p_agent::nvml::Nvml;
+use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
+use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
+use vfio_p2p_agent::{render, sysfs_scan, verify};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Checks GPU peer-to-peer inside a VM: clique capability, peer access, one-way writes, latency and bandwidth"
+)]
+struct Cli {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
+    format: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+struct SysfsArgs {
+    /// Root under which `sys/` is read (a copy of a VM's sysfs, for tests).
+    #[arg(long, default_value = "/")]
+    sysfs_root: PathBuf,
+}
+
+#[derive(Args)]
+struct ExpectArgs {
+    /// The host's expectation; default: QEMU fw_cfg `opt/vfio-p2p/expect.json` when present.
+    #[arg(long)]
+    expect: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List NVIDIA GPUs from sysfs with their P2P clique capability (no CUDA needed).
+    Scan(SysfsArgs),
+    /// Compare the GPUs and cliques with the host's expectation.
+    Expect {
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+        #[command(flatten)]
+        expect: ExpectArgs,
+    },
+    /// Peer access between every ordered GPU pair, as the driver reports it.
+    Peers {
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+        #[command(flatten)]
+        expect: ExpectArgs,
+    },
+    /// Write across every pair and check every word on the destination GPU.
+    Verify {
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+        #[command(flatten)]
+        expect: ExpectArgs,
+        /// Size of the checked buffer, in MiB.
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+    },
+    /// Latency and bandwidth of every pair, with P2P and with it disabled.
+    Bench {
+        /// A short run (seconds), smaller buffers and fewer samples.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair.
+    Report {
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+        #[command(flatten)]
+        expect: ExpectArgs,
+        #[arg(long)]
+        quick: bool,
+        /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
+        #[arg(long, conflicts_with_all = ["quick", "expect"])]
+        from: Option<PathBuf>,
+    },
+}
+
+/// A failure that means the command could not do its job (exit 2).
+struct CannotRun(anyhow::Error);
+
+impl<E: Into<anyhow::Error>> From<E> for CannotRun {
+    fn from(e: E) -> Self {
+        CannotRun(e.into())
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(CannotRun(e)) => {
+            eprintln!("vfio-p2p-agent: cannot run: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn emit<T: Serialize>(format: Format, value: &T, table: impl FnOnce(&T) -> String) -> Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Format::Table => print!("{}", table(value)),
+    }
+    Ok(())
+}
+
+fn run(cli: &Cli) -> Result<u8, CannotRun> {
+    let f = cli.format;
+    match &cli.command {
+        Command::Scan(s) => {
+            let scan = sysfs_scan::scan(&s.sysfs_root)?;
+            emit(f, &scan, render::scan)?;
+            Ok(0)
+        }
+        Command::Expect { sysfs, expect } => {
+            let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+            let (e, source) = Expectation::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+            let r = expect::compare(&e, &source, &scan);
+            emit(f, &r, render::expect)?;
+            if r.mismatches() > 0 {
+                Ok(1)
+            } else if r.unchecked() > 0 {
+                Err(CannotRun(anyhow::anyhow!(
+                    "the clique of {} GPU(s) could not be read: run as root",
+                    r.unchecked()
+                )))
+            } else {
+                Ok(0)
+            }
+        }
+        Command::Peers { sysfs, expect } => {
+            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+            let gpus = open_gpus()?;
+            let nvml = Nvml::open();
+            let pairs = peers::probe(&gpus, nvml.as_ref())?;
+            let reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
+            #[derive(Serialize)]
+            struct Out<'a> {
+                gpus: Vec<GpuInfo>,
+                pairs: &'a [PeerCheck],
+            }
+            let out = Out {
+                gpus: gpus.iter().map(GpuInfo::from).collect(),
+                pairs: &pairs,
+            };
+            emit(f, &out, |o| render::peers(o.pairs))?;
+            if f == Format::Table {
+                print_summaries(&reports);
+            }
+            Ok(pair_exit(&reports))
+        }
+        Command::Verify { sysfs, expect, mib } => {
+            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+            let gpus = open_gpus()?;
+            let modules = load_modules(&gpus)?;
+            let nvml = Nvml::open();
+            let pairs = peers::probe(&gpus, nvml.as_ref())?;
+            let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
+            let words = mib * (1 << 20) / 4;
+            let results = run_verify(&gpus, &modules, &mut reports, words)?;
+            judge_all(&mut reports, in_vm());
+            emit(f, &results, |r| render::verify(r))?;
+            if f == Format::Table {
+                print_summaries(&reports);
+            }
+            Ok(pair_exit(&reports))
+        }
+        Command::Bench { quick } => {
+            let plan = if *quick { Plan::QUICK } else { Plan::FULL };
+            let gpus = open_gpus()?;
+            let modules = load_modules(&gpus)?;
+            let pairs = peers::probe(&gpus, None)?;
+            let mut reports = pair_reports(&pairs, None, in_vm());
+            let results = run_bench(&gpus, &modules, &mut reports, &plan)?;
+            emit(f, &results, |r| render::bench(r))?;
+            let timed_out = results.iter().any(|b| b.pingpong_timed_out);
+            Ok(u8::from(timed_out))
+        }
+        Command::Report {
+            sysfs,
+            expect,
+            quick,
+            baseline,
+            from,
+        } => {
+            let started = Instant::now();
+            let baseline = baseline.as_deref().map(load_report).transpose()?;
+            if let Some(path) = from {
+                let mut r = load_report(path)?;
+                r.baseline = baseline.as_ref().map(|b| r.compare_with(b));
+                r.judge();
+                emit(f, &r, render::report)?;
+                return Ok(r.exit_code() as u8);
+            }
+            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+            let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
+            let expect_report = match (&expectation, &scan) {
+                (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
+                _ => None,
+            };
+            let gpus = open_gpus()?;
+            let modules = load_modules(&gpus)?;
+            let nvml = Nvml::open();
+            let vm = in_vm();
+            let pairs = peers::probe(&gpus, nvml.as_ref())?;
+            let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
+            let words = if *quick { 2 << 20 } else { 16 << 20 };
+            run_verify(&gpus, &modules, &mut reports, words)?;
+            let plan = if *quick { Plan::QUICK } else { Plan::FULL };
+            run_bench(&gpus, &modules, &mut reports, &plan)?;
+            let mut r = Report {
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                host: HostInfo {
+                    virtual_machine: vm,
+                    cuda_driver_version: cuda::driver_version()?,
+                    nvml: nvml.is_some(),
+                },
+                quick: *quick,
+                scan,
+                expect: expect_report,
+                gpus: gpus.iter().map(GpuInfo::from).collect(),
+                pairs: reports,
+                baseline: None,
+                elapsed_s: 0.0,
+            };
+            if let Some(b) = &baseline {
+                r.baseline = Some(r.compare_with(b));
+            }
+            r.judge();
+            r.elapsed_s = started.elapsed().as_secs_f64();
+            emit(f, &r, render::report)?;
+            Ok(r.exit_code() as u8)
+        }
+    }
+}
+
+fn in_vm() -> bool {
+    report::in_virtual_machine()
+}
+
+fn optional_expectation(args: &ExpectArgs, root: &Path) -> Result<Option<(Expectation, PathBuf)>> {
+    match &args.expect {
+        Some(_) => Ok(Some(Expectation::load(args.expect.as_deref(), root)?)),
+        None if root.join(expect::FW_CFG_PATH).exists() => Ok(Some(Expectation::load(None, root)?)),
+        None => Ok(None),
+    }
+}
+
+fn load_report(path: &Path) -> Result<Report> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading baseline {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("baseline {} is not a report of this agent", path.display()))
+}
+
+fn open_gpus() -> Result<Vec<Gpu>> {
+    let gpus = peers::open_gpus()?;
+    if gpus.len() < 2 {
+        bail!("P2P needs at least two GPUs; CUDA sees {}", gpus.len());
+    }
+    Ok(gpus)
+}
+
+fn load_modules(gpus: &[Gpu]) -> Result<Vec<Module<'_>>> {
+    Ok(gpus.iter().map(Module::load).collect::<Result<_, _>>()?)
+}
+
+fn pair_reports(
+    pairs: &[PeerCheck],
+    expectation: Option<&(Expectation, PathBuf)>,
+    vm: bool,
+) -> Vec<PairReport> {
+    let mut out: Vec<PairReport> = pairs
+        .iter()
+        .map(|p| PairReport {
+            src: p.src,
+            dst: p.dst,
+            peer: p.clone(),
+            verify: None,
+            bench: None,
+            expected: None,
+            expected_nvlinks: None,
+            as_expected: false,
+            summary: String::new(),
+        })
+        .collect();
+    for r in &mut out {
+        report::attach_expectation(r, expectation.map(|(e, _)| e));
+    }
+    judge_all(&mut out, vm);
+    out
+}
+
+fn judge_all(reports: &mut [PairReport], vm: bool) {
+    for r in reports {
+        let (ok, summary) = report::judge_pair(r, vm, None);
+        r.as_expected = ok;
+        r.summary = summary;
+    }
+}
+
+fn print_summaries(reports: &[PairReport]) {
+    for p in reports {
+        println!("{} → {}: {}", p.src, p.dst, p.summary);
+    }
+}
+
+fn pair_exit(reports: &[PairReport]) -> u8 {
+    u8::from(!reports.iter().all(|r| r.as_expected))
+}
+
+fn index_of(gpus: &[Gpu], bdf: pci_config::Bdf) -> usize {
+    gpus.iter()
+        .position(|g| g.bus_id == bdf)
+        .expect("pairs come from these GPUs")
+}
+
+fn run_verify(
+    gpus: &[Gpu],
+    modules: &[Module<'_>],
+    reports: &mut [PairReport],
+    words: usize,
+) -> Result<Vec<verify::VerifyResult>> {
+    let mut out = Vec::new();
+    for r in reports.iter_mut().filter(|r| r.peer.enabled) {
+        let (s, d) = (index_of(gpus, r.src), index_of(gpus, r.dst));
+        let v = verify::verify_pair((&gpus[s], &modules[s]), (&gpus[d], &modules[d]), words)
+            .with_context(|| format!("verifying {} → {}", r.src, r.dst))?;
+        r.verify = Some(v.clone());
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn progress(total: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .expect("static template is valid"),
+    );
+    pb
+}
+
+fn run_bench(
+    gpus: &[Gpu],
+    modules: &[Module<'_>],
+    reports: &mut [PairReport],
+    plan: &Plan,
+) -> Result<Vec<bench::PairBench>> {
+    let enabled: Vec<(pci_config::Bdf, pci_config::Bdf)> = reports
+        .iter()
+        .filter(|r| r.peer.enabled)
+        .map(|r| (r.src, r.dst))
+        .collect();
+    let pb = progress(enabled.len() as u64 * Plan::STEPS);
+    let mut out = Vec::new();
+    for r in reports.iter_mut().filter(|r| r.peer.enabled) {
+        let both_ways = enabled.contains(&(r.dst, r.src));
+        let (s, d) = (index_of(gpus, r.src), index_of(gpus, r.dst));
+        let label = format!("{} → {}", r.src, r.dst);
+        let step = |what: &str| {
+            pb.set_message(format!("{label}: {what}"));
+            pb.inc(1);
+        };
+        let b = bench::bench_pair(
+            (&gpus[s], &modules[s]),
+            (&gpus[d], &modules[d]),
+            both_ways,
+            plan,
+            &step,
+        )
+        .with_context(|| format!("measuring {label}"))?;
+        r.bench = Some(b.clone());
+        out.push(b);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}

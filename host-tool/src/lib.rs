@@ -1,1 +1,19 @@
-pub fn x() {}
+//! vfio-p2p host tool.
+//!
+//! Data flows one way: [`read`] (sysfs, snapshots) → [`model`] (typed topology)
+//! → decide (paths, cliques, checks) → [`emit`] (reports and VMM configs).
+//! Emitters never read sysfs. [`commands`] wires the stages to the CLI.
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod decide;
+pub mod emit;
+pub mod hook;
+pub mod host_probe;
+pub mod logging;
+pub mod model;
+pub mod read;
+pub mod snapshot;
+pub mod synth;
+pub mod vfio_bind;

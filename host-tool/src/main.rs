@@ -1,1 +1,27 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use vfio_p2p::cli::Cli;
+
+fn main() -> ExitCode {
+    restore_sigpipe();
+    let cli = Cli::parse();
+    vfio_p2p::logging::init(cli.global.verbose);
+    match vfio_p2p::commands::run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vfio-p2p: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Rust ignores SIGPIPE, so `vfio-p2p topo | head` would panic in `print!`;
+/// a command-line tool should end quietly like any other Unix filter.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in main, before any thread exists; setting the
+    // default disposition of SIGPIPE has no memory-safety implications.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

@@ -24,6 +24,19 @@ pub enum WalkError {
     Loop { offset: usize },
 }
 
+fn collect_checked<T>(
+    walk: impl Iterator<Item = Result<T, WalkError>>,
+) -> (Vec<T>, Option<WalkError>) {
+    let mut caps = Vec::new();
+    for c in walk {
+        match c {
+            Ok(c) => caps.push(c),
+            Err(e) => return (caps, Some(e)),
+        }
+    }
+    (caps, None)
+}
+
 /// One entry of the standard capability list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capability {
@@ -59,14 +72,7 @@ impl<'a> CapWalk<'a> {
 
     /// All capabilities found, and the reason the walk stopped early, if any.
     pub fn collect_checked(self) -> (Vec<Capability>, Option<WalkError>) {
-        let mut caps = Vec::new();
-        for c in self {
-            match c {
-                Ok(c) => caps.push(c),
-                Err(e) => return (caps, Some(e)),
-            }
-        }
-        (caps, None)
+        collect_checked(self)
     }
 }
 
@@ -87,7 +93,7 @@ impl Iterator for CapWalk<'_> {
             s.done = true;
             Some(Err(e))
         };
-        if offset < 0x40 || offset >= CONFIG_SPACE_LEGACY {
+        if !(0x40..CONFIG_SPACE_LEGACY).contains(&offset) {
             return fail(self, WalkError::BadPointer { offset });
         }
         if !self.seen.insert(offset) {
@@ -141,14 +147,7 @@ impl<'a> ExtCapWalk<'a> {
     }
 
     pub fn collect_checked(self) -> (Vec<ExtCapability>, Option<WalkError>) {
-        let mut caps = Vec::new();
-        for c in self {
-            match c {
-                Ok(c) => caps.push(c),
-                Err(e) => return (caps, Some(e)),
-            }
-        }
-        (caps, None)
+        collect_checked(self)
     }
 }
 

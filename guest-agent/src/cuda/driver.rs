@@ -1,0 +1,95 @@
+use std::ffi::CStr;
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys::{self, CUresult};
+
+/// A failed driver call, with what was being done and on which GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("the CUDA driver library (libcuda.so.1) cannot be loaded: is the NVIDIA driver installed in this guest?")]
+    NoDriver,
+    #[error("cuInit failed: {0}")]
+    Init(String),
+    #[error("{what} on GPU {gpu}: {error}")]
+    Call {
+        what: &'static str,
+        gpu: String,
+        error: String,
+    },
+    #[error("JIT of the kernel PTX failed on GPU {gpu}: {error}; log: {log}")]
+    Jit {
+        gpu: String,
+        error: String,
+        log: String,
+    },
+    #[error("kernel {kernel}: {why}")]
+    Launch { kernel: &'static str, why: String },
+}
+
+/// Name and text of a driver error, e.g. `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (peer access is not supported between these two devices)`.
+pub(crate) fn describe(r: CUresult) -> String {
+    let e = DriverError(r);
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{r:?}"));
+    match e.error_string() {
+        Ok(s) => format!("{name} ({})", s.to_string_lossy()),
+        Err(_) => name,
+    }
+}
+
+/// Turns a `CUresult` into a [`CudaError::Call`] naming the call and GPU.
+pub(crate) fn check(
+    r: CUresult,
+    what: &'static str,
+    gpu: &dyn std::fmt::Display,
+) -> Result<(), CudaError> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Call {
+            what,
+            gpu: gpu.to_string(),
+            error: describe(r),
+        })
+    }
+}
+
+/// Loads libcuda and initialises the driver.
+///
+/// cudarc panics on the first call into a library it cannot load, so this checks
+/// for the library first and turns its absence into [`CudaError::NoDriver`].
+pub fn init() -> Result<(), CudaError> {
+    // SAFETY: is_culib_present only tries to dlopen the library names and drops them.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::NoDriver);
+    }
+    // SAFETY: the library is present; cuInit has no pointer arguments.
+    let r = unsafe { sys::cuInit(0) };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(CudaError::Init(describe(r)));
+    }
+    Ok(())
+}
+
+/// Driver API version (e.g. 13000 for CUDA 13.0). Needs [`init`] first.
+pub fn driver_version() -> Result<i32, CudaError> {
+    let mut v = 0;
+    // SAFETY: v is a valid out pointer.
+    check(
+        unsafe { sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion",
+        &"-",
+    )?;
+    Ok(v)
+}
+
+/// Copies a NUL-terminated C string the driver wrote into `buf`.
+pub(crate) fn c_buf_to_string(buf: &[std::ffi::c_char]) -> String {
+    // SAFETY: c_char and u8 have the same size and alignment.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) };
+    CStr::from_bytes_until_nul(bytes)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
+}

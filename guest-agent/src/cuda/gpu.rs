@@ -1,0 +1,201 @@
+use std::cell::Cell;
+use std::ffi::c_char;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
+use pci_config::Bdf;
+
+use super::driver::{c_buf_to_string, check, CudaError};
+
+thread_local! {
+    /// The context this thread last made current through [`Gpu::bind`].
+    static CURRENT: Cell<CUcontext> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// One GPU and its primary context, identified by its PCI address.
+///
+/// CUDA ordinals depend on `CUDA_VISIBLE_DEVICES` and enumeration order; the PCI
+/// address is what the host and `scan` talk about, so everything is keyed by it.
+pub struct Gpu {
+    pub ordinal: i32,
+    pub bus_id: Bdf,
+    pub name: String,
+    pub uuid: String,
+    pub sm_count: u32,
+    pub(crate) dev: CUdevice,
+    pub(crate) ctx: CUcontext,
+}
+
+/// Parses what `cuDeviceGetPCIBusId` prints (`0000:06:00.0`, or with an 8-digit domain
+/// `00000000:06:00.0`, upper case) into a [`Bdf`].
+pub fn parse_bus_id(s: &str) -> Option<Bdf> {
+    let s = s.trim().to_ascii_lowercase();
+    let (domain, rest) = s.split_once(':')?;
+    let domain = match domain.len() {
+        8 if domain.starts_with("0000") => &domain[4..],
+        _ => domain,
+    };
+    format!("{domain}:{rest}").parse().ok()
+}
+
+impl Gpu {
+    /// Every GPU the driver sees, sorted by PCI address.
+    pub fn all() -> Result<Vec<Gpu>, CudaError> {
+        let mut n = 0;
+        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
+        check(
+            unsafe { sys::cuDeviceGetCount(&mut n) },
+            "cuDeviceGetCount",
+            &"-",
+        )?;
+        let mut gpus = (0..n).map(Gpu::open).collect::<Result<Vec<_>, _>>()?;
+        gpus.sort_by_key(|g| g.bus_id);
+        Ok(gpus)
+    }
+
+    fn open(ordinal: i32) -> Result<Gpu, CudaError> {
+        let at = format!("#{ordinal}");
+        let mut dev: CUdevice = 0;
+        // SAFETY: dev is a valid out pointer and ordinal < cuDeviceGetCount.
+        check(
+            unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+            "cuDeviceGet",
+            &at,
+        )?;
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: buf has the length passed.
+        check(
+            unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) },
+            "cuDeviceGetPCIBusId",
+            &at,
+        )?;
+        let raw = c_buf_to_string(&buf);
+        let bus_id = parse_bus_id(&raw).ok_or_else(|| CudaError::Call {
+            what: "cuDeviceGetPCIBusId",
+            gpu: at.clone(),
+            error: format!("unparsable PCI bus id {raw:?}"),
+        })?;
+        let at = bus_id.to_string();
+        let mut name = [0 as c_char; 128];
+        // SAFETY: name has the length passed.
+        check(
+            unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) },
+            "cuDeviceGetName",
+            &at,
+        )?;
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: uuid is a valid out pointer.
+        check(
+            unsafe { sys::cuDeviceGetUuid(&mut uuid, dev) },
+            "cuDeviceGetUuid",
+            &at,
+        )?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: ctx is a valid out pointer; released in Drop.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+            "cuDevicePrimaryCtxRetain",
+            &at,
+        )?;
+        let mut gpu = Gpu {
+            ordinal,
+            bus_id,
+            name: c_buf_to_string(&name),
+            uuid: format_uuid(&uuid.bytes),
+            sm_count: 0,
+            dev,
+            ctx,
+        };
+        gpu.sm_count =
+            gpu.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        Ok(gpu)
+    }
+
+    pub fn attribute(&self, attr: CUdevice_attribute) -> Result<i32, CudaError> {
+        let mut v = 0;
+        // SAFETY: v is a valid out pointer, dev a valid device.
+        check(
+            unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.dev) },
+            "cuDeviceGetAttribute",
+            &self.bus_id,
+        )?;
+        Ok(v)
+    }
+
+    /// Makes this GPU's primary context current on the calling thread.
+    ///
+    /// Remembers the last context set, so the calls in timed loops (one per 4-byte
+    /// copy) cost nothing when it is already current; only this module sets contexts.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        if CURRENT.with(Cell::get) == self.ctx {
+            return Ok(());
+        }
+        // SAFETY: ctx is a retained primary context, alive as long as self.
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx) },
+            "cuCtxSetCurrent",
+            &self.bus_id,
+        )?;
+        CURRENT.with(|c| c.set(self.ctx));
+        Ok(())
+    }
+
+    /// Waits for all work of this GPU's context.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: a context is current.
+        check(
+            unsafe { sys::cuCtxSynchronize() },
+            "cuCtxSynchronize",
+            &self.bus_id,
+        )
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if CURRENT.with(Cell::get) == self.ctx {
+            CURRENT.with(|c| c.set(std::ptr::null_mut()));
+        }
+        // SAFETY: balances the retain in open(); nothing of this GPU is used afterwards
+        // (buffers, streams and modules borrow the Gpu and are dropped first).
+        unsafe {
+            sys::cuDevicePrimaryCtxRelease_v2(self.dev);
+        }
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi prints it.
+fn format_uuid(b: &[c_char; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_id_forms() {
+        let want: Bdf = "0000:00:06.0".parse().unwrap();
+        assert_eq!(parse_bus_id("0000:00:06.0"), Some(want));
+        assert_eq!(parse_bus_id("00000000:00:06.0"), Some(want));
+        assert_eq!(
+            parse_bus_id("00000000:C1:00.0").unwrap().to_string(),
+            "0000:c1:00.0"
+        );
+        assert_eq!(parse_bus_id("GPU-1234"), None);
+    }
+
+    #[test]
+    fn uuid_like_nvidia_smi() {
+        let b: [c_char; 16] = std::array::from_fn(|i| i as c_char);
+        assert_eq!(format_uuid(&b), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+}

@@ -1,0 +1,16 @@
+//! A thin, owned layer over the CUDA driver API (cudarc's `sys` bindings, loaded at
+//! run time), with exactly what the agent needs: contexts keyed by PCI address,
+//! buffers, streams, events, the PTX module and peer access.
+
+mod driver;
+mod gpu;
+mod memory;
+mod module;
+pub mod peers;
+mod stream;
+
+pub use driver::{driver_version, init, CudaError};
+pub use gpu::{parse_bus_id, Gpu};
+pub use memory::DeviceBuffer;
+pub use module::{Module, Param};
+pub use stream::{Event, Stream};

@@ -1,0 +1,157 @@
+//! The GPU kernels, shipped as PTX inside the binary.
+//!
+//! Guests often have the driver but no CUDA toolkit, so the kernels are PTX text that
+//! the driver's JIT compiles for whatever GPU it finds: only libcuda is needed.
+
+/// The PTX module with every kernel (see the comments in the file for their C equivalents).
+pub const PTX: &str = include_str!("p2p.ptx");
+
+/// Type of one kernel parameter, as declared in the PTX (`.param .u32` / `.param .u64`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamType {
+    U32,
+    U64,
+}
+
+/// The kernels of [`PTX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Ping side of the flag ping-pong: writes the peer's flag, waits for its own.
+    Ping,
+    /// Pong side: waits for its own flag, then writes the peer's.
+    Pong,
+    /// Dependent pointer chase, one thread.
+    Chase,
+    /// Writes the verification pattern.
+    Fill,
+    /// Counts words that differ from the pattern.
+    Check,
+    /// 16-byte-word copy (SM copy bandwidth).
+    Copy,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Ping,
+        Kernel::Pong,
+        Kernel::Chase,
+        Kernel::Fill,
+        Kernel::Check,
+        Kernel::Copy,
+    ];
+
+    /// Entry name in the PTX.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Ping => "ping",
+            Kernel::Pong => "pong",
+            Kernel::Chase => "chase",
+            Kernel::Fill => "fill",
+            Kernel::Check => "check",
+            Kernel::Copy => "copy",
+        }
+    }
+
+    /// Parameter list; launches are checked against it, and a test against the PTX.
+    pub fn params(self) -> &'static [ParamType] {
+        use ParamType::*;
+        match self {
+            Kernel::Ping | Kernel::Pong => &[U64, U64, U32, U64, U64],
+            Kernel::Chase => &[U64, U32, U64],
+            Kernel::Fill => &[U64, U64, U32],
+            Kernel::Check => &[U64, U64, U32, U64, U64],
+            Kernel::Copy => &[U64, U64, U64],
+        }
+    }
+}
+
+/// The word that `fill` writes and `check` expects at index `i`.
+///
+/// An odd multiplier makes it a bijection on u32, so a stale or zeroed buffer
+/// matches it in at most one word per 2^32.
+pub fn pattern(i: u64, seed: u32) -> u32 {
+    (i as u32).wrapping_mul(0x9E37_79B1).wrapping_add(seed)
+}
+
+/// Successor function of the pointer-chase chain: a full-period LCG modulo `n`
+/// (a power of two), so a walk from 0 visits `n` distinct words before repeating.
+pub fn chase_next(i: u32, n: u32) -> u32 {
+    debug_assert!(n.is_power_of_two());
+    ((i as u64 * 2_654_435_761 + 12_345) % n as u64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// `.visible .entry NAME( .param .TYPE NAME, ... )` blocks of the PTX.
+    fn ptx_entries(ptx: &str) -> Vec<(String, Vec<ParamType>)> {
+        let mut out = Vec::new();
+        let mut lines = ptx.lines().map(str::trim);
+        while let Some(line) = lines.next() {
+            let Some(rest) = line.strip_prefix(".visible .entry ") else {
+                continue;
+            };
+            let name = rest.trim_end_matches('(').to_string();
+            let mut params = Vec::new();
+            for p in lines.by_ref() {
+                if p.starts_with(')') {
+                    break;
+                }
+                params.push(match p.split_whitespace().nth(1) {
+                    Some(".u32") => ParamType::U32,
+                    Some(".u64") => ParamType::U64,
+                    other => panic!("unexpected parameter type {other:?} in {name}"),
+                });
+            }
+            out.push((name, params));
+        }
+        out
+    }
+
+    #[test]
+    fn ptx_entries_match_launch_signatures() {
+        let entries = ptx_entries(PTX);
+        assert_eq!(entries.len(), Kernel::ALL.len(), "{entries:?}");
+        for k in Kernel::ALL {
+            let (_, params) = entries
+                .iter()
+                .find(|(n, _)| n == k.name())
+                .unwrap_or_else(|| panic!("no entry {} in the PTX", k.name()));
+            assert_eq!(params.as_slice(), k.params(), "parameters of {}", k.name());
+        }
+    }
+
+    #[test]
+    fn ptx_is_loadable_by_old_drivers() {
+        assert!(PTX.contains("\n.version 7.0\n"));
+        assert!(PTX.contains("\n.target sm_70\n"));
+        assert!(
+            !PTX.contains('\0'),
+            "cuModuleLoadData needs one NUL, at the end"
+        );
+    }
+
+    #[test]
+    fn pattern_matches_ptx_constant() {
+        // The PTX uses the signed spelling of the same multiplier.
+        assert!(PTX.contains("-1640531535"));
+        assert_eq!(0x9E37_79B1u32 as i32, -1_640_531_535);
+        assert_eq!(pattern(0, 7), 7);
+        assert_eq!(pattern(1, 0), 0x9E37_79B1);
+        assert_eq!(pattern(1 << 32, 5), 5);
+    }
+
+    #[test]
+    fn chase_chain_has_full_period() {
+        let n = 1 << 12;
+        let mut seen = HashSet::new();
+        let mut x = 0;
+        for _ in 0..n {
+            assert!(seen.insert(x), "chain repeats early at {x}");
+            x = chase_next(x, n);
+        }
+        assert_eq!(x, 0);
+    }
+}

@@ -1,0 +1,16 @@
+//! vfio-p2p-agent: runs inside a guest (or on bare metal, for a baseline) and checks,
+//! per GPU pair, that the hypervisor gave the expected P2P clique, that the driver
+//! enables peer access, that writes really land in the peer's memory, and how fast
+//! the path is.
+
+pub mod bench;
+pub mod cuda;
+pub mod expect;
+pub mod kernels;
+pub mod nvml;
+pub mod peers;
+pub mod render;
+pub mod report;
+pub mod stats;
+pub mod sysfs_scan;
+pub mod verify;

@@ -1,0 +1,198 @@
+//! NVML, opened at run time when present, to tell NVLink from PCIe paths.
+//!
+//! CUDA says whether peers can talk, not over what; NVML knows the links. It is
+//! optional: without libnvidia-ml the link kind is reported as unknown.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+
+use libloading::{Library, Symbol};
+use pci_config::Bdf;
+use serde::{Deserialize, Serialize};
+
+type NvmlReturn = c_int;
+type NvmlDevice = *mut c_void;
+const NVML_SUCCESS: NvmlReturn = 0;
+/// `NVML_P2P_CAPS_INDEX_NVLINK`.
+const P2P_CAPS_NVLINK: c_int = 2;
+/// `NVML_P2P_STATUS_OK`.
+const P2P_STATUS_OK: c_int = 0;
+/// More than any GPU has (`NVML_NVLINK_MAX_LINKS` is 18 today); unused indices error out.
+const MAX_LINKS: c_uint = 32;
+
+/// `nvmlPciInfo_t` (v3 layout, as `nvmlDeviceGetNvLinkRemotePciInfo_v2` fills it).
+#[repr(C)]
+struct PciInfo {
+    bus_id_legacy: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    bus_id: [c_char; 32],
+}
+
+/// How two GPUs are connected, as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    /// Active NVLinks from one GPU to the other (0: none, the path is PCIe).
+    pub nvlinks: u32,
+    /// `nvidia-smi topo -m` style label of the PCIe path: PIX, PXB, PHB, NODE, SYS,
+    /// or `NV#` for NVLink.
+    pub label: String,
+}
+
+pub struct Nvml {
+    lib: Library,
+}
+
+impl Nvml {
+    /// Opens and initialises NVML, or `None` when it is not installed or fails to start.
+    pub fn open() -> Option<Nvml> {
+        // SAFETY: loading the NVIDIA management library runs no initialiser with
+        // preconditions; nvmlInit_v2 is its documented first call.
+        unsafe {
+            let lib = Library::new("libnvidia-ml.so.1").ok()?;
+            let init: Symbol<unsafe extern "C" fn() -> NvmlReturn> =
+                lib.get(b"nvmlInit_v2").ok()?;
+            if init() != NVML_SUCCESS {
+                return None;
+            }
+            Some(Nvml { lib })
+        }
+    }
+
+    fn device(&self, bdf: Bdf) -> Option<NvmlDevice> {
+        let id = CString::new(bdf.to_string()).ok()?;
+        let mut dev: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: symbol signature as in nvml.h; id is NUL-terminated, dev a valid out pointer.
+        unsafe {
+            let f: Symbol<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn> =
+                self.lib.get(b"nvmlDeviceGetHandleByPciBusId_v2").ok()?;
+            (f(id.as_ptr(), &mut dev) == NVML_SUCCESS).then_some(dev)
+        }
+    }
+
+    /// The link between `a` and `b`, or `None` when NVML does not know the GPUs.
+    pub fn link(&self, a: Bdf, b: Bdf) -> Option<Link> {
+        let (da, db) = (self.device(a)?, self.device(b)?);
+        let mut nvlinks = 0;
+        // SAFETY: signatures as in nvml.h; out pointers are valid locals, da/db handles from NVML.
+        unsafe {
+            let state: Symbol<unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_int) -> NvmlReturn> =
+                self.lib.get(b"nvmlDeviceGetNvLinkState").ok()?;
+            let remote: Symbol<
+                unsafe extern "C" fn(NvmlDevice, c_uint, *mut PciInfo) -> NvmlReturn,
+            > = self.lib.get(b"nvmlDeviceGetNvLinkRemotePciInfo_v2").ok()?;
+            let mut active_links = 0;
+            for link in 0..MAX_LINKS {
+                let mut active = 0;
+                if state(da, link, &mut active) != NVML_SUCCESS || active == 0 {
+                    continue;
+                }
+                active_links += 1;
+                let mut pci: PciInfo = std::mem::zeroed();
+                if remote(da, link, &mut pci) == NVML_SUCCESS
+                    && pci.domain == b.domain as c_uint
+                    && pci.bus == b.bus as c_uint
+                    && pci.device == b.device as c_uint
+                {
+                    nvlinks += 1;
+                }
+            }
+            if nvlinks == 0 {
+                // Behind NVSwitches the links end at a switch, not at the peer (whose
+                // address the guest may not see either); NVLink P2P then uses all of
+                // them, which is how `nvidia-smi topo -m` counts them too.
+                let p2p: Symbol<
+                    unsafe extern "C" fn(NvmlDevice, NvmlDevice, c_int, *mut c_int) -> NvmlReturn,
+                > = self.lib.get(b"nvmlDeviceGetP2PStatus").ok()?;
+                let mut status = -1;
+                if p2p(da, db, P2P_CAPS_NVLINK, &mut status) == NVML_SUCCESS
+                    && status == P2P_STATUS_OK
+                {
+                    return Some(Link {
+                        nvlinks: active_links,
+                        label: format!("NV{active_links}"),
+                    });
+                }
+            }
+            if nvlinks > 0 {
+                return Some(Link {
+                    nvlinks,
+                    label: format!("NV{nvlinks}"),
+                });
+            }
+            let ancestor: Symbol<
+                unsafe extern "C" fn(NvmlDevice, NvmlDevice, *mut c_int) -> NvmlReturn,
+            > = self.lib.get(b"nvmlDeviceGetTopologyCommonAncestor").ok()?;
+            let mut level = -1;
+            let label = if ancestor(da, db, &mut level) == NVML_SUCCESS {
+                topology_label(level)
+            } else {
+                "PCIe".into()
+            };
+            Some(Link { nvlinks: 0, label })
+        }
+    }
+}
+
+impl Drop for Nvml {
+    fn drop(&mut self) {
+        // SAFETY: balances nvmlInit_v2 in open().
+        unsafe {
+            if let Ok(f) = self
+                .lib
+                .get::<unsafe extern "C" fn() -> NvmlReturn>(b"nvmlShutdown")
+            {
+                f();
+            }
+        }
+    }
+}
+
+/// `nvmlGpuTopologyLevel_t` to the labels of `nvidia-smi topo -m`.
+fn topology_label(level: c_int) -> String {
+    match level {
+        0 | 10 => "PIX",
+        20 => "PXB",
+        30 => "PHB",
+        40 => "NODE",
+        50 => "SYS",
+        _ => "PCIe",
+    }
+    .into()
+}
+
+impl Link {
+    pub fn is_nvlink(&self) -> bool {
+        self.label.starts_with("NV")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_info_layout_matches_nvml_h() {
+        assert_eq!(std::mem::size_of::<PciInfo>(), 16 + 5 * 4 + 32);
+        assert_eq!(std::mem::offset_of!(PciInfo, bus_id), 36);
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(topology_label(10), "PIX");
+        assert_eq!(topology_label(30), "PHB");
+        assert_eq!(topology_label(50), "SYS");
+        assert!(Link {
+            nvlinks: 18,
+            label: "NV18".into()
+        }
+        .is_nvlink());
+        assert!(!Link {
+            nvlinks: 0,
+            label: "PHB".into()
+        }
+        .is_nvlink());
+    }
+}

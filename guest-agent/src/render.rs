@@ -1,0 +1,232 @@
+//! Human-readable tables of each command's result.
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
+
+use crate::bench::PairBench;
+use crate::expect::{ExpectReport, GpuStatus};
+use crate::peers::PeerCheck;
+use crate::report::Report;
+use crate::stats::Stat;
+use crate::sysfs_scan::Scan;
+use crate::verify::VerifyResult;
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(header.iter().map(Cell::new));
+    t
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".into(), T::to_string)
+}
+
+pub fn scan(s: &Scan) -> String {
+    let mut t = table(&[
+        "GPU", "IDs", "driver", "clique", "cap", "linked", "link", "problem",
+    ]);
+    for g in &s.gpus {
+        let (clique, cap, linked) = if g.caps_readable {
+            (
+                g.clique.map_or_else(|| "none".into(), |c| c.to_string()),
+                opt(&g.cap_offset),
+                g.cap_linked
+                    .map_or("-", |l| if l { "yes" } else { "NO" })
+                    .to_string(),
+            )
+        } else {
+            ("?".into(), "?".into(), "?".into())
+        };
+        let link = match (&g.link_speed, g.link_width) {
+            (Some(s), Some(w)) => format!("{s} x{w}"),
+            (Some(s), None) => s.clone(),
+            _ => "-".into(),
+        };
+        t.add_row(vec![
+            g.bdf.to_string(),
+            format!("{}:{}", g.vendor, g.device),
+            opt(&g.driver),
+            clique,
+            cap,
+            linked,
+            link,
+            opt(&g.problem),
+        ]);
+    }
+    let mut out = if s.gpus.is_empty() {
+        format!("no NVIDIA GPU under {}\n", s.sysfs_root)
+    } else {
+        format!("{t}\n")
+    };
+    if let Some(n) = &s.note {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+pub fn expect(e: &ExpectReport) -> String {
+    let mut t = table(&["guest", "host", "expected", "found", "status"]);
+    let c = |c: Option<u8>| c.map_or_else(|| "none".into(), |c| c.to_string());
+    for g in &e.gpus {
+        let status = match g.status {
+            GpuStatus::Ok => "ok",
+            GpuStatus::Missing => "MISSING",
+            GpuStatus::WrongDevice => "WRONG DEVICE",
+            GpuStatus::WrongClique => "WRONG CLIQUE",
+            GpuStatus::Unchecked => "unchecked",
+        };
+        let found = if g.status == GpuStatus::Unchecked {
+            "?".into()
+        } else {
+            c(g.found_clique)
+        };
+        t.add_row(vec![
+            g.guest_bdf.to_string(),
+            g.host_bdf.to_string(),
+            c(g.expected_clique),
+            found,
+            status.into(),
+        ]);
+    }
+    let mut out = format!("VM {} (expectation from {})\n{t}\n", e.vm, e.source);
+    for g in e.gpus.iter().filter(|g| g.status != GpuStatus::Ok) {
+        out.push_str(&format!("{}\n", g.message));
+    }
+    for b in &e.unexpected {
+        out.push_str(&format!("note: GPU {b} is not in the host's expectation\n"));
+    }
+    out
+}
+
+pub fn peers(pairs: &[PeerCheck]) -> String {
+    let mut t = table(&[
+        "src → dst",
+        "can access",
+        "rank",
+        "atomics",
+        "enabled",
+        "link",
+    ]);
+    for p in pairs {
+        let yn = |b: bool| if b { "yes" } else { "no" }.to_string();
+        let enabled = match (&p.enable_error, p.enabled) {
+            (Some(e), _) => format!("FAILED: {e}"),
+            (None, e) => yn(e),
+        };
+        t.add_row(vec![
+            format!("{} → {}", p.src, p.dst),
+            yn(p.can_access),
+            p.performance_rank.to_string(),
+            yn(p.native_atomics),
+            enabled,
+            p.link
+                .as_ref()
+                .map_or_else(|| "? (no NVML)".into(), |l| l.label.clone()),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+pub fn verify(results: &[VerifyResult]) -> String {
+    let mut t = table(&[
+        "src → dst",
+        "words",
+        "kernel write",
+        "copy engine",
+        "checked on",
+    ]);
+    for v in results {
+        let w = |c: &crate::verify::WriteCheck| {
+            if c.ok() {
+                "ok".to_string()
+            } else {
+                format!("{} BAD (first {})", c.bad_words, c.first_bad.unwrap_or(0))
+            }
+        };
+        t.add_row(vec![
+            format!("{} → {}", v.src, v.dst),
+            v.words.to_string(),
+            w(&v.kernel_write),
+            w(&v.ce_copy),
+            v.dst.to_string(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+fn stat(s: &Stat, digits: usize) -> String {
+    format!("{:.*} ±{:.0}%", digits, s.median, s.spread_pct / 2.0)
+}
+
+pub fn bench(results: &[PairBench]) -> String {
+    let mut t = table(&[
+        "src → dst",
+        "one-way µs",
+        "remote read µs",
+        "local read µs",
+        "memcpy 4B µs",
+        "CE GB/s",
+        "CE both ways GB/s",
+        "SM copy GB/s",
+        "disabled GB/s",
+        "disabled 4B µs",
+    ]);
+    for b in results {
+        t.add_row(vec![
+            format!("{} → {}", b.src, b.dst),
+            b.one_way_latency_us
+                .as_ref()
+                .map_or_else(|| "-".into(), |s| stat(s, 3)),
+            stat(&b.remote_read_latency_us, 3),
+            stat(&b.local_read_latency_us, 3),
+            stat(&b.memcpy_latency_us, 2),
+            stat(&b.ce_bandwidth_gbps, 1),
+            stat(&b.ce_bidir_bandwidth_gbps, 1),
+            stat(&b.sm_copy_bandwidth_gbps, 1),
+            stat(&b.disabled_bandwidth_gbps, 1),
+            stat(&b.disabled_memcpy_latency_us, 2),
+        ]);
+    }
+    format!(
+        "{t}\nmedian of {} samples each, ± half the spread; GB/s = 10^9 bytes/s\n",
+        results.first().map_or(0, |b| b.plan.samples)
+    )
+}
+
+pub fn report(r: &Report) -> String {
+    let mut out = String::new();
+    let where_ = if r.host.virtual_machine {
+        "in a VM"
+    } else {
+        "on bare metal"
+    };
+    out.push_str(&format!(
+        "vfio-p2p-agent {} {where_}, CUDA driver {}.{}, NVML {}{}\n",
+        r.agent_version,
+        r.host.cuda_driver_version / 1000,
+        r.host.cuda_driver_version % 1000 / 10,
+        if r.host.nvml { "present" } else { "absent" },
+        if r.quick { ", quick run" } else { "" }
+    ));
+    if let Some(s) = &r.scan {
+        out.push_str(&scan(s));
+    }
+    if let Some(e) = &r.expect {
+        out.push_str(&expect(e));
+    }
+    let peers_: Vec<_> = r.pairs.iter().map(|p| p.peer.clone()).collect();
+    out.push_str(&peers(&peers_));
+    let v: Vec<_> = r.pairs.iter().filter_map(|p| p.verify.clone()).collect();
+    if !v.is_empty() {
+        out.push_str(&verify(&v));
+    }
+    let b: Vec<_> = r.pairs.iter().filter_map(|p| p.bench.clone()).collect();
+    if !b.is_empty() {
+        out.push_str(&bench(&b));
+    }
+    for p in &r.pairs {
+        out.push_str(&format!("{} → {}: {}\n", p.src, p.dst, p.summary));
+    }
+    out.push_str(&format!("took {:.1} s\n", r.elapsed_s));
+    out
+}

@@ -1,0 +1,291 @@
+//! `report`: everything about every ordered pair, with a one-line verdict each, and
+//! the comparison with a bare-metal run of the same GPUs (`--baseline`).
+
+use pci_config::Bdf;
+use serde::{Deserialize, Serialize};
+
+use crate::bench::PairBench;
+use crate::expect::{ExpectReport, Expectation, Verdict};
+use crate::peers::{GpuInfo, PeerCheck};
+use crate::sysfs_scan::Scan;
+use crate::verify::VerifyResult;
+
+/// Where the agent ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// A hypervisor is visible (CPUID flag): PCIe P2P then goes through the IOMMU.
+    pub virtual_machine: bool,
+    pub cuda_driver_version: i32,
+    pub nvml: bool,
+}
+
+/// All that is known about one ordered pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PairReport {
+    pub src: Bdf,
+    pub dst: Bdf,
+    pub peer: PeerCheck,
+    pub verify: Option<VerifyResult>,
+    pub bench: Option<PairBench>,
+    /// The host's expectation for this pair, if any.
+    pub expected: Option<Verdict>,
+    pub expected_nvlinks: Option<u32>,
+    /// The pair is as expected (P2P working, unless the host said otherwise).
+    pub as_expected: bool,
+    pub summary: String,
+}
+
+/// VM / bare-metal ratios of one pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineRatio {
+    pub src: Bdf,
+    pub dst: Bdf,
+    /// How the baseline pair was found: `uuid` or `bus_id`.
+    pub matched_by: String,
+    /// Latencies: VM / bare metal (above 1: slower in the VM).
+    pub one_way_latency: Option<f64>,
+    pub remote_read_latency: Option<f64>,
+    pub memcpy_latency: Option<f64>,
+    /// Bandwidths: VM / bare metal (below 1: slower in the VM).
+    pub ce_bandwidth: Option<f64>,
+    pub ce_bidir_bandwidth: Option<f64>,
+    pub sm_copy_bandwidth: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub agent_version: String,
+    pub host: HostInfo,
+    pub quick: bool,
+    pub scan: Option<Scan>,
+    pub expect: Option<ExpectReport>,
+    pub gpus: Vec<GpuInfo>,
+    pub pairs: Vec<PairReport>,
+    pub baseline: Option<Vec<BaselineRatio>>,
+    pub elapsed_s: f64,
+}
+
+impl Report {
+    /// Exit status: 0 all as expected, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        let gpus_ok = self.expect.as_ref().map_or(true, |e| e.mismatches() == 0);
+        let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
+        if gpus_ok && pairs_ok {
+            0
+        } else {
+            1
+        }
+    }
+
+    fn uuid(&self, bdf: Bdf) -> Option<&str> {
+        self.gpus
+            .iter()
+            .find(|g| g.bus_id == bdf)
+            .map(|g| g.uuid.as_str())
+    }
+
+    /// Ratios against `base` (the same GPUs on bare metal), pair by pair. Pairs are
+    /// matched by GPU UUIDs (stable across pass-through), else by PCI addresses.
+    pub fn compare_with(&self, base: &Report) -> Vec<BaselineRatio> {
+        let mut out = Vec::new();
+        for p in &self.pairs {
+            let by_uuid = match (self.uuid(p.src), self.uuid(p.dst)) {
+                (Some(us), Some(ud)) => base
+                    .pairs
+                    .iter()
+                    .find(|b| base.uuid(b.src) == Some(us) && base.uuid(b.dst) == Some(ud)),
+                _ => None,
+            };
+            let (found, matched_by) = match by_uuid {
+                Some(b) => (Some(b), "uuid"),
+                None => (
+                    base.pairs.iter().find(|b| b.src == p.src && b.dst == p.dst),
+                    "bus_id",
+                ),
+            };
+            let (Some(b), Some(vm)) = (found, &p.bench) else {
+                continue;
+            };
+            let Some(bm) = &b.bench else {
+                continue;
+            };
+            let r = |v: f64, base: f64| (base > 0.0).then(|| v / base);
+            let opt =
+                |v: &Option<crate::stats::Stat>, base: &Option<crate::stats::Stat>| match (v, base)
+                {
+                    (Some(v), Some(b)) => r(v.median, b.median),
+                    _ => None,
+                };
+            out.push(BaselineRatio {
+                src: p.src,
+                dst: p.dst,
+                matched_by: matched_by.into(),
+                one_way_latency: opt(&vm.one_way_latency_us, &bm.one_way_latency_us),
+                remote_read_latency: r(
+                    vm.remote_read_latency_us.median,
+                    bm.remote_read_latency_us.median,
+                ),
+                memcpy_latency: r(vm.memcpy_latency_us.median, bm.memcpy_latency_us.median),
+                ce_bandwidth: r(vm.ce_bandwidth_gbps.median, bm.ce_bandwidth_gbps.median),
+                ce_bidir_bandwidth: r(
+                    vm.ce_bidir_bandwidth_gbps.median,
+                    bm.ce_bidir_bandwidth_gbps.median,
+                ),
+                sm_copy_bandwidth: r(
+                    vm.sm_copy_bandwidth_gbps.median,
+                    bm.sm_copy_bandwidth_gbps.median,
+                ),
+            });
+        }
+        out
+    }
+
+    /// Recomputes every pair's verdict and summary (after loading, or adding a baseline).
+    pub fn judge(&mut self) {
+        let vm = self.host.virtual_machine;
+        let baseline = self.baseline.clone();
+        for p in &mut self.pairs {
+            let ratio = baseline
+                .as_ref()
+                .and_then(|b| b.iter().find(|r| r.src == p.src && r.dst == p.dst));
+            let (ok, summary) = judge_pair(p, vm, ratio);
+            p.as_expected = ok;
+            p.summary = summary;
+        }
+    }
+}
+
+/// Fills in a pair's expectation from the host's document.
+pub fn attach_expectation(pair: &mut PairReport, expect: Option<&Expectation>) {
+    if let Some(e) = expect.and_then(|e| e.pair(pair.src, pair.dst)) {
+        pair.expected = Some(e.verdict);
+        pair.expected_nvlinks = e.nvlink;
+    }
+}
+
+/// The path in words: "NVLink (NV18)", "PCIe (IOMMU-routed)", "PCIe (PIX)".
+pub fn path_text(peer: &PeerCheck, vm: bool) -> String {
+    match &peer.link {
+        Some(l) if l.is_nvlink() => format!("NVLink ({})", l.label),
+        Some(_) | None if vm => "PCIe (IOMMU-routed)".into(),
+        Some(l) => format!("PCIe ({})", l.label),
+        None => "an unidentified link (no NVML)".into(),
+    }
+}
+
+fn times(x: f64) -> String {
+    if x >= 10.0 {
+        format!("{x:.0}×")
+    } else {
+        format!("{x:.1}×")
+    }
+}
+
+/// Whether the pair is as expected, and one line that says how it is.
+pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) -> (bool, String) {
+    let want_p2p = p.expected != Some(Verdict::NoP2p);
+    let expectation = match p.expected {
+        Some(Verdict::P2p) => " (the host expected P2P)",
+        Some(Verdict::NoP2p) => " (the host expected no P2P)",
+        None => "",
+    };
+    if !p.peer.can_access {
+        let ok = !want_p2p;
+        let head = if ok { "no P2P, as expected" } else { "NO P2P" };
+        return (
+            ok,
+            format!("{head}: the driver reports no peer access{expectation}"),
+        );
+    }
+    if !want_p2p {
+        return (
+            false,
+            format!("UNEXPECTED P2P: the driver reports peer access{expectation}"),
+        );
+    }
+    if let Some(e) = &p.peer.enable_error {
+        return (
+            false,
+            format!("P2P REFUSED: enabling peer access failed: {e}"),
+        );
+    }
+    if let Some(v) = &p.verify {
+        let lost = |what: &str, c: &crate::verify::WriteCheck| {
+            format!(
+                "{} of {} words of a {what} from {} never reached {} (first at word {})",
+                c.bad_words,
+                v.words,
+                p.src,
+                p.dst,
+                c.first_bad.unwrap_or(0)
+            )
+        };
+        let mut broken = Vec::new();
+        if !v.kernel_write.ok() {
+            broken.push(lost("kernel write", &v.kernel_write));
+        }
+        if !v.ce_copy.ok() {
+            broken.push(lost("copy-engine copy", &v.ce_copy));
+        }
+        if !broken.is_empty() {
+            return (false, format!("P2P BROKEN: {}", broken.join("; ")));
+        }
+    }
+    if p.bench.as_ref().is_some_and(|b| b.pingpong_timed_out) {
+        return (
+            false,
+            "P2P BROKEN: a ping-pong flag write never arrived (kernel timed out)".into(),
+        );
+    }
+    let path = path_text(&p.peer, vm);
+    let mut nvlink_note = String::new();
+    let mut ok = true;
+    if let (Some(want), Some(link)) = (p.expected_nvlinks, &p.peer.link) {
+        if link.nvlinks > 0 && link.nvlinks != want {
+            ok = false;
+            nvlink_note = format!("; MISMATCH: {} NVLinks, the host has {want}", link.nvlinks);
+        }
+    }
+    let verified = if p.verify.is_some() { "OK" } else { "enabled" };
+    let Some(b) = &p.bench else {
+        return (ok, format!("P2P {verified} over {path}{nvlink_note}"));
+    };
+    let latency = b
+        .one_way_latency_us
+        .as_ref()
+        .map(|l| format!("{:.2} µs", l.median))
+        .unwrap_or_else(|| format!("{:.2} µs per small copy", b.memcpy_latency_us.median));
+    let bw = b.ce_bandwidth_gbps.median;
+    let mut line = format!("P2P {verified} over {path}, {latency}, {bw:.0} GB/s");
+    if b.disabled_bandwidth_gbps.median > 0.0 {
+        line.push_str(&format!(
+            "; {} faster than disabled",
+            times(bw / b.disabled_bandwidth_gbps.median)
+        ));
+    }
+    if let Some(r) = baseline {
+        let mut parts = Vec::new();
+        if let Some(x) = r.one_way_latency {
+            parts.push(format!("latency {x:.2}×"));
+        }
+        if let Some(x) = r.ce_bandwidth {
+            parts.push(format!("bandwidth {x:.2}×"));
+        }
+        if !parts.is_empty() {
+            line.push_str(&format!("; vs bare metal: {}", parts.join(", ")));
+        }
+    }
+    line.push_str(&nvlink_note);
+    (ok, line)
+}
+
+/// Whether the CPU reports a hypervisor (the `hypervisor` CPUID flag in /proc/cpuinfo).
+pub fn in_virtual_machine() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "hypervisor"))
+        })
+        .unwrap_or(false)
+}

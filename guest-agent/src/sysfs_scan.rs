@@ -1,0 +1,265 @@
+//! Finds the NVIDIA GPUs in sysfs and reads what the hypervisor put in their config space.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use pci_config::{clique, Bdf, ConfigSpace, CONFIG_SPACE_UNPRIVILEGED};
+use serde::{Deserialize, Serialize};
+
+pub const NVIDIA_VENDOR: u16 = 0x10de;
+/// PCI base class of display controllers (VGA 0x0300, 3D 0x0302).
+const CLASS_DISPLAY: u32 = 0x03;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("cannot list {path}: {source}")]
+    List {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One NVIDIA GPU as seen in sysfs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuScan {
+    pub bdf: Bdf,
+    pub vendor: String,
+    pub device: String,
+    pub class: String,
+    pub driver: Option<String>,
+    /// Bytes of config space this user could read (64 unless root).
+    pub config_bytes: usize,
+    /// Whether the capability list could be read at all.
+    pub caps_readable: bool,
+    /// Clique ID of the capability the guest driver would find (walking the list).
+    pub clique: Option<u8>,
+    /// Where that capability is, `"0xc8"`.
+    pub cap_offset: Option<String>,
+    /// Whether the capability is linked in the list (`false`: present but unreachable).
+    pub cap_linked: Option<bool>,
+    /// Something wrong with the capability, in words.
+    pub problem: Option<String>,
+    pub link_speed: Option<String>,
+    pub link_width: Option<u32>,
+    pub max_link_speed: Option<String>,
+    pub max_link_width: Option<u32>,
+    pub numa_node: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scan {
+    pub sysfs_root: String,
+    pub gpus: Vec<GpuScan>,
+    /// Said once when config space was truncated for lack of privilege.
+    pub note: Option<String>,
+}
+
+impl Scan {
+    /// Whether any GPU's clique could not be read (non-root).
+    pub fn unreadable(&self) -> bool {
+        self.gpus.iter().any(|g| !g.caps_readable)
+    }
+
+    pub fn gpu(&self, bdf: Bdf) -> Option<&GpuScan> {
+        self.gpus.iter().find(|g| g.bdf == bdf)
+    }
+}
+
+fn read_attr(dir: &Path, name: &str) -> Option<String> {
+    fs::read_to_string(dir.join(name))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn parse_hex(s: &str) -> Option<u32> {
+    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Scans `root/sys/bus/pci/devices` for NVIDIA display-class functions, ordered by BDF.
+pub fn scan(root: &Path) -> Result<Scan, ScanError> {
+    let devices = root.join("sys/bus/pci/devices");
+    let entries = fs::read_dir(&devices).map_err(|source| ScanError::List {
+        path: devices.clone(),
+        source,
+    })?;
+    let mut gpus = Vec::new();
+    for entry in entries.flatten() {
+        let Some(bdf) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<Bdf>().ok())
+        else {
+            continue;
+        };
+        if let Some(gpu) = scan_device(&entry.path(), bdf)? {
+            gpus.push(gpu);
+        }
+    }
+    gpus.sort_by_key(|g| g.bdf);
+    let hidden = gpus.iter().filter(|g| !g.caps_readable).count();
+    let note = (hidden > 0).then(|| {
+        format!(
+            "only the first {CONFIG_SPACE_UNPRIVILEGED} bytes of config space are readable without root: \
+             the clique capability of {hidden} GPU(s) was not checked; run as root to check it"
+        )
+    });
+    Ok(Scan {
+        sysfs_root: root.display().to_string(),
+        gpus,
+        note,
+    })
+}
+
+fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
+    let config_path = dir.join("config");
+    let config = fs::read(&config_path).map_err(|source| ScanError::Read {
+        path: config_path,
+        source,
+    })?;
+    let cs = ConfigSpace::new(&config);
+    let vendor = read_attr(dir, "vendor")
+        .and_then(|v| parse_hex(&v))
+        .or_else(|| cs.vendor_id().ok().map(u32::from));
+    let class = read_attr(dir, "class")
+        .and_then(|v| parse_hex(&v))
+        .or_else(|| cs.class_code().ok());
+    let (Some(vendor), Some(class)) = (vendor, class) else {
+        return Ok(None);
+    };
+    if vendor != NVIDIA_VENDOR as u32 || class >> 16 != CLASS_DISPLAY {
+        return Ok(None);
+    }
+    let device = read_attr(dir, "device")
+        .and_then(|v| parse_hex(&v))
+        .or_else(|| cs.device_id().ok().map(u32::from))
+        .unwrap_or(0);
+    let caps_readable = cs.has_device_specific_area();
+    let (clique, cap_offset, cap_linked, problem) = if caps_readable {
+        decode_clique(&cs)
+    } else {
+        (None, None, None, None)
+    };
+    let pcie = cs.pcie();
+    let link_speed = read_attr(dir, "current_link_speed")
+        .or_else(|| pcie.and_then(|p| p.current_speed).map(|s| s.to_string()));
+    let link_width = read_attr(dir, "current_link_width")
+        .and_then(|w| w.parse().ok())
+        .or_else(|| pcie.and_then(|p| p.current_width).map(u32::from));
+    let max_link_speed = read_attr(dir, "max_link_speed")
+        .or_else(|| pcie.and_then(|p| p.max_speed).map(|s| s.to_string()));
+    let max_link_width = read_attr(dir, "max_link_width")
+        .and_then(|w| w.parse().ok())
+        .or_else(|| pcie.and_then(|p| p.max_width).map(u32::from));
+    let driver = fs::read_link(dir.join("driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    Ok(Some(GpuScan {
+        bdf,
+        vendor: format!("{vendor:#06x}"),
+        device: format!("{device:#06x}"),
+        class: format!("{class:#08x}"),
+        driver,
+        config_bytes: cs.len(),
+        caps_readable,
+        clique,
+        cap_offset,
+        cap_linked,
+        problem,
+        link_speed,
+        link_width,
+        max_link_speed,
+        max_link_width,
+        numa_node: read_attr(dir, "numa_node").and_then(|n| n.parse().ok()),
+    }))
+}
+
+type CliqueFields = (Option<u8>, Option<String>, Option<bool>, Option<String>);
+
+/// The capability as the driver finds it (by walking the list), or a capability at
+/// a hypervisor's usual offsets that the walk does not reach.
+fn decode_clique(cs: &ConfigSpace<'_>) -> CliqueFields {
+    let (_, walk_error) = cs.capabilities().collect_checked();
+    if let Some(c) = clique::find(cs) {
+        let problem = walk_error.map(|e| format!("capability list: {e}"));
+        return (
+            Some(c.clique),
+            Some(format!("{:#04x}", c.offset)),
+            Some(true),
+            problem,
+        );
+    }
+    for offset in [clique::OFFSET_PRIMARY, clique::OFFSET_FALLBACK] {
+        if let Ok(c) = clique::decode_at(cs, offset) {
+            return (
+                None,
+                Some(format!("{offset:#04x}")),
+                Some(false),
+                Some(format!(
+                    "a clique capability (clique {}) sits at {offset:#04x} but is not linked in the \
+                     capability list: the driver will not see it",
+                    c.clique
+                )),
+            );
+        }
+    }
+    let problem = walk_error.map(|e| format!("capability list: {e}"));
+    (None, None, None, problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_config(clique_at: Option<(u8, bool)>) -> Vec<u8> {
+        let mut b = vec![0u8; 256];
+        b[0..4].copy_from_slice(&[0xde, 0x10, 0x35, 0x23]);
+        b[0x06] = 0x10;
+        b[0x09..0x0c].copy_from_slice(&[0x00, 0x02, 0x03]);
+        b[0x34] = 0x60;
+        b[0x60..0x64].copy_from_slice(&[0x10, 0x00, 0x02, 0x00]);
+        if let Some((offset, linked)) = clique_at {
+            if linked {
+                b[0x61] = offset;
+            }
+            b[offset as usize..offset as usize + 8].copy_from_slice(&clique::encode(2, 0).unwrap());
+        }
+        b
+    }
+
+    #[test]
+    fn linked_capability() {
+        let b = gpu_config(Some((0xd4, true)));
+        let (clique, off, linked, problem) = decode_clique(&ConfigSpace::new(&b));
+        assert_eq!(
+            (clique, off.as_deref(), linked),
+            (Some(2), Some("0xd4"), Some(true))
+        );
+        assert_eq!(problem, None);
+    }
+
+    #[test]
+    fn unlinked_capability_is_a_problem() {
+        let b = gpu_config(Some((0xc8, false)));
+        let (clique, off, linked, problem) = decode_clique(&ConfigSpace::new(&b));
+        assert_eq!(
+            (clique, off.as_deref(), linked),
+            (None, Some("0xc8"), Some(false))
+        );
+        assert!(problem.unwrap().contains("not linked"));
+    }
+
+    #[test]
+    fn no_capability() {
+        let b = gpu_config(None);
+        assert_eq!(
+            decode_clique(&ConfigSpace::new(&b)),
+            (None, None, None, None)
+        );
+    }
+}

@@ -1,0 +1,271 @@
+//! The agent's commands on fixture sysfs trees and recorded reports (no GPU needed).
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use assert_cmd::Command;
+use predicates::prelude::PredicateBooleanExt;
+use predicates::str::contains;
+use serde_json::Value;
+
+const H200X2: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/sysfs/h200x2-vm-sysfs.json"
+);
+const REPORT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/agent/h200x2-report.json"
+);
+
+fn agent() -> Command {
+    Command::cargo_bin("vfio-p2p-agent").unwrap()
+}
+
+/// Builds `root/sys/bus/pci/devices/BDF -> ../../../devices/pci0000:00/BDF` with the
+/// attributes and config space of a recorded sysfs snapshot; `edit` may change configs.
+fn materialise(root: &Path, snapshot: &str, edit: impl Fn(&str, &mut Vec<u8>)) {
+    let snap: Value = serde_json::from_str(&fs::read_to_string(snapshot).unwrap()).unwrap();
+    let devices = root.join("sys/bus/pci/devices");
+    fs::create_dir_all(&devices).unwrap();
+    fs::create_dir_all(root.join("sys/bus/pci/drivers/nvidia")).unwrap();
+    for (bdf, attrs) in snap.as_object().unwrap() {
+        let dir = root.join("sys/devices/pci0000:00").join(bdf);
+        fs::create_dir_all(&dir).unwrap();
+        for (k, v) in attrs.as_object().unwrap() {
+            // Attributes that were unreadable in the snapshot are null.
+            let Some(v) = v.as_str() else { continue };
+            match k.as_str() {
+                "config" => {
+                    let mut bytes = pci_config::parse_hex_dump(v).unwrap();
+                    edit(bdf, &mut bytes);
+                    fs::write(dir.join("config"), bytes).unwrap();
+                }
+                "driver" => {
+                    symlink(format!("../../../bus/pci/drivers/{v}"), dir.join("driver")).unwrap()
+                }
+                "path" | "caps" | "ext_caps" => {}
+                _ => fs::write(dir.join(k), format!("{v}\n")).unwrap(),
+            }
+        }
+        symlink(
+            format!("../../../devices/pci0000:00/{bdf}"),
+            devices.join(bdf),
+        )
+        .unwrap();
+    }
+}
+
+/// Links a clique capability at 0xc8 after the last capability (MSI-X at 0xb0 on the H200).
+fn add_clique(bytes: &mut [u8], clique: u8) {
+    assert_eq!(bytes[0xb0], 0x11, "MSI-X at 0xb0 in the fixture");
+    bytes[0xb1] = 0xc8;
+    bytes[0xc8..0xd0].copy_from_slice(&pci_config::clique::encode(clique, 0).unwrap());
+}
+
+fn json(out: &[u8]) -> Value {
+    serde_json::from_slice(out).unwrap()
+}
+
+#[test]
+fn scan_real_h200_vm_has_no_clique() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    let out = agent()
+        .args(["scan", "--format", "json", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success();
+    let v = json(&out.get_output().stdout);
+    let gpus = v["gpus"].as_array().unwrap();
+    let bdfs: Vec<_> = gpus.iter().map(|g| g["bdf"].as_str().unwrap()).collect();
+    assert_eq!(bdfs, ["0000:00:06.0", "0000:00:07.0"]);
+    for g in gpus {
+        assert_eq!(g["clique"], Value::Null);
+        assert_eq!(g["cap_offset"], Value::Null);
+        assert_eq!(g["device"], "0x2335");
+        assert_eq!(g["driver"], "nvidia");
+        assert_eq!(g["link_speed"], "32.0 GT/s PCIe");
+        assert_eq!(g["link_width"], 16);
+        assert_eq!(g["caps_readable"], true);
+    }
+    assert_eq!(v["note"], Value::Null);
+}
+
+#[test]
+fn scan_finds_linked_clique() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |bdf, b| {
+        if bdf == "0000:00:07.0" {
+            add_clique(b, 1)
+        }
+    });
+    let out = agent()
+        .args(["scan", "--format", "json", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success();
+    let v = json(&out.get_output().stdout);
+    assert_eq!(v["gpus"][0]["clique"], Value::Null);
+    assert_eq!(v["gpus"][1]["clique"], 1);
+    assert_eq!(v["gpus"][1]["cap_offset"], "0xc8");
+    assert_eq!(v["gpus"][1]["cap_linked"], true);
+}
+
+#[test]
+fn unprivileged_scan_says_so_once() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, b| b.truncate(64));
+    let out = agent()
+        .args(["scan", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert_eq!(text.matches("readable without root").count(), 1, "{text}");
+    assert!(text.contains("2 GPU(s)"));
+}
+
+fn expectation(clique_07: &str, guest_07: &str) -> String {
+    format!(
+        r#"{{"version":1,"vm":"vm0","gpus":[
+        {{"host_bdf":"0000:41:00.0","guest_bdf":"0000:00:06.0","clique":null,"vendor":"0x10de","device":"0x2335"}},
+        {{"host_bdf":"0000:42:00.0","guest_bdf":"{guest_07}","clique":{clique_07},"vendor":"0x10de","device":"0x2335"}}],
+        "pairs":[{{"a":"0000:00:06.0","b":"0000:00:07.0","verdict":"p2p","path":"NV18","nvlink":18}}]}}"#
+    )
+}
+
+#[test]
+fn expect_matches_and_mismatches() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |bdf, b| {
+        if bdf == "0000:00:07.0" {
+            add_clique(b, 1)
+        }
+    });
+    let file = t.path().join("expect.json");
+    let run = |e: String| {
+        fs::write(&file, e).unwrap();
+        agent()
+            .args(["expect", "--sysfs-root"])
+            .arg(t.path())
+            .arg("--expect")
+            .arg(&file)
+            .assert()
+    };
+    run(expectation("1", "0000:00:07.0"))
+        .success()
+        .stdout(contains("ok"));
+    run(expectation("2", "0000:00:07.0"))
+        .code(1)
+        .stdout(contains("expected clique 2, found clique 1"));
+    run(expectation("1", "0000:00:08.0"))
+        .code(1)
+        .stdout(contains("is not at 0000:00:08.0"))
+        .stdout(contains("0000:00:07.0 is not in the host's expectation"));
+}
+
+#[test]
+fn expect_reads_fw_cfg_and_needs_root_to_judge() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, b| b.truncate(64));
+    let blob = t.path().join(vfio_p2p_agent::expect::FW_CFG_PATH);
+    fs::create_dir_all(blob.parent().unwrap()).unwrap();
+    fs::write(&blob, expectation("null", "0000:00:07.0")).unwrap();
+    agent()
+        .args(["expect", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .code(2)
+        .stdout(contains("qemu_fw_cfg"))
+        .stderr(contains("run as root"));
+    agent()
+        .args(["expect", "--sysfs-root", "/nonexistent"])
+        .assert()
+        .code(2);
+}
+
+/// CI has no NVIDIA driver: every CUDA command must say so and exit 2, not panic.
+#[test]
+fn cuda_commands_without_libcuda_exit_2() {
+    for cmd in [
+        &["peers"][..],
+        &["verify"],
+        &["bench", "--quick"],
+        &["report", "--quick"],
+    ] {
+        agent()
+            .args(cmd)
+            .args(["--format", "json"])
+            .assert()
+            .code(2)
+            .stderr(contains("cannot run"))
+            .stderr(contains("panicked").not());
+    }
+}
+
+#[test]
+fn recorded_h200_report_is_judged_ok() {
+    let out = agent()
+        .args(["report", "--from", REPORT])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    for pair in [
+        "0000:00:06.0 → 0000:00:07.0: ",
+        "0000:00:07.0 → 0000:00:06.0: ",
+    ] {
+        let line = text.lines().find(|l| l.starts_with(pair)).unwrap();
+        assert!(line.contains("P2P OK over NVLink (NV18), 0."), "{line}");
+        assert!(
+            line.contains("394 GB/s; 11× faster than disabled"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn baseline_of_itself_gives_ratio_one() {
+    let out = agent()
+        .args([
+            "report",
+            "--format",
+            "json",
+            "--from",
+            REPORT,
+            "--baseline",
+            REPORT,
+        ])
+        .assert()
+        .success();
+    let v = json(&out.get_output().stdout);
+    let ratios = v["baseline"].as_array().unwrap();
+    assert_eq!(ratios.len(), 2);
+    for r in ratios {
+        assert_eq!(r["matched_by"], "uuid");
+        assert_eq!(r["ce_bandwidth"], 1.0);
+        assert_eq!(r["one_way_latency"], 1.0);
+    }
+    assert!(v["pairs"][0]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("vs bare metal: latency 1.00×, bandwidth 1.00×"));
+}
+
+#[test]
+fn lost_writes_fail_the_report() {
+    let mut r: Value = serde_json::from_str(&fs::read_to_string(REPORT).unwrap()).unwrap();
+    r["pairs"][1]["verify"]["kernel_write"] =
+        serde_json::json!({"bad_words": 16777216u64, "first_bad": 0});
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("broken.json");
+    fs::write(&file, r.to_string()).unwrap();
+    agent()
+        .args(["report", "--from"])
+        .arg(&file)
+        .assert()
+        .code(1)
+        .stdout(contains(
+            "P2P BROKEN: 16777216 of 16777216 words of a kernel write from 0000:00:07.0 never reached 0000:00:06.0",
+        ));
+}

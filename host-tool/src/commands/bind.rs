@@ -1,0 +1,194 @@
+//! `vfio-p2p bind` and `vfio-p2p unbind`: move GPUs to vfio-pci and back.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use pci_config::Bdf;
+
+use crate::cli::{DataFormat, GlobalArgs};
+use crate::emit;
+use crate::vfio_bind::apply::binding_text;
+use crate::vfio_bind::{
+    self, BindOptions, FailAt, FileWriter, Reason, SessionOptions, SessionReport, SysfsWriter,
+    UnbindSelection,
+};
+
+/// Environment variable of the failure-injection test hook (see [`writer`]).
+pub const FAIL_AFTER_ENV: &str = "VFIO_P2P_FAIL_AFTER";
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Each device goes the kernel's way: driver_override = vfio-pci, driver/unbind, drivers_probe. \
+If any write fails, every device already changed goes back to its driver and driver_override. \
+What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
+
+Test hook: VFIO_P2P_FAIL_AFTER=N makes the N-th sysfs write fail (rollback tests on a real kernel).")]
+pub struct BindArgs {
+    /// The devices to bind (GPUs); their other functions come along.
+    #[arg(required = true, value_name = "BDF")]
+    pub devices: Vec<Bdf>,
+    /// Also bind the other devices of their IOMMU groups (bridges are never touched).
+    #[arg(long)]
+    pub whole_group: bool,
+    /// Bind GPUs the host is using (open device files, attached display).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub common: ChangeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UnbindArgs {
+    /// The devices to restore (with whatever was bound together with them).
+    #[arg(
+        value_name = "BDF",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    pub devices: Vec<Bdf>,
+    /// Restore every device `bind` recorded.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub common: ChangeArgs,
+}
+
+/// Options every command that changes bindings takes.
+#[derive(Debug, Args)]
+pub struct ChangeArgs {
+    /// Print the sysfs writes instead of doing them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Seconds to wait for another bind/unbind/hook to finish.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub lock_timeout: u64,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: DataFormat,
+}
+
+impl ChangeArgs {
+    fn session(&self, guest: Option<String>) -> SessionOptions {
+        SessionOptions {
+            dry_run: self.dry_run,
+            lock_timeout: Duration::from_secs(self.lock_timeout),
+            guest,
+        }
+    }
+}
+
+/// The sysfs root a changing command works on: never an embedded example or a snapshot file.
+pub fn change_root(global: &GlobalArgs) -> anyhow::Result<&Path> {
+    if global.example.is_some() {
+        bail!(
+            "--example is a made-up host; bind/unbind/hook need a real sysfs root (--sysfs-root)"
+        );
+    }
+    if global.sysfs_root.is_file() {
+        bail!(
+            "{}: a snapshot file cannot be changed; pass a sysfs root directory (--sysfs-root)",
+            global.sysfs_root.display()
+        );
+    }
+    Ok(&global.sysfs_root)
+}
+
+/// The real writer; with `VFIO_P2P_FAIL_AFTER=N` (a test hook for rollback on a real
+/// kernel) its N-th write fails.
+pub fn writer() -> anyhow::Result<Box<dyn SysfsWriter>> {
+    match std::env::var(FAIL_AFTER_ENV) {
+        Ok(v) => {
+            let n: usize =
+                v.trim().parse().ok().filter(|n| *n > 0).with_context(|| {
+                    format!("{FAIL_AFTER_ENV}={v:?}: expected a write number ≥ 1")
+                })?;
+            tracing::warn!("{FAIL_AFTER_ENV}={n}: sysfs write {n} will fail (test hook)");
+            Ok(Box::new(FailAt::new(FileWriter, n)))
+        }
+        Err(_) => Ok(Box::new(FileWriter)),
+    }
+}
+
+impl SysfsWriter for Box<dyn SysfsWriter> {
+    fn write(&mut self, root: &Path, file: &Path, value: &str) -> std::io::Result<()> {
+        (**self).write(root, file, value)
+    }
+}
+
+pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode> {
+    let root = change_root(global)?;
+    let opts = BindOptions {
+        whole_group: args.whole_group,
+        force: args.force,
+    };
+    let report = vfio_bind::bind(
+        root,
+        &mut writer()?,
+        &args.devices,
+        &opts,
+        &args.common.session(None),
+    )?;
+    print_report(&report, args.common.format)
+}
+
+pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitCode> {
+    let root = change_root(global)?;
+    let selection = if args.all {
+        UnbindSelection::All
+    } else {
+        UnbindSelection::Devices(args.devices)
+    };
+    let report = vfio_bind::unbind(root, &mut writer()?, &selection, &args.common.session(None))?;
+    print_report(&report, args.common.format)
+}
+
+fn reason_text(r: &Reason) -> String {
+    match r {
+        Reason::Named => "named".into(),
+        Reason::OtherFunction(of) => format!("function of {of}"),
+        Reason::GroupMember(of) => format!("IOMMU group of {of}"),
+        Reason::BoundWith(of) => format!("bound with {of}"),
+    }
+}
+
+/// One line per device (`BDF  before → after  (why)  /dev/vfio/N`); dry runs add the writes.
+pub fn report_text(report: &SessionReport) -> String {
+    let mut out = String::new();
+    if report.devices.is_empty() {
+        out.push_str("nothing to do\n");
+    }
+    for d in &report.devices {
+        let after = match (&d.after, report.dry_run, d.writes.is_empty()) {
+            (_, _, true) => "unchanged".to_string(),
+            (Some(a), _, false) => binding_text(a),
+            (None, _, false) => "(dry run)".to_string(),
+        };
+        out.push_str(&format!(
+            "{}  {} → {}  ({})",
+            d.bdf,
+            binding_text(&d.before),
+            after,
+            reason_text(&d.reason)
+        ));
+        if let Some(g) = &d.vfio_group {
+            out.push_str(&format!("  {g}"));
+        }
+        out.push('\n');
+        if report.dry_run {
+            for w in &d.writes {
+                out.push_str(&format!("    {w}\n"));
+            }
+        }
+    }
+    out
+}
+
+fn print_report(report: &SessionReport, format: DataFormat) -> anyhow::Result<ExitCode> {
+    match emit::data::to_text(report, format)? {
+        Some(t) => print!("{t}"),
+        None => print!("{}", report_text(report)),
+    }
+    Ok(ExitCode::SUCCESS)
+}

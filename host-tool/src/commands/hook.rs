@@ -1,0 +1,228 @@
+//! `vfio-p2p hook install` and `vfio-p2p hook run` (what libvirt calls).
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use super::bind::{change_root, writer};
+use crate::cli::GlobalArgs;
+use crate::hook::check::findings;
+use crate::hook::config::{HookConfig, Policy, CONFIG_PATH};
+use crate::hook::domain;
+use crate::model::Topology;
+use crate::read::read_host;
+use crate::vfio_bind::{self, BindOptions, BindState, SessionOptions, UnbindSelection};
+
+/// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
+pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
+pub const HOOK_NAME: &str = "vfio-p2p";
+const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    #[command(subcommand)]
+    pub action: HookAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookAction {
+    /// Write the executable /etc/libvirt/hooks/qemu.d/vfio-p2p that runs this binary.
+    /// libvirt reads hooks when it starts: restart libvirtd (or virtqemud) afterwards.
+    Install {
+        /// Install below this directory instead of /.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        prefix: PathBuf,
+    },
+    /// What libvirt runs: GUEST OPERATION SUB-OPERATION EXTRA, with the domain XML on stdin.
+    /// `prepare begin` binds the guest's managed='no' hostdevs and checks its cliques
+    /// (policy in /etc/vfio-p2p/hook.yaml); `release end` restores them; anything else
+    /// does nothing.
+    Run {
+        #[arg(
+            value_name = "GUEST OPERATION SUBOP EXTRA",
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            num_args = 0..
+        )]
+        args: Vec<String>,
+    },
+}
+
+pub fn run(global: &GlobalArgs, args: HookArgs) -> anyhow::Result<ExitCode> {
+    match args.action {
+        HookAction::Install { prefix } => install(global, &prefix),
+        HookAction::Run { args } => match args.as_slice() {
+            [guest, op, sub, ..] => match (op.as_str(), sub.as_str()) {
+                ("prepare", "begin") => prepare(global, guest),
+                ("release", "end") => release(global, guest),
+                _ => Ok(ExitCode::SUCCESS),
+            },
+            _ => anyhow::bail!(
+                "hook run needs GUEST OPERATION SUB-OPERATION [EXTRA] (as libvirt passes them), got {args:?}"
+            ),
+        },
+    }
+}
+
+/// `'text'` for sh, whatever the text holds.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The hook script: execs this binary (absolute path) with `hook run "$@"`.
+pub fn hook_script(binary: &Path, sysfs_root: &Path) -> String {
+    let root_arg = if sysfs_root == Path::new("/") {
+        String::new()
+    } else {
+        format!(
+            " --sysfs-root {}",
+            shell_quote(&sysfs_root.display().to_string())
+        )
+    };
+    format!(
+        "#!/bin/sh\n\
+         # libvirt qemu hook written by `vfio-p2p hook install`: before a guest starts, binds its\n\
+         # managed='no' GPUs to vfio-pci and checks its P2P cliques (policy: /{CONFIG_PATH});\n\
+         # after it stops, gives them back. libvirt reads hooks at start-up: restart libvirtd.\n\
+         exec {}{root_arg} hook run \"$@\"\n",
+        shell_quote(&binary.display().to_string())
+    )
+}
+
+fn install(global: &GlobalArgs, prefix: &Path) -> anyhow::Result<ExitCode> {
+    let binary = std::env::current_exe()
+        .and_then(fs::canonicalize)
+        .context("finding this binary's absolute path")?;
+    let dir = prefix.join(HOOK_DIR);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(HOOK_NAME);
+    let tmp = dir.join(format!(".{HOOK_NAME}.{}", std::process::id()));
+    // libvirt runs the hook from its own working directory: only absolute paths hold.
+    let root = fs::canonicalize(&global.sysfs_root)
+        .with_context(|| format!("resolving --sysfs-root {}", global.sysfs_root.display()))?;
+    fs::write(&tmp, hook_script(&binary, &root))
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", tmp.display()))?;
+    fs::rename(&tmp, &path).with_context(|| format!("installing {}", path.display()))?;
+    println!("installed {}", path.display());
+    println!(
+        "restart libvirt so it picks the hook up: systemctl restart libvirtd (or virtqemud on modular daemons)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line on stderr (libvirt shows it in the start error), then the exit code.
+fn refuse(guest: &str, reason: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("vfio-p2p hook: {guest}: {reason}");
+    Ok(ExitCode::from(1))
+}
+
+fn session(guest: &str) -> SessionOptions {
+    SessionOptions {
+        dry_run: false,
+        lock_timeout: LOCK_TIMEOUT,
+        guest: Some(guest.to_string()),
+    }
+}
+
+fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
+    let root = change_root(global)?;
+    let mut xml = String::new();
+    std::io::stdin()
+        .read_to_string(&mut xml)
+        .context("reading the domain XML from stdin")?;
+    let config = HookConfig::load(root)?;
+    let facts = match domain::parse(&xml) {
+        Ok(f) => f,
+        Err(e) => {
+            return match config.policy {
+                Policy::Deny => refuse(guest, &e.to_string()),
+                Policy::Warn => {
+                    eprintln!("vfio-p2p hook: {guest}: warning: {e}; nothing checked or bound");
+                    Ok(ExitCode::SUCCESS)
+                }
+            };
+        }
+    };
+    if facts.hostdevs.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let topo = Topology::from_record(
+        &read_host(root).with_context(|| format!("reading the host below {}", root.display()))?,
+    );
+    let problems = findings(&topo, &facts, config.p2p_level);
+    if config.policy == Policy::Deny && !problems.is_empty() {
+        return refuse(guest, &problems.join("; "));
+    }
+    let unmanaged: Vec<_> = facts
+        .hostdevs
+        .iter()
+        .filter(|h| !h.managed)
+        .map(|h| h.bdf)
+        .collect();
+    if !unmanaged.is_empty() {
+        if let Err(e) = vfio_bind::bind(
+            root,
+            &mut writer()?,
+            &unmanaged,
+            &BindOptions::default(),
+            &session(guest),
+        ) {
+            return refuse(guest, &format!("binding its managed='no' hostdevs: {e}"));
+        }
+    }
+    for p in &problems {
+        eprintln!("vfio-p2p hook: {guest}: warning: {p}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn release(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
+    let root = change_root(global)?;
+    // Most guests had nothing bound by prepare: answer without the lock or reading the host.
+    // (The record is replaced atomically, so reading it unlocked sees a whole one.)
+    let recorded = BindState::load(root)?;
+    if !recorded
+        .devices
+        .values()
+        .any(|r| r.guest.as_deref() == Some(guest))
+    {
+        return Ok(ExitCode::SUCCESS);
+    }
+    match vfio_bind::unbind(
+        root,
+        &mut writer()?,
+        &UnbindSelection::Guest(guest.to_string()),
+        &session(guest),
+    ) {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => refuse(
+            guest,
+            &format!("giving back the devices prepare bound: {e}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_quotes_its_paths() {
+        let s = hook_script(Path::new("/opt/it's/vfio-p2p"), Path::new("/tmp/root"));
+        assert!(s.starts_with("#!/bin/sh\n"));
+        assert!(
+            s.contains(r"exec '/opt/it'\''s/vfio-p2p' --sysfs-root '/tmp/root' hook run "),
+            "{s}"
+        );
+        assert!(hook_script(Path::new("/usr/bin/vfio-p2p"), Path::new("/"))
+            .contains("exec '/usr/bin/vfio-p2p' hook run \"$@\"\n"));
+    }
+}

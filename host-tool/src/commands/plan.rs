@@ -1,0 +1,93 @@
+//! `vfio-p2p plan`: which of a VM's GPUs share a GPUDirect clique, and why.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use pci_config::Bdf;
+
+use crate::cli::{DataFormat, GlobalArgs};
+use crate::decide::nvlink;
+use crate::decide::plan::{plan, PlanOptions};
+use crate::emit;
+use crate::model::{PathKind, Topology};
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The VM's GPUs (default: every GPU on the host).
+    #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
+    pub gpus: Vec<Bdf>,
+    #[command(flatten)]
+    pub plan: PlanOptionArgs,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: DataFormat,
+}
+
+/// The planning options `plan` and `check` share.
+#[derive(Debug, Args)]
+pub struct PlanOptionArgs {
+    /// Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys.
+    #[arg(long, value_name = "LEVEL", default_value = "pxb")]
+    pub p2p_level: PathKind,
+    /// `nvidia-smi topo -m` output captured on this host, with the GPU index → PCI address
+    /// map (`nvidia-smi --query-gpu=index,pci.bus_id --format=csv` or plain `nvidia-smi`)
+    /// in the same or another file; repeat for several files.
+    #[arg(long, value_name = "FILE")]
+    pub nvlink: Vec<PathBuf>,
+    /// Put GPUs whose switch routes P2P untranslated (ACS RR/CR cleared) into cliques anyway.
+    #[arg(long)]
+    pub allow_untranslated_p2p: bool,
+}
+
+impl PlanOptionArgs {
+    pub fn options(&self) -> PlanOptions {
+        PlanOptions {
+            p2p_level: self.p2p_level,
+            allow_untranslated_p2p: self.allow_untranslated_p2p,
+        }
+    }
+}
+
+/// Records NVLink from `--nvlink` files (read together) into `topo`.
+pub fn load_nvlink(topo: &mut Topology, files: &[PathBuf]) -> anyhow::Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let mut text = String::new();
+    for f in files {
+        text += &std::fs::read_to_string(f)
+            .with_context(|| format!("reading --nvlink file {}", f.display()))?;
+        text.push('\n');
+    }
+    let names = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let map = nvlink::parse_nvidia_smi(&text, &names)?;
+    nvlink::apply(topo, &map, &names)?;
+    Ok(())
+}
+
+/// The selected GPUs, or every GPU of the host.
+pub fn selected_gpus(topo: &Topology, gpus: &[Bdf]) -> Vec<Bdf> {
+    if gpus.is_empty() {
+        topo.gpus().map(|d| d.bdf).collect()
+    } else {
+        gpus.to_vec()
+    }
+}
+
+pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let mut topo = super::load_topology(global)?;
+    load_nvlink(&mut topo, &args.plan.nvlink)?;
+    let gpus = selected_gpus(&topo, &args.gpus);
+    let p = plan(&topo, &gpus, &args.plan.options())
+        .with_context(|| format!("planning cliques on {}", topo.source))?;
+    match emit::data::to_text(&p, args.format)? {
+        Some(t) => print!("{t}"),
+        None => print!("{}", emit::plan::table(&p)),
+    }
+    Ok(ExitCode::SUCCESS)
+}

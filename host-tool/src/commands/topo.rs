@@ -1,0 +1,45 @@
+//! `vfio-p2p topo`: the host's PCIe/NUMA/IOMMU layout and the P2P path between GPUs.
+
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+
+use crate::cli::{DataFormat, GlobalArgs};
+use crate::emit;
+use crate::emit::topo_report::{self, TopoReport};
+
+/// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum TopoFormat {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+    Dot,
+}
+
+#[derive(Debug, Args)]
+pub struct TopoArgs {
+    #[arg(long, value_enum, default_value_t)]
+    pub format: TopoFormat,
+}
+
+pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
+    let topo = super::load_topology(global)?;
+    let report = TopoReport::new(&topo);
+    if report.gpus.is_empty() && global.example.is_none() {
+        eprintln!(
+            "vfio-p2p: no GPUs in {}; to see what topo shows on a GPU server, try an embedded example: \
+             vfio-p2p --example hgx-h100 topo (all examples: vfio-p2p --example list topo)",
+            report.source
+        );
+    }
+    let text = match args.format {
+        TopoFormat::Table => topo_report::render_table(&topo, &report),
+        TopoFormat::Dot => topo_report::render_dot(&topo, &report),
+        TopoFormat::Json => emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default(),
+        TopoFormat::Yaml => emit::data::to_text(&report, DataFormat::Yaml)?.unwrap_or_default(),
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}

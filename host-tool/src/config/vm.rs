@@ -1,0 +1,363 @@
+//! `vm.yaml`: the VM description `vfio-p2p gen` turns into a VMM configuration.
+//!
+//! Two steps, like Cloud Hypervisor's config: [`VmConfigFile`] is what serde reads
+//! (unknown keys and wrongly typed values are errors with line and column), and
+//! [`VmConfig::validate`] checks the meaning (names, sizes, paths), again pointing at
+//! the offending line.
+
+use std::path::{Path, PathBuf};
+
+use pci_config::Bdf;
+use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
+
+use crate::decide::guest_layout::GuestTopology;
+use crate::model::PathKind;
+
+/// Firmware the guest boots with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Firmware {
+    /// SeaBIOS (QEMU's default).
+    #[default]
+    Bios,
+    /// OVMF: the 64-bit MMIO size is also handed to it through fw_cfg.
+    Uefi,
+}
+
+/// The file as written. Every field is optional except `name`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfigFile {
+    /// VM name: domain name in libvirt, `-name` in QEMU, `vm` in the guest expectation.
+    pub name: Spanned<String>,
+    /// GPUs to pass through (host BDFs); `--gpus` replaces the list.
+    #[serde(default)]
+    pub gpus: Vec<Spanned<String>>,
+    /// Worst host path that still gets a P2P clique: pix, pxb, phb, node or sys.
+    #[serde(default)]
+    pub p2p_level: Option<Spanned<String>>,
+    #[serde(default)]
+    pub guest_topology: Option<GuestTopology>,
+    /// Guest memory in MiB.
+    #[serde(default)]
+    pub memory_mib: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub vcpus: Option<Spanned<u32>>,
+    /// One guest NUMA node per host NUMA node holding a GPU (mirror layout only).
+    #[serde(default)]
+    pub guest_numa: Option<bool>,
+    #[serde(default)]
+    pub firmware: Firmware,
+    /// OVMF code image (UEFI only).
+    #[serde(default)]
+    pub ovmf_code: Option<Spanned<PathBuf>>,
+    /// OVMF variable store template (UEFI only).
+    #[serde(default)]
+    pub ovmf_vars: Option<Spanned<PathBuf>>,
+}
+
+/// A validated VM description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmConfig {
+    pub name: String,
+    pub gpus: Vec<Bdf>,
+    pub p2p_level: Option<PathKind>,
+    pub guest_topology: GuestTopology,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub guest_numa: bool,
+    pub firmware: Firmware,
+    pub ovmf_code: PathBuf,
+    pub ovmf_vars: Option<PathBuf>,
+}
+
+pub const DEFAULT_NAME: &str = "vm0";
+pub const DEFAULT_MEMORY_MIB: u64 = 16 * 1024;
+pub const DEFAULT_VCPUS: u32 = 8;
+/// Debian/Ubuntu's OVMF code image (package `ovmf`).
+pub const DEFAULT_OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+/// Guest memory floor: below this no GPU driver loads.
+const MIN_MEMORY_MIB: u64 = 512;
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            name: DEFAULT_NAME.to_string(),
+            gpus: Vec::new(),
+            p2p_level: None,
+            guest_topology: GuestTopology::Mirror,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            vcpus: DEFAULT_VCPUS,
+            guest_numa: true,
+            firmware: Firmware::Bios,
+            ovmf_code: PathBuf::from(DEFAULT_OVMF_CODE),
+            ovmf_vars: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: u64,
+        column: u64,
+        message: String,
+    },
+}
+
+impl VmConfig {
+    pub fn load(path: &Path) -> Result<VmConfig, VmConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| VmConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates `text`; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<VmConfig, VmConfigError> {
+        let file: VmConfigFile =
+            serde_saphyr::from_str(text).map_err(|e| VmConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        Self::validate(file, path)
+    }
+
+    pub fn validate(file: VmConfigFile, path: &Path) -> Result<VmConfig, VmConfigError> {
+        let invalid = |at: &Location, message: String| VmConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: at.line(),
+            column: at.column(),
+            message,
+        };
+        let name = file.name.value.clone();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            || name.starts_with(['-', '.'])
+        {
+            return Err(invalid(
+                &file.name.referenced,
+                format!("name '{name}': use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'"),
+            ));
+        }
+        let mut gpus = Vec::new();
+        for g in &file.gpus {
+            let bdf: Bdf = g
+                .value
+                .parse()
+                .map_err(|e| invalid(&g.referenced, format!("gpus: {e}")))?;
+            if gpus.contains(&bdf) {
+                return Err(invalid(
+                    &g.referenced,
+                    format!("gpus: {bdf} is listed twice"),
+                ));
+            }
+            gpus.push(bdf);
+        }
+        let p2p_level = match &file.p2p_level {
+            Some(l) => {
+                let kind: PathKind = l
+                    .value
+                    .parse()
+                    .map_err(|e| invalid(&l.referenced, format!("p2p_level: {e}")))?;
+                if kind == PathKind::X {
+                    return Err(invalid(
+                        &l.referenced,
+                        "p2p_level: 'x' means a GPU with itself; use pix, pxb, phb, node or sys"
+                            .into(),
+                    ));
+                }
+                Some(kind)
+            }
+            None => None,
+        };
+        let memory_mib = match &file.memory_mib {
+            Some(m) if m.value < MIN_MEMORY_MIB => {
+                return Err(invalid(
+                    &m.referenced,
+                    format!(
+                        "memory_mib: {} MiB is too little; give at least {MIN_MEMORY_MIB}",
+                        m.value
+                    ),
+                ))
+            }
+            Some(m) => m.value,
+            None => DEFAULT_MEMORY_MIB,
+        };
+        let vcpus = match &file.vcpus {
+            Some(v) if v.value == 0 || v.value > 1024 => {
+                return Err(invalid(
+                    &v.referenced,
+                    format!("vcpus: {} is out of range; give 1 to 1024", v.value),
+                ))
+            }
+            Some(v) => v.value,
+            None => DEFAULT_VCPUS,
+        };
+        let check_path = |p: &Option<Spanned<PathBuf>>, key: &str| -> Result<(), VmConfigError> {
+            match p {
+                Some(p) if file.firmware != Firmware::Uefi => Err(invalid(
+                    &p.referenced,
+                    format!("{key} is only used with 'firmware: uefi'; remove it or set firmware"),
+                )),
+                Some(p) if !p.value.is_absolute() => Err(invalid(
+                    &p.referenced,
+                    format!("{key}: '{}' must be an absolute path", p.value.display()),
+                )),
+                _ => Ok(()),
+            }
+        };
+        check_path(&file.ovmf_code, "ovmf_code")?;
+        check_path(&file.ovmf_vars, "ovmf_vars")?;
+        Ok(VmConfig {
+            name,
+            gpus,
+            p2p_level,
+            guest_topology: file.guest_topology.unwrap_or_default(),
+            memory_mib,
+            vcpus,
+            guest_numa: file.guest_numa.unwrap_or(true),
+            firmware: file.firmware,
+            ovmf_code: file
+                .ovmf_code
+                .map(|p| p.value)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_OVMF_CODE)),
+            ovmf_vars: file.ovmf_vars.map(|p| p.value),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<VmConfig, VmConfigError> {
+        VmConfig::parse(text, Path::new("vm.yaml"))
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            "name: train-01\ngpus: [0000:41:00.0, 0000:42:00.0]\np2p_level: pxb\nguest_topology: flat\n\
+             memory_mib: 65536\nvcpus: 32\nguest_numa: false\nfirmware: uefi\novmf_code: /opt/OVMF_CODE.fd\n",
+        )
+        .unwrap();
+        assert_eq!(c.name, "train-01");
+        assert_eq!(c.gpus.len(), 2);
+        assert_eq!(c.p2p_level, Some(PathKind::Pxb));
+        assert_eq!(c.guest_topology, GuestTopology::Flat);
+        assert_eq!((c.memory_mib, c.vcpus, c.guest_numa), (65536, 32, false));
+        assert_eq!(c.firmware, Firmware::Uefi);
+        assert_eq!(c.ovmf_code, PathBuf::from("/opt/OVMF_CODE.fd"));
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("name: vm1\n").unwrap();
+        assert_eq!(
+            c,
+            VmConfig {
+                name: "vm1".into(),
+                ..VmConfig::default()
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_column() {
+        let e = parse("name: vm1\nmemroy_mib: 4096\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("memroy_mib"), "{e}");
+        assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
+    }
+
+    #[test]
+    fn bad_enum_value_names_line() {
+        let e = parse("name: vm1\nguest_topology: tree\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tree"), "{e}");
+        assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let e = parse("name: vm1\nvcpus: many\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
+    }
+
+    #[test]
+    fn bad_bdf_points_at_the_entry() {
+        let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("vm.yaml:4:5: gpus: '41:00.0' is not a PCI address"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_carry_position() {
+        let cases = [
+            ("name: 'bad name'\n", "vm.yaml:1:7: name 'bad name'"),
+            (
+                "name: a\nvcpus: 0\n",
+                "vm.yaml:2:8: vcpus: 0 is out of range",
+            ),
+            (
+                "name: a\nmemory_mib: 16\n",
+                "vm.yaml:2:13: memory_mib: 16 MiB",
+            ),
+            (
+                "name: a\np2p_level: bus\n",
+                "vm.yaml:2:12: p2p_level: 'bus'",
+            ),
+            (
+                "name: a\novmf_code: /x.fd\n",
+                "vm.yaml:2:12: ovmf_code is only used",
+            ),
+            (
+                "name: a\nfirmware: uefi\novmf_code: x.fd\n",
+                "vm.yaml:3:12: ovmf_code: 'x.fd' must be",
+            ),
+            (
+                "name: a\ngpus: [0000:01:00.0, 0000:01:00.0]\n",
+                "vm.yaml:2:22: gpus: 0000:01:00.0 is listed twice",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{text:?}: got {e}");
+        }
+    }
+
+    #[test]
+    fn examples_in_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                VmConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 2, "expected example configs in {}", dir.display());
+    }
+}

@@ -1,0 +1,675 @@
+//! Where each passed-through GPU sits in the guest's PCIe tree, shared by every emitter.
+//!
+//! `mirror` reproduces the host: one PCIe expander bus (`pxb-pcie`) per host NUMA node,
+//! one root port per host root port, an emulated switch (`x3130-upstream` +
+//! `xio3130-downstream`) per host switch, keeping only the branches that lead to the
+//! chosen GPUs. `flat` gives each GPU its own root port on the root bus.
+//!
+//! Guest bus numbers are computed the way SeaBIOS and OVMF number a q35 machine and
+//! Linux keeps them: `pcie.0` is bus 0 and its bridges get secondary buses depth-first
+//! in (slot, function) order; each expander bus starts its own range at `bus_nr`.
+//! This assumes no other bridge sits on `pcie.0` below slot [`ROOT_PORT_FIRST_SLOT`]
+//! (QEMU's default devices are not bridges; the generated libvirt domain adds none).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use clap::ValueEnum;
+use pci_config::Bdf;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{BridgeRole, Device, Topology};
+
+/// First `pcie.0` slot for expander buses: above QEMU's default VGA (1) and NIC (2).
+pub const EXPANDER_FIRST_SLOT: u8 = 0x08;
+/// First `pcie.0` slot for root ports; slots up to 0x1e are usable (0x1f is the LPC/SATA/SMBus slot).
+pub const ROOT_PORT_FIRST_SLOT: u8 = 0x10;
+const ROOT_BUS_LAST_SLOT: u8 = 0x1e;
+/// Bus numbers between consecutive expander buses: room for the ports and switches below each.
+pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
+/// The guest's root bus, as QEMU and libvirt name it.
+pub const ROOT_BUS: &str = "pcie.0";
+
+/// How the guest's PCIe tree is shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestTopology {
+    /// Reproduce the host's NUMA nodes, root ports and switches.
+    #[default]
+    Mirror,
+    /// Each GPU on its own root port on the root bus.
+    Flat,
+}
+
+impl fmt::Display for GuestTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GuestTopology::Mirror => "mirror",
+            GuestTopology::Flat => "flat",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayoutOptions {
+    pub topology: GuestTopology,
+    /// Give the guest one NUMA node per host NUMA node holding a chosen GPU (mirror only).
+    pub guest_numa: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    #[error("{0} is not a GPU on this host; list them with `vfio-p2p topo`")]
+    NotAGpu(Bdf),
+    #[error("no GPU chosen; pass --gpus BDF,... or list them under `gpus:` in the VM config")]
+    NoGpus,
+    #[error("{count} root ports do not fit on the guest's root bus (at most {max}); use --guest-topology mirror or fewer GPUs")]
+    RootBusFull { count: usize, max: usize },
+    #[error("{count} host NUMA nodes need more PCIe expander buses than fit (at most {max})")]
+    TooManyExpanders { count: usize, max: usize },
+    #[error("the guest tree below {bridge} needs {needed} bus numbers but only {available} are free before the next range; choose fewer GPUs or --guest-topology flat")]
+    BusRangeFull {
+        bridge: String,
+        needed: usize,
+        available: usize,
+    },
+    #[error("more than 32 guest ports below {0}")]
+    BusFull(String),
+}
+
+/// A guest NUMA node and the host node it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestNumaNode {
+    pub id: u32,
+    pub host_node: u32,
+}
+
+/// An emulated bridge in the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "model")]
+pub enum GuestBridgeKind {
+    /// `pxb-pcie`: an extra root bus numbered from `bus_nr`, for one host NUMA node.
+    Expander {
+        host_node: u32,
+        /// Guest NUMA node, when the guest has NUMA nodes.
+        numa_node: Option<u32>,
+    },
+    /// `pcie-root-port`.
+    RootPort { chassis: u8, port: u8 },
+    /// `x3130-upstream`.
+    SwitchUpstream,
+    /// `xio3130-downstream`.
+    SwitchDownstream { chassis: u8, port: u8 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestBridge {
+    /// QEMU device id (also the bus name of what it provides).
+    pub id: String,
+    pub kind: GuestBridgeKind,
+    /// Bus it plugs into: [`ROOT_BUS`] or another bridge's id.
+    pub parent: String,
+    /// Device number on the parent bus.
+    pub slot: u8,
+    /// Guest bus number it provides: the expander's root bus, or the port's secondary bus.
+    pub bus: u8,
+    /// The host bridge it mirrors (`None` for expanders and ports made up for flat layouts).
+    pub host: Option<Bdf>,
+}
+
+/// One function of a passed-through device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestFunction {
+    pub host: Bdf,
+    pub guest: Bdf,
+    /// QEMU device id.
+    pub id: String,
+}
+
+/// A passed-through GPU with its other functions (audio), kept in one guest slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestGpu {
+    pub host: Bdf,
+    pub guest: Bdf,
+    /// QEMU device id of the GPU function.
+    pub id: String,
+    /// Bridge whose bus it plugs into.
+    pub parent: String,
+    pub clique: Option<u8>,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    /// Guest NUMA node of its expander bus, if any.
+    pub numa_node: Option<u32>,
+    /// Host NUMA node.
+    pub host_numa_node: Option<u32>,
+    /// The other functions of the slot (function 0 first if the GPU is not it).
+    pub other_functions: Vec<GuestFunction>,
+}
+
+impl GuestGpu {
+    /// Whether the guest slot holds several functions (`multifunction=on` on function 0).
+    pub fn multifunction(&self) -> bool {
+        !self.other_functions.is_empty()
+    }
+}
+
+/// The decided guest PCIe tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestLayout {
+    pub topology: GuestTopology,
+    pub numa_nodes: Vec<GuestNumaNode>,
+    /// Parents before children.
+    pub bridges: Vec<GuestBridge>,
+    /// In host BDF order.
+    pub gpus: Vec<GuestGpu>,
+}
+
+impl GuestLayout {
+    pub fn bridge(&self, id: &str) -> Option<&GuestBridge> {
+        self.bridges.iter().find(|b| b.id == id)
+    }
+
+    /// The GPUs at their host addresses with no emulated bridges: the machine as it is,
+    /// for describing it to software running on it (NCCL on the host or in an existing VM).
+    pub fn as_is(&mut self) {
+        self.bridges.clear();
+        self.numa_nodes.clear();
+        for g in &mut self.gpus {
+            g.guest = g.host;
+            g.parent = ROOT_BUS.to_string();
+            g.numa_node = g.host_numa_node;
+            for f in &mut g.other_functions {
+                f.guest = f.host;
+            }
+        }
+    }
+
+    /// Ancestor bridges of a GPU, top first.
+    pub fn ancestors(&self, gpu: &GuestGpu) -> Vec<&GuestBridge> {
+        let mut chain = Vec::new();
+        let mut cur = self.bridge(&gpu.parent);
+        while let Some(b) = cur {
+            chain.push(b);
+            cur = self.bridge(&b.parent);
+        }
+        chain.reverse();
+        chain
+    }
+}
+
+/// What a guest tree node mirrors; used while building.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum NodeKey {
+    Expander(u32),
+    /// A host bridge on the GPU's path.
+    HostBridge(Bdf),
+    /// A root port made up for a GPU that has none (flat layout, or a host root-bus GPU).
+    PortFor(Bdf),
+}
+
+struct Node {
+    key: NodeKey,
+    kind: GuestBridgeKind,
+    children: Vec<NodeKey>,
+    gpus: Vec<Bdf>,
+}
+
+/// Decides the guest tree for `gpus` with the given clique per GPU.
+pub fn decide(
+    topo: &Topology,
+    gpus: &[Bdf],
+    cliques: &BTreeMap<Bdf, Option<u8>>,
+    opts: LayoutOptions,
+) -> Result<GuestLayout, LayoutError> {
+    if gpus.is_empty() {
+        return Err(LayoutError::NoGpus);
+    }
+    let mut chosen: Vec<&Device> = Vec::new();
+    for bdf in gpus {
+        match topo.device(bdf) {
+            Some(d) if d.is_gpu() => chosen.push(d),
+            _ => return Err(LayoutError::NotAGpu(*bdf)),
+        }
+    }
+    chosen.sort_by_key(|d| d.bdf);
+    chosen.dedup_by_key(|d| d.bdf);
+
+    let mirror = opts.topology == GuestTopology::Mirror;
+    let host_nodes: Vec<u32> = if mirror {
+        let mut n: Vec<u32> = chosen.iter().filter_map(|d| d.numa_node).collect();
+        n.sort_unstable();
+        n.dedup();
+        n
+    } else {
+        Vec::new()
+    };
+    let max_expanders = usize::from(ROOT_PORT_FIRST_SLOT - EXPANDER_FIRST_SLOT)
+        .min(usize::from(u8::MAX / EXPANDER_BUS_STRIDE) - 1);
+    if host_nodes.len() > max_expanders {
+        return Err(LayoutError::TooManyExpanders {
+            count: host_nodes.len(),
+            max: max_expanders,
+        });
+    }
+    let numa_nodes: Vec<GuestNumaNode> = if mirror && opts.guest_numa {
+        host_nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| GuestNumaNode {
+                id: i as u32,
+                host_node: h,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    let mut nodes: BTreeMap<NodeKey, Node> = BTreeMap::new();
+    let mut roots: Vec<NodeKey> = Vec::new();
+    let mut add = |nodes: &mut BTreeMap<NodeKey, Node>,
+                   key: NodeKey,
+                   kind: GuestBridgeKind,
+                   parent: Option<NodeKey>| {
+        if nodes.contains_key(&key) {
+            return;
+        }
+        nodes.insert(
+            key,
+            Node {
+                key,
+                kind,
+                children: Vec::new(),
+                gpus: Vec::new(),
+            },
+        );
+        match parent {
+            Some(p) => {
+                if let Some(pn) = nodes.get_mut(&p) {
+                    pn.children.push(key);
+                }
+            }
+            None => roots.push(key),
+        }
+    };
+    let port = GuestBridgeKind::RootPort {
+        chassis: 0,
+        port: 0,
+    };
+    for gpu in &chosen {
+        let expander = if mirror {
+            gpu.numa_node.map(|h| {
+                let key = NodeKey::Expander(h);
+                let numa_node = numa_nodes.iter().find(|n| n.host_node == h).map(|n| n.id);
+                add(
+                    &mut nodes,
+                    key,
+                    GuestBridgeKind::Expander {
+                        host_node: h,
+                        numa_node,
+                    },
+                    None,
+                );
+                key
+            })
+        } else {
+            None
+        };
+        let chain = if mirror {
+            mirrored_chain(topo, gpu)
+        } else {
+            None
+        };
+        let mut parent = expander;
+        match chain {
+            Some(chain) => {
+                for (bdf, kind) in chain {
+                    let key = NodeKey::HostBridge(bdf);
+                    add(&mut nodes, key, kind, parent);
+                    parent = Some(key);
+                }
+            }
+            None => {
+                let key = NodeKey::PortFor(gpu.bdf);
+                add(&mut nodes, key, port.clone(), parent);
+                parent = Some(key);
+            }
+        }
+        if let Some(p) = parent.and_then(|p| nodes.get_mut(&p)) {
+            p.gpus.push(gpu.bdf);
+        }
+    }
+    for n in nodes.values_mut() {
+        n.children.sort();
+    }
+    roots.sort();
+
+    // Slots on the root bus: expanders first, then root ports.
+    let mut builder = LayoutBuilder {
+        nodes: &nodes,
+        bridges: Vec::new(),
+        ids: BTreeMap::new(),
+        next_chassis: 1,
+        counts: BTreeMap::new(),
+    };
+    let (expanders, root_ports): (Vec<NodeKey>, Vec<NodeKey>) = roots
+        .iter()
+        .partition(|k| matches!(k, NodeKey::Expander(_)));
+    let max_ports = usize::from(ROOT_BUS_LAST_SLOT - ROOT_PORT_FIRST_SLOT + 1);
+    if root_ports.len() > max_ports {
+        return Err(LayoutError::RootBusFull {
+            count: root_ports.len(),
+            max: max_ports,
+        });
+    }
+    let mut bus = 0u16;
+    for (i, key) in root_ports.iter().enumerate() {
+        builder.place(*key, ROOT_BUS, ROOT_PORT_FIRST_SLOT + i as u8, &mut bus)?;
+    }
+    let mut range_start = EXPANDER_BUS_STRIDE;
+    for (i, key) in expanders.iter().enumerate() {
+        if bus >= u16::from(range_start) {
+            return Err(LayoutError::BusRangeFull {
+                bridge: ROOT_BUS.to_string(),
+                needed: usize::from(bus) + 1,
+                available: usize::from(range_start) - 1,
+            });
+        }
+        let mut exp_bus = u16::from(range_start) - 1;
+        builder.place(*key, ROOT_BUS, EXPANDER_FIRST_SLOT + i as u8, &mut exp_bus)?;
+        let used = usize::from(exp_bus - u16::from(range_start)) + 1;
+        if used > usize::from(EXPANDER_BUS_STRIDE) {
+            return Err(LayoutError::BusRangeFull {
+                bridge: builder.ids[key].clone(),
+                needed: used,
+                available: usize::from(EXPANDER_BUS_STRIDE),
+            });
+        }
+        bus = exp_bus;
+        range_start = range_start.saturating_add(EXPANDER_BUS_STRIDE);
+    }
+
+    let mut gpus_out = Vec::new();
+    for (i, gpu) in chosen.iter().enumerate() {
+        let parent_key = nodes
+            .values()
+            .find(|n| n.gpus.contains(&gpu.bdf))
+            .map(|n| n.key)
+            .expect("every chosen GPU was attached to a node above");
+        let parent = builder.ids[&parent_key].clone();
+        let parent_bridge = builder
+            .bridges
+            .iter()
+            .find(|b| b.id == parent)
+            .expect("ids and bridges are built together");
+        let slot = u8::try_from(
+            nodes[&parent_key]
+                .gpus
+                .iter()
+                .position(|b| *b == gpu.bdf)
+                .unwrap_or(0),
+        )
+        .unwrap_or(0);
+        let guest = Bdf::new(0, parent_bridge.bus, slot, gpu.bdf.function);
+        let numa_node = builder.expander_of(&parent).and_then(|e| match &e.kind {
+            GuestBridgeKind::Expander { numa_node, .. } => *numa_node,
+            _ => None,
+        });
+        let id = format!("gpu{i}");
+        let mut functions: Vec<&Device> = topo
+            .sibling_functions(&gpu.bdf)
+            .into_iter()
+            .filter(|d| d.bridge_role().is_none())
+            .collect();
+        functions.sort_by_key(|d| d.bdf);
+        let other_functions = functions
+            .iter()
+            .map(|d| GuestFunction {
+                host: d.bdf,
+                guest: guest.with_function(d.bdf.function),
+                id: format!("{id}-fn{}", d.bdf.function),
+            })
+            .collect();
+        gpus_out.push(GuestGpu {
+            host: gpu.bdf,
+            guest,
+            id,
+            parent,
+            clique: cliques.get(&gpu.bdf).copied().flatten(),
+            vendor: gpu.vendor,
+            device: gpu.device,
+            class: gpu.class,
+            numa_node,
+            host_numa_node: gpu.numa_node,
+            other_functions,
+        });
+    }
+    // Several GPUs below one port need distinct slots; a PCIe port has only device 0,
+    // so the host can't have that either: reject a tree that would need it.
+    for n in nodes.values() {
+        let port = matches!(
+            n.kind,
+            GuestBridgeKind::RootPort { .. } | GuestBridgeKind::SwitchDownstream { .. }
+        );
+        if port && n.gpus.len() > 1 {
+            return Err(LayoutError::BusFull(builder.ids[&n.key].clone()));
+        }
+    }
+    Ok(GuestLayout {
+        topology: opts.topology,
+        numa_nodes,
+        bridges: builder.bridges,
+        gpus: gpus_out,
+    })
+}
+
+/// The host's bridges above `gpu` that the guest reproduces, when they form a valid
+/// PCIe chain (root port, then upstream/downstream pairs); `None` when the GPU needs a
+/// made-up root port (it sits on a root bus, or below a legacy bridge).
+fn mirrored_chain(topo: &Topology, gpu: &Device) -> Option<Vec<(Bdf, GuestBridgeKind)>> {
+    let ancestors = topo.ancestors(&gpu.bdf);
+    if ancestors.is_empty() {
+        return None;
+    }
+    let mut chain = Vec::new();
+    let mut expect_root = true;
+    for d in ancestors {
+        let role = d.bridge_role()?;
+        let kind = match (role, expect_root) {
+            (BridgeRole::RootPort, true) => GuestBridgeKind::RootPort {
+                chassis: 0,
+                port: 0,
+            },
+            (BridgeRole::UpstreamPort, false) => GuestBridgeKind::SwitchUpstream,
+            (BridgeRole::DownstreamPort, false) => GuestBridgeKind::SwitchDownstream {
+                chassis: 0,
+                port: 0,
+            },
+            _ => return None,
+        };
+        expect_root = false;
+        chain.push((d.bdf, kind));
+    }
+    // A switch's upstream port must be followed by a downstream port before the GPU.
+    matches!(
+        chain.last().map(|(_, k)| k),
+        Some(GuestBridgeKind::RootPort { .. }) | Some(GuestBridgeKind::SwitchDownstream { .. })
+    )
+    .then_some(chain)
+}
+
+struct LayoutBuilder<'a> {
+    nodes: &'a BTreeMap<NodeKey, Node>,
+    bridges: Vec<GuestBridge>,
+    ids: BTreeMap<NodeKey, String>,
+    next_chassis: u8,
+    counts: BTreeMap<&'static str, usize>,
+}
+
+impl LayoutBuilder<'_> {
+    fn next_id(&mut self, prefix: &'static str) -> String {
+        let n = self.counts.entry(prefix).or_insert(0);
+        let id = format!("{prefix}{n}");
+        *n += 1;
+        id
+    }
+
+    /// Places `key` at `slot` of `parent`, numbers its bus (depth-first from `*bus`),
+    /// then its children.
+    fn place(
+        &mut self,
+        key: NodeKey,
+        parent: &str,
+        slot: u8,
+        bus: &mut u16,
+    ) -> Result<(), LayoutError> {
+        let node = &self.nodes[&key];
+        *bus += 1;
+        let bus_nr = u8::try_from(*bus).map_err(|_| LayoutError::BusRangeFull {
+            bridge: parent.to_string(),
+            needed: usize::from(*bus),
+            available: 255,
+        })?;
+        let kind = match node.kind {
+            GuestBridgeKind::RootPort { .. } | GuestBridgeKind::SwitchDownstream { .. } => {
+                let chassis = self.next_chassis;
+                self.next_chassis = self.next_chassis.wrapping_add(1);
+                if matches!(node.kind, GuestBridgeKind::RootPort { .. }) {
+                    GuestBridgeKind::RootPort {
+                        chassis,
+                        port: chassis,
+                    }
+                } else {
+                    GuestBridgeKind::SwitchDownstream {
+                        chassis,
+                        port: slot,
+                    }
+                }
+            }
+            ref k => k.clone(),
+        };
+        let prefix = match kind {
+            GuestBridgeKind::Expander { .. } => "pxb",
+            GuestBridgeKind::RootPort { .. } => "rp",
+            GuestBridgeKind::SwitchUpstream => "us",
+            GuestBridgeKind::SwitchDownstream { .. } => "ds",
+        };
+        let id = self.next_id(prefix);
+        self.ids.insert(key, id.clone());
+        self.bridges.push(GuestBridge {
+            id: id.clone(),
+            kind,
+            parent: parent.to_string(),
+            slot,
+            bus: bus_nr,
+            host: match key {
+                NodeKey::HostBridge(b) => Some(b),
+                _ => None,
+            },
+        });
+        let children = node.children.clone();
+        if children.len() > 32 {
+            return Err(LayoutError::BusFull(id));
+        }
+        for (i, child) in children.into_iter().enumerate() {
+            self.place(child, &id, i as u8, bus)?;
+        }
+        Ok(())
+    }
+
+    fn expander_of(&self, id: &str) -> Option<&GuestBridge> {
+        let mut cur = self.bridges.iter().find(|b| b.id == id);
+        while let Some(b) = cur {
+            if matches!(b.kind, GuestBridgeKind::Expander { .. }) {
+                return Some(b);
+            }
+            cur = self.bridges.iter().find(|x| x.id == b.parent);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+
+    fn layout(example: &str, topology: GuestTopology) -> GuestLayout {
+        let topo = Topology::from_record(&synth::example(example).unwrap());
+        let gpus: Vec<Bdf> = topo.gpus().map(|d| d.bdf).collect();
+        let cliques = gpus.iter().map(|g| (*g, Some(0))).collect();
+        decide(
+            &topo,
+            &gpus,
+            &cliques,
+            LayoutOptions {
+                topology,
+                guest_numa: true,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Bus numbers as SeaBIOS assigned them to this layout in QEMU 7.2 (`info pci`
+    /// after firmware, checked by hand): depth-first from each expander's bus_nr.
+    #[test]
+    fn mirror_numbers_buses_like_seabios() {
+        let l = layout("dual-socket-pcie", GuestTopology::Mirror);
+        let bus = |id: &str| l.bridge(id).unwrap().bus;
+        assert_eq!(
+            (bus("pxb0"), bus("rp0"), bus("us0"), bus("ds0")),
+            (32, 33, 34, 35)
+        );
+        assert_eq!(
+            (bus("us1"), bus("ds1"), bus("ds2"), bus("ds3")),
+            (36, 37, 38, 39)
+        );
+        assert_eq!((bus("pxb1"), bus("rp1"), bus("ds11")), (64, 65, 74));
+        let guest: Vec<String> = l.gpus.iter().map(|g| g.guest.to_string()).collect();
+        assert_eq!(guest[0], "0000:25:00.0");
+        assert_eq!(guest[4], "0000:45:00.0");
+        assert_eq!(l.numa_nodes.len(), 2);
+        assert_eq!(l.gpus[4].numa_node, Some(1));
+        assert_eq!(
+            l.gpus[0].other_functions[0].guest.to_string(),
+            "0000:25:00.1"
+        );
+    }
+
+    #[test]
+    fn flat_gives_each_gpu_a_root_port_on_pcie0() {
+        let l = layout("hgx-h100", GuestTopology::Flat);
+        assert_eq!(l.bridges.len(), 8);
+        assert!(l.numa_nodes.is_empty());
+        for (i, b) in l.bridges.iter().enumerate() {
+            assert_eq!(b.parent, ROOT_BUS);
+            assert_eq!(b.slot, ROOT_PORT_FIRST_SLOT + i as u8);
+            assert_eq!(b.bus, i as u8 + 1);
+        }
+        assert_eq!(l.gpus[7].guest.to_string(), "0000:08:00.0");
+    }
+
+    #[test]
+    fn root_bus_gpus_get_made_up_ports_in_mirror() {
+        let l = layout("flat-vm", GuestTopology::Mirror);
+        assert_eq!(l.bridges.len(), 2);
+        assert!(l.bridges.iter().all(|b| b.host.is_none()));
+        assert_eq!(l.gpus[1].guest.to_string(), "0000:02:00.0");
+    }
+
+    #[test]
+    fn rejects_non_gpus_and_empty_lists() {
+        let topo = Topology::from_record(&synth::example("flat-vm").unwrap());
+        let opts = LayoutOptions {
+            topology: GuestTopology::Mirror,
+            guest_numa: false,
+        };
+        let none = BTreeMap::new();
+        assert_eq!(decide(&topo, &[], &none, opts), Err(LayoutError::NoGpus));
+        let bogus = Bdf::new(0, 0x99, 0, 0);
+        assert_eq!(
+            decide(&topo, &[bogus], &none, opts),
+            Err(LayoutError::NotAGpu(bogus))
+        );
+    }
+}

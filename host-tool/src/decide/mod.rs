@@ -1,0 +1,10 @@
+//! Decide stage: pure decisions over a [`Topology`](crate::model::Topology) and
+//! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
+//! decision is testable on synthetic hosts.
+
+pub mod check;
+pub mod expectation;
+pub mod guest_layout;
+pub mod mmio;
+pub mod nvlink;
+pub mod plan;

@@ -1,0 +1,307 @@
+//! libvirt domain XML: the same VM as [`super::qemu`], as a complete q35 `<domain>`.
+//!
+//! libvirt has no element for the clique: since 8.2 it goes in `<qemu:override>` on the
+//! hostdev's user alias (`ua-…`); older libvirt only has `<qemu:commandline>` `-set`,
+//! which stops working once libvirt passes `-device` as JSON (QEMU ≥ 6.2).
+
+use std::fmt::{self, Write};
+use std::str::FromStr;
+
+use pci_config::Bdf;
+use quick_xml::escape::escape;
+
+use super::vm::{cpulist, VmDefinition};
+use crate::config::vm::Firmware;
+use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu, ROOT_BUS};
+
+pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+pub const CLIQUE_PROPERTY: &str = "x-nv-gpudirect-clique";
+
+/// A libvirt version, `major.minor[.micro]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LibvirtVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// The first libvirt with `<qemu:override>`.
+pub const OVERRIDE_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 2 };
+
+impl FromStr for LibvirtVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("'{s}' is not a libvirt version; give MAJOR.MINOR, e.g. 9.0");
+        let mut parts = s.trim().split('.');
+        let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let minor = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        match parts.next() {
+            Some(p) if p.parse::<u32>().is_err() => return Err(bad()),
+            _ => {}
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(LibvirtVersion { major, minor })
+    }
+}
+
+impl fmt::Display for LibvirtVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl LibvirtVersion {
+    pub fn has_override(&self) -> bool {
+        *self >= OVERRIDE_SINCE
+    }
+}
+
+/// Why an older libvirt gets the `-set` form; printed as a warning.
+pub fn set_form_warning(version: LibvirtVersion) -> String {
+    format!(
+        "libvirt {version} has no <qemu:override> (needs {OVERRIDE_SINCE}): using <qemu:commandline> -set, \
+         which QEMU rejects once libvirt passes -device as JSON (QEMU >= 6.2); upgrade libvirt"
+    )
+}
+
+/// The hostdev's user alias.
+pub fn alias_for(id: &str) -> String {
+    format!("ua-{id}")
+}
+
+/// `<qemu:device>` entries for `(alias, clique)` pairs, indented for `<qemu:override>`.
+pub fn override_devices(entries: &[(String, u8)], indent: &str) -> String {
+    let mut s = String::new();
+    for (alias, clique) in entries {
+        let _ = write!(
+            s,
+            "{indent}<qemu:device alias='{}'>\n{indent}  <qemu:frontend>\n{indent}    {}\n{indent}  </qemu:frontend>\n{indent}</qemu:device>\n",
+            escape(alias.as_str()),
+            clique_property(*clique)
+        );
+    }
+    s
+}
+
+pub fn clique_property(clique: u8) -> String {
+    format!("<qemu:property name='{CLIQUE_PROPERTY}' type='unsigned' value='{clique}'/>")
+}
+
+/// `<qemu:arg>` pairs setting the cliques the pre-8.2 way.
+pub fn set_args(entries: &[(String, u8)]) -> Vec<String> {
+    entries
+        .iter()
+        .flat_map(|(alias, c)| {
+            [
+                "-set".to_string(),
+                format!("device.{alias}.{CLIQUE_PROPERTY}={c}"),
+            ]
+        })
+        .collect()
+}
+
+/// `<address type='pci' …/>` of a guest function (`bus` is the parent controller's index).
+pub fn pci_address(bdf: &Bdf, bus: Option<u32>, extra: &str) -> String {
+    format!(
+        "<address type='pci' domain='{:#06x}' bus='{:#04x}' slot='{:#04x}' function='{:#x}'{extra}/>",
+        bdf.domain,
+        bus.unwrap_or(u32::from(bdf.bus)),
+        bdf.device,
+        bdf.function
+    )
+}
+
+/// `<address …/>` of a host function inside `<source>` (no `type` there).
+pub fn host_address(bdf: &Bdf) -> String {
+    format!(
+        "<address domain='{:#06x}' bus='{:#04x}' slot='{:#04x}' function='{:#x}'/>",
+        bdf.domain, bdf.bus, bdf.device, bdf.function
+    )
+}
+
+/// The domain XML.
+pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
+    let c = vm.config;
+    let l = vm.layout;
+    let mut x = String::new();
+    let w = &mut x;
+    let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
+    let _ = writeln!(w, "  <name>{}</name>", escape(c.name.as_str()));
+    let _ = writeln!(w, "  <memory unit='MiB'>{}</memory>", c.memory_mib);
+    let _ = writeln!(w, "  <vcpu placement='static'>{}</vcpu>", c.vcpus);
+    let _ = writeln!(w, "  <os>");
+    let _ = writeln!(w, "    <type arch='x86_64' machine='q35'>hvm</type>");
+    if c.firmware == Firmware::Uefi {
+        let _ = writeln!(
+            w,
+            "    <loader readonly='yes' type='pflash'>{}</loader>",
+            escape(c.ovmf_code.display().to_string().as_str())
+        );
+        if let Some(vars) = &c.ovmf_vars {
+            let _ = writeln!(
+                w,
+                "    <nvram template='{}'/>",
+                escape(vars.display().to_string().as_str())
+            );
+        }
+    }
+    let _ = writeln!(w, "  </os>");
+    let _ = writeln!(w, "  <features>\n    <acpi/>\n    <apic/>\n  </features>");
+    // host-passthrough keeps the hypervisor CPUID bit: the driver reads the clique only then.
+    if l.numa_nodes.is_empty() {
+        let _ = writeln!(w, "  <cpu mode='host-passthrough'/>");
+    } else {
+        let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
+        for (i, n) in l.numa_nodes.iter().enumerate() {
+            let (cpus, mem) = vm.numa_share(i);
+            let _ = writeln!(
+                w,
+                "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'/>",
+                n.id,
+                cpulist(&cpus)
+            );
+        }
+        let _ = writeln!(w, "    </numa>\n  </cpu>");
+    }
+    let _ = writeln!(w, "  <devices>");
+    // No automatic USB controller or balloon: they would add root ports before ours.
+    let _ = writeln!(w, "    <controller type='usb' model='none'/>");
+    let _ = writeln!(w, "    <controller type='pci' index='0' model='pcie-root'>");
+    let _ = writeln!(
+        w,
+        "      <pcihole64 unit='KiB'>{}</pcihole64>",
+        vm.hole64.div_ceil(1024)
+    );
+    let _ = writeln!(w, "    </controller>");
+    // libvirt's controller index is its bus name; children refer to the parent's index.
+    let index_of = |id: &str| -> u32 {
+        if id == ROOT_BUS {
+            0
+        } else {
+            l.bridges
+                .iter()
+                .position(|b| b.id == id)
+                .map_or(0, |p| p as u32 + 1)
+        }
+    };
+    for (i, b) in l.bridges.iter().enumerate() {
+        let (model, name) = match b.kind {
+            GuestBridgeKind::Expander { .. } => ("pcie-expander-bus", "pxb-pcie"),
+            GuestBridgeKind::RootPort { .. } => ("pcie-root-port", "pcie-root-port"),
+            GuestBridgeKind::SwitchUpstream => ("pcie-switch-upstream-port", "x3130-upstream"),
+            GuestBridgeKind::SwitchDownstream { .. } => {
+                ("pcie-switch-downstream-port", "xio3130-downstream")
+            }
+        };
+        let _ = writeln!(
+            w,
+            "    <controller type='pci' index='{}' model='{model}'>\n      <model name='{name}'/>",
+            i + 1
+        );
+        match b.kind {
+            GuestBridgeKind::Expander { numa_node, .. } => match numa_node {
+                Some(n) => {
+                    let _ = writeln!(
+                        w,
+                        "      <target busNr='{}'>\n        <node>{n}</node>\n      </target>",
+                        b.bus
+                    );
+                }
+                None => {
+                    let _ = writeln!(w, "      <target busNr='{}'/>", b.bus);
+                }
+            },
+            GuestBridgeKind::RootPort { chassis, port }
+            | GuestBridgeKind::SwitchDownstream { chassis, port } => {
+                let _ = writeln!(w, "      <target chassis='{chassis}' port='{port:#x}'/>");
+            }
+            GuestBridgeKind::SwitchUpstream => {}
+        }
+        let _ = writeln!(w, "      <alias name='{}'/>", alias_for(&b.id));
+        let _ = writeln!(
+            w,
+            "      {}\n    </controller>",
+            pci_address(&Bdf::new(0, 0, b.slot, 0), Some(index_of(&b.parent)), "")
+        );
+    }
+    for g in &l.gpus {
+        write_hostdevs(w, g, index_of(&g.parent));
+    }
+    let _ = writeln!(w, "    <memballoon model='none'/>");
+    let _ = writeln!(w, "  </devices>");
+
+    let cliques = clique_entries(&l.gpus);
+    let mut args: Vec<String> = vec!["-fw_cfg".into(), vm.fw_cfg_expectation()];
+    if c.firmware == Firmware::Uefi {
+        args.push("-fw_cfg".into());
+        args.push(format!(
+            "name=opt/ovmf/X-PciMmio64Mb,string={}",
+            crate::decide::mmio::ovmf_mmio64_mb(vm.hole64)
+        ));
+    }
+    if !version.has_override() {
+        args.extend(set_args(&cliques));
+    }
+    let _ = writeln!(w, "  <qemu:commandline>");
+    for a in &args {
+        let _ = writeln!(w, "    <qemu:arg value='{}'/>", escape(a.as_str()));
+    }
+    let _ = writeln!(w, "  </qemu:commandline>");
+    if version.has_override() && !cliques.is_empty() {
+        let _ = writeln!(w, "  <qemu:override>");
+        w.push_str(&override_devices(&cliques, "    "));
+        let _ = writeln!(w, "  </qemu:override>");
+    }
+    let _ = writeln!(w, "</domain>");
+    x
+}
+
+/// (alias, clique) of every GPU that has a clique.
+pub fn clique_entries(gpus: &[GuestGpu]) -> Vec<(String, u8)> {
+    gpus.iter()
+        .filter_map(|g| g.clique.map(|c| (alias_for(&g.id), c)))
+        .collect()
+}
+
+fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32) {
+    let mut functions = vec![(g.host, g.guest, g.id.as_str())];
+    functions.extend(
+        g.other_functions
+            .iter()
+            .map(|f| (f.host, f.guest, f.id.as_str())),
+    );
+    functions.sort_by_key(|f| f.1);
+    for (host, guest, id) in functions {
+        let multi = if guest.function == 0 && g.multifunction() {
+            " multifunction='on'"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            w,
+            "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <driver name='vfio'/>\n      <source>\n        {}\n      </source>\n      <alias name='{}'/>\n      {}\n    </hostdev>",
+            host_address(&host),
+            alias_for(id),
+            pci_address(&guest, Some(bus_index), multi)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        let v: LibvirtVersion = "9.0.0".parse().unwrap();
+        assert!(v.has_override());
+        assert!(!"8.1".parse::<LibvirtVersion>().unwrap().has_override());
+        assert!("8.2.0".parse::<LibvirtVersion>().unwrap().has_override());
+        assert!("10.10.0".parse::<LibvirtVersion>().unwrap().has_override());
+        assert!("nine".parse::<LibvirtVersion>().is_err());
+        assert!("9".parse::<LibvirtVersion>().is_err());
+        assert!("9.0.0.1".parse::<LibvirtVersion>().is_err());
+    }
+}

@@ -1,0 +1,12 @@
+//! Emit stage: turns decided data into text. Never reads sysfs.
+
+pub mod check;
+pub mod cloud_hypervisor;
+pub mod data;
+pub mod libvirt;
+pub mod libvirt_patch;
+pub mod nccl;
+pub mod plan;
+pub mod qemu;
+pub mod topo_report;
+pub mod vm;

@@ -1,0 +1,541 @@
+//! `vfio-p2p topo` output: the `nvidia-smi topo -m` style matrix with its legend,
+//! the PCIe tree above the GPUs (ACS per bridge, IOMMU group per GPU), and the same
+//! facts as JSON/YAML ([`TopoReport`]) or Graphviz ([`render_dot`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
+use pci_config::Bdf;
+use serde::Serialize;
+
+use crate::model::{BridgeRole, Device, DeviceKind, Link, PathKind, Topology};
+use crate::read::HostBridgeId;
+
+/// The data form of `topo` (`--format json|yaml`). `gpus` is in BDF order and
+/// `matrix[i][j]` is the `nvidia-smi topo -m` label between `gpus[i]` and `gpus[j]`.
+#[derive(Debug, Serialize)]
+pub struct TopoReport {
+    pub source: String,
+    pub gpus: Vec<GpuEntry>,
+    pub matrix: Vec<Vec<String>>,
+    /// The PCIe path label alone (what matters for the clique), even where NVLink is shown.
+    pub pcie_matrix: Vec<Vec<String>>,
+    pub nics: Vec<NicEntry>,
+    pub host_bridges: Vec<HostBridgeEntry>,
+    /// NUMA node → CPU list.
+    pub numa_nodes: BTreeMap<u32, String>,
+    /// False when only 64 bytes of config space were readable (not root).
+    pub config_complete: bool,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuEntry {
+    pub index: usize,
+    pub bdf: Bdf,
+    pub vendor: String,
+    pub device: String,
+    pub class: String,
+    pub nvidia: bool,
+    pub numa_node: Option<u32>,
+    pub cpu_affinity: Option<String>,
+    pub iommu_group: Option<u32>,
+    /// Every device in the GPU's IOMMU group (all of them go to vfio-pci together).
+    pub iommu_group_members: Vec<Bdf>,
+    pub driver: Option<String>,
+    pub host_bridge: HostBridgeId,
+    pub link: Link,
+    pub bars: Vec<crate::model::Bar>,
+    /// Sum of the 64-bit BARs: what the guest's 64-bit MMIO window must hold.
+    pub bar64_total: u64,
+    /// Bridges from the host bridge down to the GPU.
+    pub upstream: Vec<BridgeEntry>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BridgeEntry {
+    pub bdf: Bdf,
+    pub role: Option<BridgeRole>,
+    /// ACS control as `lspci` prints it; `None` without an ACS capability or when
+    /// config space was not readable (see `acs_known`).
+    pub acs: Option<String>,
+    pub acs_known: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NicEntry {
+    pub index: usize,
+    pub bdf: Bdf,
+    pub vendor: String,
+    pub device: String,
+    pub numa_node: Option<u32>,
+    pub driver: Option<String>,
+    /// Path label from this NIC to each GPU, in `gpus` order.
+    pub gpu_paths: Vec<String>,
+    /// Path label from this NIC to each NIC, in `nics` order.
+    pub nic_paths: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HostBridgeEntry {
+    pub id: HostBridgeId,
+    pub numa_node: Option<u32>,
+}
+
+impl TopoReport {
+    pub fn new(topo: &Topology) -> TopoReport {
+        let gpus: Vec<&Device> = topo.gpus().collect();
+        let nics: Vec<&Device> = nics(topo).collect();
+        let label = |a: &Device, b: &Device| topo.path(&a.bdf, &b.bdf).label();
+        TopoReport {
+            source: topo.source.clone(),
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(index, g)| GpuEntry {
+                    index,
+                    bdf: g.bdf,
+                    vendor: format!("{:#06x}", g.vendor),
+                    device: format!("{:#06x}", g.device),
+                    class: format!("{:#08x}", g.class),
+                    nvidia: g.is_nvidia_gpu(),
+                    numa_node: g.numa_node,
+                    cpu_affinity: g.local_cpulist.clone(),
+                    iommu_group: g.iommu_group,
+                    iommu_group_members: topo.group_members(&g.bdf),
+                    driver: g.driver.clone(),
+                    host_bridge: g.host_bridge,
+                    link: g.link,
+                    bars: g.bars.clone(),
+                    bar64_total: g.bar64_total(),
+                    upstream: topo
+                        .ancestors(&g.bdf)
+                        .into_iter()
+                        .map(|b| BridgeEntry {
+                            bdf: b.bdf,
+                            role: b.bridge_role(),
+                            acs: b.acs.map(|a| a.control.to_string()),
+                            acs_known: b.config_complete(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            matrix: gpus
+                .iter()
+                .map(|a| gpus.iter().map(|b| label(a, b)).collect())
+                .collect(),
+            pcie_matrix: gpus
+                .iter()
+                .map(|a| {
+                    gpus.iter()
+                        .map(|b| topo.path(&a.bdf, &b.bdf).kind.label().to_string())
+                        .collect()
+                })
+                .collect(),
+            nics: nics
+                .iter()
+                .enumerate()
+                .map(|(index, n)| NicEntry {
+                    index,
+                    bdf: n.bdf,
+                    vendor: format!("{:#06x}", n.vendor),
+                    device: format!("{:#06x}", n.device),
+                    numa_node: n.numa_node,
+                    driver: n.driver.clone(),
+                    gpu_paths: gpus.iter().map(|g| label(n, g)).collect(),
+                    nic_paths: nics.iter().map(|m| label(n, m)).collect(),
+                })
+                .collect(),
+            host_bridges: topo
+                .host_bridges
+                .iter()
+                .map(|h| HostBridgeEntry {
+                    id: h.id,
+                    numa_node: h.numa_node,
+                })
+                .collect(),
+            numa_nodes: topo.numa_nodes.clone(),
+            config_complete: !partial_config(topo),
+            warnings: topo.warnings.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+}
+
+/// Virtio network devices are VM plumbing, never GPUDirect RDMA peers.
+const VENDOR_VIRTIO: u16 = 0x1af4;
+
+/// NICs that can be GPUDirect RDMA peers, one per port's first function.
+fn nics(topo: &Topology) -> impl Iterator<Item = &Device> {
+    topo.devices
+        .values()
+        .filter(|d| d.kind == DeviceKind::Nic && d.bdf.function == 0 && d.vendor != VENDOR_VIRTIO)
+}
+
+/// Whether some device's config space stopped at the unprivileged 64 bytes.
+fn partial_config(topo: &Topology) -> bool {
+    topo.devices
+        .values()
+        .any(|d| !d.config.is_empty() && !d.config_complete())
+}
+
+/// The legend, in `nvidia-smi topo -m`'s order and words.
+fn legend() -> String {
+    let mut out = String::from("Legend:\n\n");
+    for k in [
+        PathKind::X,
+        PathKind::Sys,
+        PathKind::Node,
+        PathKind::Phb,
+        PathKind::Pxb,
+        PathKind::Pix,
+    ] {
+        let _ = writeln!(out, "  {:<4} = {}", k.label(), k.meaning());
+    }
+    out.push_str("  NV#  = Connection traversing a bonded set of # NVLinks\n");
+    out
+}
+
+/// The full text report: matrix, legend, NIC legend, PCIe tree.
+pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
+    let mut out = String::new();
+    if report.gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "No GPUs (PCI display or 3D controllers) found in {}.",
+            report.source
+        );
+    } else {
+        out.push_str(&matrix_table(report));
+        out.push_str("\n\n");
+        out.push_str(&legend());
+        if !report.nics.is_empty() {
+            out.push_str("\nNIC Legend:\n\n");
+            for n in &report.nics {
+                let drv = n.driver.as_deref().unwrap_or("no driver");
+                let _ = writeln!(out, "  NIC{}: {} ({drv})", n.index, n.bdf);
+            }
+        }
+        out.push_str("\nPCIe tree of the GPUs:\n\n");
+        out.push_str(&render_tree(topo));
+    }
+    if !report.config_complete {
+        out.push_str(
+            "\nNote: only the first 64 bytes of PCI config space were readable (not running as root): \
+             bridge roles are inferred from the tree, ACS and other capabilities are unknown (ACS ?). \
+             Run as root for the full picture.\n",
+        );
+    }
+    out
+}
+
+fn matrix_table(report: &TopoReport) -> String {
+    let names: Vec<String> = report
+        .gpus
+        .iter()
+        .map(|g| format!("GPU{}", g.index))
+        .chain(report.nics.iter().map(|n| format!("NIC{}", n.index)))
+        .collect();
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    let mut header = vec![Cell::new("")];
+    header.extend(names.iter().map(Cell::new));
+    header.push(Cell::new("CPU Affinity"));
+    header.push(Cell::new("NUMA Affinity"));
+    table.set_header(header);
+    let n_gpus = report.gpus.len();
+    let label = |i: usize, j: usize| -> String {
+        match (i < n_gpus, j < n_gpus) {
+            (true, true) => report.matrix[i][j].clone(),
+            (true, false) => report.nics[j - n_gpus].gpu_paths[i].clone(),
+            (false, true) => report.nics[i - n_gpus].gpu_paths[j].clone(),
+            (false, false) => report.nics[i - n_gpus].nic_paths[j - n_gpus].clone(),
+        }
+    };
+    for (i, name) in names.iter().enumerate() {
+        let mut row = vec![Cell::new(name)];
+        row.extend(
+            (0..names.len()).map(|j| Cell::new(label(i, j)).set_alignment(CellAlignment::Center)),
+        );
+        let (cpus, numa) = if i < n_gpus {
+            let g = &report.gpus[i];
+            (g.cpu_affinity.clone(), g.numa_node)
+        } else {
+            (None, report.nics[i - n_gpus].numa_node)
+        };
+        if i < n_gpus {
+            row.push(Cell::new(
+                cpus.filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| "N/A".into()),
+            ));
+            row.push(Cell::new(numa.map_or("N/A".into(), |n| n.to_string())));
+        }
+        table.add_row(row);
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn role_name(d: &Device) -> &'static str {
+    match d.kind {
+        DeviceKind::Bridge(BridgeRole::RootPort) => "root port",
+        DeviceKind::Bridge(BridgeRole::UpstreamPort) => "switch upstream port",
+        DeviceKind::Bridge(BridgeRole::DownstreamPort) => "switch downstream port",
+        DeviceKind::Bridge(BridgeRole::PciBridge) => "PCI bridge",
+        DeviceKind::Gpu { .. } => "GPU",
+        DeviceKind::NvSwitch => "NVSwitch",
+        DeviceKind::Nic => "NIC",
+        DeviceKind::Other => "device",
+    }
+}
+
+fn acs_text(d: &Device) -> String {
+    match (&d.acs, d.config_complete()) {
+        (Some(a), _) => format!("ACS {}", a.control),
+        (None, true) => "no ACS".into(),
+        (None, false) => "ACS ?".into(),
+    }
+}
+
+fn link_text(l: &Link) -> Option<String> {
+    let cur = match (l.current_speed, l.current_width) {
+        (Some(s), Some(w)) => format!("{s} x{w}"),
+        (Some(s), None) => s.to_string(),
+        (None, Some(w)) => format!("x{w}"),
+        (None, None) => return None,
+    };
+    match (l.max_speed, l.max_width) {
+        (ms, mw) if ms == l.current_speed && mw == l.current_width => Some(cur),
+        (Some(s), Some(w)) => Some(format!("{cur} (max {s} x{w})")),
+        _ => Some(cur),
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+/// GPUs and every bridge above them, by host bridge then parent.
+struct GpuTree<'a> {
+    topo: &'a Topology,
+    shown: BTreeSet<Bdf>,
+    gpu_index: BTreeMap<Bdf, usize>,
+}
+
+impl<'a> GpuTree<'a> {
+    fn new(topo: &'a Topology) -> Self {
+        let mut shown = BTreeSet::new();
+        let mut gpu_index = BTreeMap::new();
+        for (i, g) in topo.gpus().enumerate() {
+            gpu_index.insert(g.bdf, i);
+            shown.insert(g.bdf);
+            shown.extend(topo.ancestors(&g.bdf).iter().map(|d| d.bdf));
+        }
+        GpuTree {
+            topo,
+            shown,
+            gpu_index,
+        }
+    }
+
+    fn host_bridges(&self) -> impl Iterator<Item = &crate::model::HostBridge> {
+        self.topo
+            .host_bridges
+            .iter()
+            .filter(|h| self.children(h.id, None).next().is_some())
+    }
+
+    fn children(
+        &self,
+        hb: HostBridgeId,
+        parent: Option<Bdf>,
+    ) -> impl Iterator<Item = &'a Device> + '_ {
+        self.shown
+            .iter()
+            .filter_map(|b| self.topo.device(b))
+            .filter(move |d| d.host_bridge == hb && d.parent == parent)
+    }
+
+    fn describe(&self, d: &Device) -> String {
+        let mut s = format!("{}  ", d.bdf);
+        if let Some(i) = self.gpu_index.get(&d.bdf) {
+            let _ = write!(s, "GPU{i} [{:04x}:{:04x}]", d.vendor, d.device);
+            match d.iommu_group {
+                Some(g) => {
+                    let _ = write!(s, "  group {g}");
+                    let members = self.topo.group_members(&d.bdf).len();
+                    if members > 1 {
+                        let _ = write!(s, " ({members} devices)");
+                    }
+                }
+                None => s.push_str("  no IOMMU group"),
+            }
+            let _ = write!(s, "  driver {}", d.driver.as_deref().unwrap_or("none"));
+            if let Some(l) = link_text(&d.link) {
+                let _ = write!(s, "  {l}");
+            }
+            let bar64 = d.bar64_total();
+            if bar64 > 0 {
+                let _ = write!(s, "  64-bit BARs {}", gib(bar64));
+            }
+        } else {
+            let _ = write!(
+                s,
+                "{} [{:04x}:{:04x}]  {}",
+                role_name(d),
+                d.vendor,
+                d.device,
+                acs_text(d)
+            );
+            if let Some(l) = link_text(&d.link) {
+                let _ = write!(s, "  {l}");
+            }
+        }
+        s
+    }
+
+    fn render_below(&self, out: &mut String, hb: HostBridgeId, parent: Option<Bdf>, prefix: &str) {
+        let kids: Vec<&Device> = self.children(hb, parent).collect();
+        for (i, d) in kids.iter().enumerate() {
+            let last = i + 1 == kids.len();
+            let _ = writeln!(
+                out,
+                "{prefix}{}{}",
+                if last { "└─ " } else { "├─ " },
+                self.describe(d)
+            );
+            let deeper = format!("{prefix}{}", if last { "   " } else { "│  " });
+            self.render_below(out, hb, Some(d.bdf), &deeper);
+        }
+    }
+}
+
+fn numa_text(n: Option<u32>) -> String {
+    n.map_or("NUMA node unknown".into(), |n| format!("NUMA node {n}"))
+}
+
+/// The PCIe tree of the GPUs: host bridge → root port → switch ports → GPU.
+pub fn render_tree(topo: &Topology) -> String {
+    let tree = GpuTree::new(topo);
+    let mut out = String::new();
+    for hb in tree.host_bridges() {
+        let _ = writeln!(out, "{}  host bridge, {}", hb.id, numa_text(hb.numa_node));
+        tree.render_below(&mut out, hb.id, None, "");
+    }
+    out
+}
+
+/// Graphviz of the GPU tree, one cluster per NUMA node, with dashed edges between
+/// GPUs that share a switch (PIX/PXB) or NVLink.
+pub fn render_dot(topo: &Topology, report: &TopoReport) -> String {
+    let tree = GpuTree::new(topo);
+    let mut out = String::from(
+        "digraph pcie {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n",
+    );
+    let mut by_numa: BTreeMap<Option<u32>, Vec<&crate::model::HostBridge>> = BTreeMap::new();
+    for hb in tree.host_bridges() {
+        by_numa.entry(hb.numa_node).or_default().push(hb);
+    }
+    for (numa, hbs) in &by_numa {
+        let indent = if numa.is_some() { "    " } else { "  " };
+        if let Some(n) = numa {
+            let _ = writeln!(out, "  subgraph \"cluster_numa{n}\" {{\n    label=\"NUMA node {n}\";\n    style=rounded;");
+        }
+        for hb in hbs {
+            let _ = writeln!(
+                out,
+                "{indent}{} [label=\"{}\\nhost bridge\", shape=house];",
+                quote(&hb.id.to_string()),
+                hb.id
+            );
+            let mut stack = vec![None];
+            while let Some(parent) = stack.pop() {
+                for d in tree.children(hb.id, parent) {
+                    let label = dot_label(&tree, d);
+                    let style = if tree.gpu_index.contains_key(&d.bdf) {
+                        ", style=filled, fillcolor=\"#c8e6c9\""
+                    } else {
+                        ""
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{indent}{} [label=\"{label}\"{style}];",
+                        quote(&d.bdf.to_string())
+                    );
+                    let from = parent.map_or(hb.id.to_string(), |p| p.to_string());
+                    let _ = writeln!(
+                        out,
+                        "{indent}{} -> {};",
+                        quote(&from),
+                        quote(&d.bdf.to_string())
+                    );
+                    stack.push(Some(d.bdf));
+                }
+            }
+        }
+        if numa.is_some() {
+            out.push_str("  }\n");
+        }
+    }
+    for (i, a) in report.gpus.iter().enumerate() {
+        for (j, b) in report.gpus.iter().enumerate().skip(i + 1) {
+            let kind = topo.path(&a.bdf, &b.bdf);
+            if kind.nvlink.is_some() || kind.kind <= PathKind::Pxb {
+                let _ = writeln!(
+                    out,
+                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, label=\"{}\"];",
+                    quote(&a.bdf.to_string()),
+                    quote(&b.bdf.to_string()),
+                    report.matrix[i][j]
+                );
+            }
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn dot_label(tree: &GpuTree<'_>, d: &Device) -> String {
+    let mut lines = vec![];
+    if let Some(i) = tree.gpu_index.get(&d.bdf) {
+        lines.push(format!("GPU{i} {}", d.bdf));
+        lines.push(format!(
+            "{:04x}:{:04x} {}",
+            d.vendor,
+            d.device,
+            d.driver.as_deref().unwrap_or("no driver")
+        ));
+        lines.push(
+            d.iommu_group
+                .map_or("no IOMMU group".into(), |g| format!("IOMMU group {g}")),
+        );
+    } else {
+        lines.push(d.bdf.to_string());
+        lines.push(role_name(d).to_string());
+        lines.push(acs_text(d));
+    }
+    if let Some(l) = link_text(&d.link) {
+        lines.push(l);
+    }
+    lines
+        .iter()
+        .map(|l| l.replace('\\', "\\\\").replace('"', "\\\""))
+        .collect::<Vec<_>>()
+        .join("\\n")
+}
+
+fn quote(id: &str) -> String {
+    format!("\"{}\"", id.replace('\\', "\\\\").replace('"', "\\\""))
+}

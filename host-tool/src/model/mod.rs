@@ -1,0 +1,372 @@
+//! Model stage: the typed topology built from a [`HostRecord`].
+//!
+//! Host bridges → root ports → switch upstream/downstream ports → endpoints, with
+//! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
+
+mod path;
+
+use std::collections::BTreeMap;
+
+use pci_config::{AcsCapability, AtsCapability, Bdf, ConfigSpace, LinkSpeed, PciePortType};
+use serde::Serialize;
+
+use crate::read::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};
+
+pub use path::{GpuPath, PathKind};
+
+pub const VENDOR_NVIDIA: u16 = 0x10de;
+/// NVIDIA's NVSwitch devices are class 0x0680 ("other bridge").
+const CLASS_OTHER_BRIDGE: u32 = 0x0680;
+
+/// What a PCI function is, for P2P planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum DeviceKind {
+    /// Display (0x0300) or 3D (0x0302) controller, any vendor.
+    Gpu {
+        nvidia: bool,
+    },
+    /// An NVIDIA NVSwitch: its presence means a board-wide NVLink fabric.
+    NvSwitch,
+    /// Network controller (class 0x02): GPUDirect RDMA peers.
+    Nic,
+    /// A PCI-to-PCI bridge: root port or switch port.
+    Bridge(BridgeRole),
+    Other,
+}
+
+/// The role of a bridge in the PCIe tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BridgeRole {
+    RootPort,
+    /// A switch's upstream port: the switch itself, for path purposes.
+    UpstreamPort,
+    DownstreamPort,
+    /// PCIe-to-PCI or other legacy bridge.
+    PciBridge,
+}
+
+/// Negotiated and maximum link of a device (from sysfs, else from config space).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Link {
+    pub current_speed: Option<LinkSpeed>,
+    pub current_width: Option<u8>,
+    pub max_speed: Option<LinkSpeed>,
+    pub max_width: Option<u8>,
+}
+
+/// A BAR (resources 0..=5 of an endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Bar {
+    pub index: u8,
+    pub size: u64,
+    pub is_64bit: bool,
+    pub prefetchable: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    pub bdf: Bdf,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    pub kind: DeviceKind,
+    /// PCIe device/port type, when config space beyond 64 bytes is readable.
+    pub port_type: Option<PciePortType>,
+    /// The bridge directly above, `None` for devices on a host bridge's root bus.
+    pub parent: Option<Bdf>,
+    pub host_bridge: HostBridgeId,
+    pub numa_node: Option<u32>,
+    pub local_cpulist: Option<String>,
+    pub iommu_group: Option<u32>,
+    pub driver: Option<String>,
+    pub driver_override: Option<String>,
+    pub bars: Vec<Bar>,
+    pub link: Link,
+    pub acs: Option<AcsCapability>,
+    pub ats: Option<AtsCapability>,
+    pub reset_methods: Option<Vec<String>>,
+    /// Config space bytes as read (length tells how much was visible).
+    #[serde(skip)]
+    pub config: Vec<u8>,
+}
+
+impl Device {
+    pub fn config(&self) -> ConfigSpace<'_> {
+        ConfigSpace::new(&self.config)
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.kind, DeviceKind::Gpu { .. })
+    }
+
+    pub fn is_nvidia_gpu(&self) -> bool {
+        matches!(self.kind, DeviceKind::Gpu { nvidia: true })
+    }
+
+    pub fn bridge_role(&self) -> Option<BridgeRole> {
+        match self.kind {
+            DeviceKind::Bridge(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Sum of the 64-bit memory BARs: what must fit the guest's 64-bit MMIO window.
+    pub fn bar64_total(&self) -> u64 {
+        self.bars
+            .iter()
+            .filter(|b| b.is_64bit)
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// Whether the full config space (capabilities) was readable.
+    pub fn config_complete(&self) -> bool {
+        self.config.len() > pci_config::CONFIG_SPACE_UNPRIVILEGED
+    }
+}
+
+/// A host bridge / root complex.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostBridge {
+    pub id: HostBridgeId,
+    /// NUMA node of the devices below it (sysfs has none for the bridge itself).
+    pub numa_node: Option<u32>,
+}
+
+/// The typed topology of one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Topology {
+    pub source: String,
+    pub host_bridges: Vec<HostBridge>,
+    pub devices: BTreeMap<Bdf, Device>,
+    pub numa_nodes: BTreeMap<u32, String>,
+    pub iommu_groups: BTreeMap<u32, Vec<Bdf>>,
+    pub kernel_cmdline: Option<String>,
+    /// NVLink count between GPU pairs (key ordered low, high), when known.
+    pub nvlinks: BTreeMap<(Bdf, Bdf), u8>,
+    pub warnings: Vec<ReadWarning>,
+}
+
+impl Topology {
+    pub fn from_record(host: &HostRecord) -> Topology {
+        let mut devices: BTreeMap<Bdf, Device> = host
+            .devices
+            .iter()
+            .map(|r| (r.bdf, build_device(r)))
+            .collect();
+        infer_bridge_roles(&mut devices);
+        let mut iommu_groups: BTreeMap<u32, Vec<Bdf>> = BTreeMap::new();
+        for d in devices.values() {
+            if let Some(g) = d.iommu_group {
+                iommu_groups.entry(g).or_default().push(d.bdf);
+            }
+        }
+        let mut host_bridges: BTreeMap<HostBridgeId, HostBridge> = BTreeMap::new();
+        for d in devices.values() {
+            let hb = host_bridges.entry(d.host_bridge).or_insert(HostBridge {
+                id: d.host_bridge,
+                numa_node: None,
+            });
+            if hb.numa_node.is_none() {
+                hb.numa_node = d.numa_node;
+            }
+        }
+        Topology {
+            source: host.source.clone(),
+            host_bridges: host_bridges.into_values().collect(),
+            devices,
+            numa_nodes: host.numa_nodes.clone(),
+            iommu_groups,
+            kernel_cmdline: host.kernel_cmdline.clone(),
+            nvlinks: BTreeMap::new(),
+            warnings: host.warnings.clone(),
+        }
+    }
+
+    pub fn device(&self, bdf: &Bdf) -> Option<&Device> {
+        self.devices.get(bdf)
+    }
+
+    /// GPUs in BDF order (the order of `topo`'s matrix and JSON).
+    pub fn gpus(&self) -> impl Iterator<Item = &Device> {
+        self.devices.values().filter(|d| d.is_gpu())
+    }
+
+    pub fn nvswitches(&self) -> impl Iterator<Item = &Device> {
+        self.devices
+            .values()
+            .filter(|d| d.kind == DeviceKind::NvSwitch)
+    }
+
+    /// Bridges from the host bridge down to `bdf`'s parent, top first.
+    pub fn ancestors(&self, bdf: &Bdf) -> Vec<&Device> {
+        let mut chain = Vec::new();
+        let mut cur = self.devices.get(bdf).and_then(|d| d.parent);
+        while let Some(p) = cur {
+            let Some(dev) = self.devices.get(&p) else {
+                break;
+            };
+            if chain.len() > 64 {
+                break;
+            }
+            chain.push(dev);
+            cur = dev.parent;
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// Other functions of the same slot (a GPU's audio or USB function).
+    pub fn sibling_functions(&self, bdf: &Bdf) -> Vec<&Device> {
+        self.devices
+            .values()
+            .filter(|d| d.bdf != *bdf && d.bdf.same_slot(bdf))
+            .collect()
+    }
+
+    /// Members of `bdf`'s IOMMU group, itself included.
+    pub fn group_members(&self, bdf: &Bdf) -> Vec<Bdf> {
+        self.devices
+            .get(bdf)
+            .and_then(|d| d.iommu_group)
+            .and_then(|g| self.iommu_groups.get(&g).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Records NVLink between two GPUs (symmetric).
+    pub fn set_nvlink(&mut self, a: Bdf, b: Bdf, links: u8) {
+        let key = if a <= b { (a, b) } else { (b, a) };
+        self.nvlinks.insert(key, links);
+    }
+
+    pub fn nvlink(&self, a: &Bdf, b: &Bdf) -> Option<u8> {
+        let key = if a <= b { (*a, *b) } else { (*b, *a) };
+        self.nvlinks.get(&key).copied()
+    }
+}
+
+fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bdf>) -> DeviceKind {
+    let base = r.class >> 16;
+    let sub = (r.class >> 8) & 0xff;
+    match (base, sub) {
+        (0x03, 0x00) | (0x03, 0x02) => DeviceKind::Gpu {
+            nvidia: r.vendor == VENDOR_NVIDIA,
+        },
+        // Stand-ins and other display controllers (0x0380) are GPUs too when NVIDIA's.
+        (0x03, _) => DeviceKind::Gpu {
+            nvidia: r.vendor == VENDOR_NVIDIA,
+        },
+        (0x02, _) => DeviceKind::Nic,
+        (0x06, 0x04) | (0x06, 0x09) => DeviceKind::Bridge(match port_type {
+            Some(PciePortType::RootPort) => BridgeRole::RootPort,
+            Some(PciePortType::UpstreamPort) => BridgeRole::UpstreamPort,
+            Some(PciePortType::DownstreamPort) => BridgeRole::DownstreamPort,
+            Some(_) => BridgeRole::PciBridge,
+            // Unknown without config space: fixed up by infer_bridge_roles().
+            None if parent.is_none() => BridgeRole::RootPort,
+            None => BridgeRole::PciBridge,
+        }),
+        _ if r.class >> 8 == CLASS_OTHER_BRIDGE && r.vendor == VENDOR_NVIDIA => {
+            DeviceKind::NvSwitch
+        }
+        _ => DeviceKind::Other,
+    }
+}
+
+fn build_device(r: &DeviceRecord) -> Device {
+    let cfg = ConfigSpace::new(&r.config);
+    let pcie = cfg.pcie();
+    let parent = r.ancestors.last().copied();
+    let port_type = pcie.map(|p| p.port_type);
+    let sysfs_speed = |s: &Option<String>| s.as_deref().and_then(LinkSpeed::from_sysfs);
+    let link = Link {
+        current_speed: sysfs_speed(&r.current_link_speed).or(pcie.and_then(|p| p.current_speed)),
+        current_width: r.current_link_width.or(pcie.and_then(|p| p.current_width)),
+        max_speed: sysfs_speed(&r.max_link_speed).or(pcie.and_then(|p| p.max_speed)),
+        max_width: r.max_link_width.or(pcie.and_then(|p| p.max_width)),
+    };
+    let bars = if r.class >> 8 == 0x0604 {
+        &r.resources[..r.resources.len().min(2)]
+    } else {
+        &r.resources[..r.resources.len().min(6)]
+    };
+    let bars = bars
+        .iter()
+        .enumerate()
+        .filter(|(_, res): &(usize, &Resource)| res.is_memory() && res.size() > 0)
+        .map(|(i, res)| Bar {
+            index: i as u8,
+            size: res.size(),
+            is_64bit: res.is_64bit(),
+            prefetchable: res.is_prefetchable(),
+        })
+        .collect();
+    Device {
+        bdf: r.bdf,
+        vendor: r.vendor,
+        device: r.device,
+        class: r.class,
+        kind: classify(r, port_type, parent),
+        port_type,
+        parent,
+        host_bridge: r.host_bridge,
+        numa_node: r.numa_node,
+        local_cpulist: r.local_cpulist.clone(),
+        iommu_group: r.iommu_group,
+        driver: r.driver.clone(),
+        driver_override: r.driver_override.clone(),
+        bars,
+        link,
+        acs: cfg.acs(),
+        ats: cfg.ats(),
+        reset_methods: r.reset_method.clone(),
+        config: r.config.clone(),
+    }
+}
+
+/// Without config space (non-root), bridge roles follow from the tree shape:
+/// below a root or downstream port sits an upstream port, below that downstream ports.
+fn infer_bridge_roles(devices: &mut BTreeMap<Bdf, Device>) {
+    let bdfs: Vec<Bdf> = devices.keys().copied().collect();
+    // Parents sort before children in sysfs BDF order only per bus, so walk top-down by depth.
+    let depth = |d: &Device, all: &BTreeMap<Bdf, Device>| {
+        let mut n = 0;
+        let mut cur = d.parent;
+        while let Some(p) = cur {
+            n += 1;
+            cur = all.get(&p).and_then(|x| x.parent);
+            if n > 64 {
+                break;
+            }
+        }
+        n
+    };
+    let mut order: Vec<(usize, Bdf)> = bdfs
+        .iter()
+        .map(|b| (depth(&devices[b], devices), *b))
+        .collect();
+    order.sort();
+    for (_, bdf) in order {
+        let d = &devices[&bdf];
+        if d.port_type.is_some() || !matches!(d.kind, DeviceKind::Bridge(_)) {
+            continue;
+        }
+        let role = match d
+            .parent
+            .and_then(|p| devices.get(&p))
+            .and_then(|p| p.bridge_role())
+        {
+            None if d.parent.is_none() => BridgeRole::RootPort,
+            Some(BridgeRole::RootPort) | Some(BridgeRole::DownstreamPort) => {
+                BridgeRole::UpstreamPort
+            }
+            Some(BridgeRole::UpstreamPort) => BridgeRole::DownstreamPort,
+            _ => BridgeRole::PciBridge,
+        };
+        if let Some(d) = devices.get_mut(&bdf) {
+            d.kind = DeviceKind::Bridge(role);
+        }
+    }
+}

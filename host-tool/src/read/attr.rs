@@ -1,0 +1,108 @@
+//! Parsers for the text of sysfs attribute files. Shared by the live reader and
+//! the flat-JSON snapshot import, so both read the same way.
+
+use super::record::Resource;
+
+/// `0x10de\n` → 0x10de.
+pub fn hex_u32(text: &str) -> Option<u32> {
+    let t = text.trim();
+    let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X"))?;
+    u32::from_str_radix(digits, 16).ok()
+}
+
+pub fn hex_u16(text: &str) -> Option<u16> {
+    hex_u32(text).and_then(|v| u16::try_from(v).ok())
+}
+
+/// `numa_node`: `-1` means "no NUMA information", which is not an error.
+pub fn numa_node(text: &str) -> Result<Option<u32>, String> {
+    match text.trim().parse::<i64>() {
+        Ok(-1) => Ok(None),
+        Ok(n) if (0..=u32::MAX as i64).contains(&n) => Ok(Some(n as u32)),
+        _ => Err(format!("unexpected content {:?}", text.trim())),
+    }
+}
+
+pub fn decimal_u8(text: &str) -> Option<u8> {
+    text.trim().parse().ok()
+}
+
+/// `resource`: one `start end flags` line per BAR/window, all hex.
+pub fn resources(text: &str) -> Option<Vec<Resource>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut it = l.split_whitespace().map(hex_u64);
+            let r = Resource {
+                start: it.next()??,
+                end: it.next()??,
+                flags: it.next()??,
+            };
+            it.next().is_none().then_some(r)
+        })
+        .collect()
+}
+
+fn hex_u64(f: &str) -> Option<u64> {
+    u64::from_str_radix(f.strip_prefix("0x")?, 16).ok()
+}
+
+/// `reset_method`: space-separated names (`flr bus`), empty when none.
+pub fn reset_method(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+/// `driver_override`: `(null)` when unset.
+pub fn driver_override(text: &str) -> Option<String> {
+    let t = text.trim();
+    (!t.is_empty() && t != "(null)").then(|| t.to_string())
+}
+
+/// A CPU list such as `0-15,32-47` is kept as text, but must look like one.
+pub fn cpulist(text: &str) -> Option<String> {
+    let t = text.trim();
+    let ok = t.split(',').all(|r| {
+        let mut it = r.splitn(2, '-');
+        it.all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    (ok || t.is_empty()).then(|| t.to_string())
+}
+
+/// `current_link_speed` (`16.0 GT/s PCIe`); `Unknown` (no link) is kept as absent.
+pub fn link_speed(text: &str) -> Option<String> {
+    let t = text.trim();
+    pci_config::LinkSpeed::from_sysfs(t).map(|_| t.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sysfs_text() {
+        assert_eq!(hex_u16("0x10de\n"), Some(0x10de));
+        assert_eq!(hex_u16("10de"), None);
+        assert_eq!(hex_u16("0x110de"), None);
+        assert_eq!(hex_u32("0x030200\n"), Some(0x030200));
+        assert_eq!(numa_node("-1\n"), Ok(None));
+        assert_eq!(numa_node("1"), Ok(Some(1)));
+        assert!(numa_node("x").is_err());
+        assert_eq!(driver_override("(null)\n"), None);
+        assert_eq!(cpulist("0-15,32-47\n").as_deref(), Some("0-15,32-47"));
+        assert_eq!(cpulist("0-a"), None);
+        assert_eq!(reset_method("flr bus\n"), ["flr", "bus"]);
+        let r = resources(
+            "0x00000000fd000000 0x00000000fdffffff 0x0000000000040200\n0x0000000000000000 0x0000000000000000 0x0000000000000000\n",
+        )
+        .unwrap();
+        assert_eq!(r[0].size(), 16 << 20);
+        assert!(r[0].is_memory());
+        assert_eq!(r[1].size(), 0);
+        assert_eq!(resources("0x0 0x1"), None);
+        assert_eq!(link_speed("Unknown\n"), None);
+        assert_eq!(
+            link_speed("32.0 GT/s PCIe\n").as_deref(),
+            Some("32.0 GT/s PCIe")
+        );
+    }
+}

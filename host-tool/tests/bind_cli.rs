@@ -1,0 +1,176 @@
+//! `vfio-p2p bind|unbind` through the binary, on a sysfs tree in a temporary directory.
+//! Plain files do not react like the kernel, so these cover what happens before and
+//! instead of a kernel's reaction: refusals, dry runs, the lock, errors and rollback.
+//! The kernel's side is simulated in the library tests and real in the nested-VM lab.
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use vfio_p2p::read::read_binding;
+use vfio_p2p::synth::example;
+use vfio_p2p::vfio_bind::sim::write_tree;
+use vfio_p2p::vfio_bind::BindLock;
+
+const GPU: &str = "0000:07:00.0";
+const AUDIO: &str = "0000:07:00.1";
+
+fn host_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(&example("dual-socket-pcie").unwrap(), dir.path()).unwrap();
+    dir
+}
+
+fn cmd(root: &Path) -> Command {
+    let mut c = Command::cargo_bin("vfio-p2p").unwrap();
+    c.arg("--sysfs-root")
+        .arg(root)
+        .env_remove("VFIO_P2P_FAIL_AFTER");
+    c
+}
+
+fn driver_override(root: &Path, bdf: &str) -> Option<String> {
+    read_binding(root, bdf.parse().unwrap())
+        .unwrap()
+        .driver_override
+}
+
+#[test]
+fn dry_run_prints_the_writes_and_changes_nothing() {
+    let t = host_tree();
+    cmd(t.path())
+        .args(["bind", GPU, "--dry-run"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "{GPU}  nvidia → (dry run)  (named)  /dev/vfio/"
+        )))
+        .stdout(predicate::str::contains(format!(
+            "echo vfio-pci > /sys/bus/pci/devices/{GPU}/driver_override"
+        )))
+        .stdout(predicate::str::contains(format!(
+            "echo {AUDIO} > /sys/bus/pci/drivers_probe"
+        )))
+        .stdout(predicate::str::contains(format!("(function of {GPU})")));
+    assert_eq!(driver_override(t.path(), GPU), None);
+    assert!(!t.path().join("run/vfio-p2p").exists());
+}
+
+#[test]
+fn dry_run_json_lists_every_device() {
+    let t = host_tree();
+    let out = cmd(t.path())
+        .args(["bind", GPU, "--dry-run", "--format", "json"])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["devices"][1]["bdf"], AUDIO);
+    assert_eq!(v["devices"][1]["reason"], "other_function");
+    assert_eq!(v["devices"][1]["of"], GPU);
+    assert_eq!(v["devices"][0]["writes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn a_kernel_that_does_not_move_the_driver_is_an_error_and_rolled_back() {
+    let t = host_tree();
+    cmd(t.path())
+        .args(["bind", GPU])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(format!(
+            "{GPU}: after writing /sys/bus/pci/drivers_probe the device is on nvidia (driver_override vfio-pci), expected it bound to vfio-pci"
+        )))
+        .stderr(predicate::str::contains(format!("rolled back: {GPU} restored")));
+    assert_eq!(driver_override(t.path(), GPU), None);
+    let record = fs::read_to_string(t.path().join("run/vfio-p2p/state.json")).unwrap();
+    assert!(!record.contains(GPU), "{record}");
+}
+
+#[test]
+fn an_injected_failure_names_the_device_and_file() {
+    let t = host_tree();
+    cmd(t.path())
+        .env("VFIO_P2P_FAIL_AFTER", "1")
+        .args(["bind", GPU])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(format!(
+            "{GPU}: writing \"vfio-pci\" to /sys/bus/pci/devices/{GPU}/driver_override: injected failure of sysfs write 1"
+        )));
+    cmd(t.path())
+        .env("VFIO_P2P_FAIL_AFTER", "zero")
+        .args(["bind", GPU])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("VFIO_P2P_FAIL_AFTER=\"zero\""));
+}
+
+#[test]
+fn refusals_name_the_problem() {
+    let t = host_tree();
+    cmd(t.path())
+        .args(["bind", "0000:06:00.0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("0000:06:00.0 is a PCI bridge"));
+    cmd(t.path())
+        .args(["bind", "0000:07:00.0/../x"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is not a PCI address"));
+    let proc_dir = t.path().join("proc/77");
+    fs::create_dir_all(proc_dir.join("fd")).unwrap();
+    fs::write(proc_dir.join("comm"), "nvidia-persiste\n").unwrap();
+    std::os::unix::fs::symlink("/dev/nvidia0", proc_dir.join("fd/4")).unwrap();
+    cmd(t.path())
+        .args(["bind", GPU])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "in use on the host: nvidia-persiste (pid 77) holds /dev/nvidia0",
+        ))
+        .stderr(predicate::str::contains("--force"));
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "flat-vm", "bind", GPU])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("need a real sysfs root"));
+}
+
+#[test]
+fn a_held_lock_times_out_with_a_clear_message() {
+    let t = host_tree();
+    let _held = BindLock::acquire(t.path(), Duration::ZERO).unwrap();
+    cmd(t.path())
+        .args(["bind", GPU, "--lock-timeout", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "another vfio-p2p bind/unbind/hook is running",
+        ));
+}
+
+#[test]
+fn unbind_needs_devices_or_all() {
+    let t = host_tree();
+    cmd(t.path()).arg("unbind").assert().code(2);
+    cmd(t.path())
+        .args(["unbind", "--all"])
+        .assert()
+        .success()
+        .stdout("nothing to do\n");
+    cmd(t.path())
+        .args(["unbind", GPU])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "{GPU}  nvidia → unchanged"
+        )));
+}

@@ -1,0 +1,308 @@
+//! Checks with the real tools: libvirt's schema and QEMU argv generator, and QEMU itself.
+//! CI installs them (libvirt-clients libvirt-daemon-driver-qemu libxml2-utils
+//! qemu-system-x86); a missing tool fails the test unless VFIO_P2P_SKIP_REAL_TOOLS=1.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command as Process, Stdio};
+
+use assert_cmd::Command;
+
+/// Whether `tool` can run; panics when it can't and skipping wasn't asked for.
+fn have(tool: &str) -> bool {
+    let found = Process::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        if std::env::var("VFIO_P2P_SKIP_REAL_TOOLS").as_deref() == Ok("1") {
+            eprintln!("!!!!!!!! SKIPPING real-tool test: {tool} is not installed (VFIO_P2P_SKIP_REAL_TOOLS=1) !!!!!!!!");
+            return false;
+        }
+        panic!("{tool} is not installed: apt-get install libvirt-clients libvirt-daemon-driver-qemu libxml2-utils qemu-system-x86 (or set VFIO_P2P_SKIP_REAL_TOOLS=1 to skip)");
+    }
+    true
+}
+
+fn vfio_p2p(args: &[&str], stdin: Option<&str>) -> String {
+    let mut c = Command::cargo_bin("vfio-p2p").unwrap();
+    c.args(args);
+    if let Some(s) = stdin {
+        c.write_stdin(s);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "vfio-p2p {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn validate(path: &Path) {
+    let out = Process::new("virt-xml-validate")
+        .arg(path)
+        .arg("domain")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "virt-xml-validate {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The QEMU argv libvirt makes of `xml`, run as an unprivileged user with a session daemon.
+fn domxml_to_native(xml: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    // Session mode as nobody: TCG domain, a CPU model TCG has.
+    let xml = xml
+        .replacen("<domain type='kvm'", "<domain type='qemu'", 1)
+        .replacen("<domain type=\"kvm\"", "<domain type=\"qemu\"", 1)
+        .replace("mode='host-passthrough'", "mode='maximum'");
+    let file = dir.path().join("domain.xml");
+    std::fs::write(&file, xml).unwrap();
+    let run_as_root = is_root();
+    let mut cmd = if run_as_root {
+        let mut c = Process::new("runuser");
+        c.args(["-u", "nobody", "--", "virsh"]);
+        c
+    } else {
+        Process::new("virsh")
+    };
+    let perms = |p: &Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    perms(dir.path(), 0o777);
+    perms(&file, 0o644);
+    let d = dir.path().display().to_string();
+    let out = cmd
+        .args([
+            "-c",
+            "qemu:///session",
+            "domxml-to-native",
+            "--format",
+            "qemu-argv",
+            "--xml",
+        ])
+        .arg(&file)
+        .env("HOME", &d)
+        .env("XDG_CONFIG_HOME", format!("{d}/config"))
+        .env("XDG_CACHE_HOME", format!("{d}/cache"))
+        .env("XDG_DATA_HOME", format!("{d}/data"))
+        .env("XDG_RUNTIME_DIR", format!("{d}/run"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "virsh domxml-to-native: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn is_root() -> bool {
+    Process::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// `(id, clique)` of every vfio-pci device in a QEMU argv printed by libvirt.
+fn vfio_cliques(argv: &str) -> Vec<(String, Option<u64>)> {
+    argv.split_whitespace()
+        .filter_map(|w| {
+            let w = w.trim_matches('\'');
+            let v: serde_json::Value = serde_json::from_str(w).ok()?;
+            (v["driver"] == "vfio-pci").then(|| {
+                (
+                    v["id"].as_str().unwrap_or_default().to_string(),
+                    v["x-nv-gpudirect-clique"].as_u64(),
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn generated_domains_validate_and_carry_cliques() {
+    if !have("virt-xml-validate") || !have("virsh") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for ex in ["hgx-h100", "dual-socket-pcie", "flat-vm"] {
+        for topo in ["mirror", "flat"] {
+            let xml = vfio_p2p(
+                &[
+                    "--example",
+                    ex,
+                    "gen",
+                    "libvirt",
+                    "--guest-topology",
+                    topo,
+                    "--libvirt-version",
+                    "9.0",
+                ],
+                None,
+            );
+            let path = dir.path().join(format!("{ex}-{topo}.xml"));
+            std::fs::write(&path, &xml).unwrap();
+            validate(&path);
+            let plan: serde_json::Value = serde_json::from_str(&vfio_p2p(
+                &["--example", ex, "plan", "--format", "json"],
+                None,
+            ))
+            .unwrap();
+            let argv = domxml_to_native(&xml);
+            let got = vfio_cliques(&argv);
+            assert!(!got.is_empty(), "{ex}: no vfio-pci in {argv}");
+            let gpus: Vec<(String, Option<u64>)> = got
+                .into_iter()
+                .filter(|(id, _)| !id.contains("-fn"))
+                .collect();
+            let want: Vec<Option<u64>> = plan["assignments"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64())
+                .collect();
+            assert_eq!(
+                gpus.iter().map(|g| g.1).collect::<Vec<_>>(),
+                want,
+                "{ex} {topo}: cliques in libvirt's argv"
+            );
+        }
+    }
+    // dual-socket-pcie has cliques: make sure the test above saw some.
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "libvirt",
+            "--libvirt-version",
+            "9.0",
+        ],
+        None,
+    );
+    let argv = domxml_to_native(&xml);
+    assert!(argv.contains("\"x-nv-gpudirect-clique\":1"), "{argv}");
+}
+
+#[test]
+fn patched_domain_validates_and_carries_cliques() {
+    if !have("virt-xml-validate") || !have("virsh") {
+        return;
+    }
+    let existing = include_str!("../../tests/fixtures/libvirt/existing-domain.xml");
+    let dir = tempfile::tempdir().unwrap();
+    let before = dir.path().join("before.xml");
+    std::fs::write(&before, existing).unwrap();
+    validate(&before);
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "libvirt",
+            "patch",
+            "--libvirt-version",
+            "9.0",
+            "-",
+        ],
+        Some(existing),
+    );
+    let after = dir.path().join("after.xml");
+    std::fs::write(&after, &xml).unwrap();
+    validate(&after);
+    let got = vfio_cliques(&domxml_to_native(&xml));
+    assert_eq!(
+        got,
+        vec![
+            ("ua-gpu-0000-07-00-0".to_string(), Some(0)),
+            ("ua-second".to_string(), Some(0)),
+            // Alone on its socket: no peer, no clique.
+            ("ua-gpu-0000-87-00-0".to_string(), None),
+        ]
+    );
+}
+
+#[test]
+fn qemu_accepts_the_generated_machine() {
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    for ex in ["hgx-h100", "dual-socket-pcie", "flat-vm"] {
+        for topo in ["mirror", "flat"] {
+            let argv: Vec<String> = serde_json::from_str(&vfio_p2p(
+                &[
+                    "--example",
+                    ex,
+                    "gen",
+                    "qemu",
+                    "--format",
+                    "json",
+                    "--guest-topology",
+                    topo,
+                ],
+                None,
+            ))
+            .unwrap();
+            // Everything but the vfio-pci devices (no GPUs here), under TCG.
+            let mut args: Vec<String> = Vec::new();
+            for pair in argv[1..].chunks(2) {
+                let (k, v) = (&pair[0], &pair[1]);
+                if k == "-device" && v.contains("\"vfio-pci\"") {
+                    continue;
+                }
+                let v = match k.as_str() {
+                    "-machine" => "q35,accel=tcg".to_string(),
+                    "-cpu" => "max,phys-bits=46".to_string(),
+                    _ => v.clone(),
+                };
+                args.push(k.clone());
+                args.push(v);
+            }
+            let mut child = Process::new("timeout")
+                .args([
+                    "300",
+                    "qemu-system-x86_64",
+                    "-S",
+                    "-display",
+                    "none",
+                    "-nodefaults",
+                    "-qmp",
+                    "stdio",
+                ])
+                .args(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(
+                    b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-pci\"}\n{\"execute\":\"quit\"}\n",
+                )
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{ex} {topo}: qemu refused the machine: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                argv.iter().any(|a| a.contains("pcie-root-port")),
+                "{ex} {topo}: no root port generated"
+            );
+            assert!(stdout.contains("\"return\""), "{ex} {topo}: {stdout}");
+        }
+    }
+}
