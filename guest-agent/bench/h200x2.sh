@@ -2,7 +2,8 @@
 # The benchmark run of issue 6 on the GPU machine (nvidia-h200-x2), with the NCCL
 # topology check of issue 4 in the same run:
 # - the pair-selecting copy of the reference probe (p2p_lat.cu beside this script),
-#   compiled with nvcc, 3 processes for each direction (0→1, 1→0);
+#   compiled with nvcc, 3 processes for each direction (0→1, 1→0), collected per
+#   direction in reference-0-1.txt and reference-1-0.txt;
 # - the agent: scan, peers, verify, `report --format json` 3 times (3 processes; the
 #   one with the median one-way latency becomes report.json) and `report --quick`
 #   once, each with its wall-clock time;
@@ -53,6 +54,10 @@ if nvcc -O2 -arch=sm_90 -o /tmp/p2p_lat "$PROBE" >"$OUT/nvcc.txt" 2>&1; then
         for i in $(seq 1 "$RUNS"); do
             timed "reference-${dir/ /-}-$i.txt" /tmp/p2p_lat $dir
         done
+        for i in $(seq 1 "$RUNS"); do
+            echo "== p2p_lat $dir (guest-agent/bench/p2p_lat.cu), process $i"
+            cat "$OUT/reference-${dir/ /-}-$i.txt"
+        done >"$OUT/reference-${dir/ /-}.txt"
     done
 fi
 
@@ -67,7 +72,8 @@ timed report-quick.json "$AGENT" report --quick --format json
 timed nccl-check.txt "$NCCL_CHECK" "$NCCL_TOPO"
 
 # The median run (by the mean over pairs of the one-way latency medians) is report.json;
-# summary.txt has one-way and pointer-chase latencies of every process, agent and probe.
+# summary.txt has one-way and pointer-chase latencies of every process, agent and probe,
+# the ping-pong flag addresses of both, and the agent's one-way latency at other places.
 python3 - "$OUT" "$RUNS" <<'PY' >"$OUT/summary.txt" 2>&1
 import glob, json, os, re, shutil, statistics, sys
 out, runs = sys.argv[1], int(sys.argv[2])
@@ -82,10 +88,13 @@ for d in ("0-1", "1-0"):
         m = lambda k: float(re.search(k + r": ([0-9.]+) us", text).group(1))
         ow = m("pingpong one-way latency")
         ows.append(ow)
-        print(f"  {d} #{i}: {ow:.3f}  {m('remote read pointer-chase latency'):.3f}  {m('local read pointer-chase latency'):.3f}")
+        flags = re.search(r"pingpong flag addresses: (.*)", text)
+        print(f"  {d} #{i}: {ow:.3f}  {m('remote read pointer-chase latency'):.3f}  {m('local read pointer-chase latency'):.3f}"
+              f"  flags {flags.group(1) if flags else '?'}")
     if ows:
         print(f"  {d} median {statistics.median(ows):.3f} min {min(ows):.3f} max {max(ows):.3f}")
-print("agent report (one process per line, per pair): one-way median [min-max] µs, remote chase µs")
+print("agent report (one process per line, per pair): one-way median [min-max] µs, remote chase µs,"
+      " flags; other flag places [min-max] µs")
 scored = []
 for i in range(1, runs + 1):
     try:
@@ -101,7 +110,12 @@ for i in range(1, runs + 1):
             continue
         lat.append(ow["median"])
         print(f"  #{i} {p['src']}->{p['dst']}: {ow['median']:.3f} [{ow['min']:.3f}-{ow['max']:.3f}]"
-              f"  {b['remote_read_latency_us']['median']:.3f}  samples {' '.join(f'{x:.3f}' for x in ow['samples'])}")
+              f"  {b['remote_read_latency_us']['median']:.3f}  flags {' '.join(b.get('pingpong_flag_addresses') or ['?'])}"
+              f"  samples {' '.join(f'{x:.3f}' for x in ow['samples'])}")
+        pos = (b.get("pingpong_position_spread") or {}).get("one_way_latency_us")
+        if pos:
+            print(f"      other places [{pos['min']:.3f}-{pos['max']:.3f}]"
+                  f"  samples {' '.join(f'{x:.3f}' for x in pos['samples'])}")
     if lat:
         scored.append((sum(lat) / len(lat), i))
 if scored:

@@ -1,11 +1,13 @@
 // P2P latency/bandwidth probe of vfio-p2p's benchmark run (guest-agent/bench/h200x2.sh).
 //
 // A copy of the team's reference probe (../shared/reference/p2p_lat.cu, REFERENCE.md §5)
-// whose one change is that argv picks the ordered pair: `p2p_lat [SRC DST]` (CUDA
-// ordinals, default 0 1). Every "0" of the original is SRC and every "1" is DST; the
-// kernels, sizes, iteration counts, warm-ups and event timing are the original's, so its
-// figures stay comparable with the reference results and with the agent's. With no
-// arguments it measures exactly what the original measures.
+// with two changes. argv picks the ordered pair: `p2p_lat [SRC DST]` (CUDA ordinals,
+// default 0 1); every "0" of the original is SRC and every "1" is DST. And its last line
+// prints the device addresses of the two ping-pong flags, after every measurement, to
+// compare with the agent's `pingpong_flag_addresses`. The kernels, sizes, iteration
+// counts, warm-ups, allocation order and event timing are the original's, so its figures
+// stay comparable with the reference results and with the agent's. With no arguments it
+// measures exactly what the original measures.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -44,4 +46,5 @@ int main(int argc, char** argv){
   cudaSetDevice(S); cudaDeviceDisablePeerAccess(D); cudaSetDevice(D); cudaDeviceDisablePeerAccess(S); cudaSetDevice(S);
   cudaEventRecord(s,st); for(int k=0;k<10;k++) cudaMemcpyPeerAsync(b1,D,b0,S,B,st); cudaEventRecord(e,st); cudaEventSynchronize(e); cudaEventElapsedTime(&ms,s,e); printf("uni bw %d->%d peer disabled: %.1f GB/s\n", S, D, 10.0*B/(ms/1e3)/1e9);
   cudaEventRecord(s,st); for(int k=0;k<10000;k++) cudaMemcpyPeerAsync(a1,D,a0,S,4,st); cudaEventRecord(e,st); cudaEventSynchronize(e); cudaEventElapsedTime(&ms,s,e); printf("memcpyPeerAsync 4B per-copy peer disabled: %.3f us\n", ms*1e3/10000);
+  printf("pingpong flag addresses: %p %p\n", (void*)f0, (void*)f1);
   return 0; }
