@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use super::bind::{change_root, writer};
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
-use crate::hook::check::findings;
+use crate::hook::check::{findings, reserved_findings};
 use crate::hook::domain;
 use crate::read::read_host;
 use crate::vfio_bind::{self, BindOptions, BindState, SessionOptions, UnbindSelection};
@@ -168,6 +168,10 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
         &read_host(root).with_context(|| format!("reading the host below {}", root.display()))?,
     );
     super::plan::apply_nvlink(&mut topo, &config, &[])?;
+    let taken_from_host = reserved_findings(&topo, &facts, &config.reserved);
+    if !taken_from_host.is_empty() {
+        return refuse(guest, &taken_from_host.join("; "));
+    }
     let problems = findings(&topo, &facts, &config);
     if config.hook_policy == HookPolicy::Deny && !problems.is_empty() {
         return refuse(guest, &problems.join("; "));

@@ -13,7 +13,8 @@ use crate::model::Topology;
 
 /// Hostdevs that would take a device the host keeps (`reserved` in host.yaml): the device
 /// itself, or another member of its IOMMU group, since VFIO hands a group over whole.
-fn reserved_findings(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf]) -> Vec<String> {
+/// Always fatal, whatever `hook_policy` says: starting would unbind a device the host uses.
+pub fn reserved_findings(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf]) -> Vec<String> {
     let mut out = Vec::new();
     for h in &facts.hostdevs {
         if reserved.contains(&h.bdf) {
@@ -39,7 +40,7 @@ fn reserved_findings(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf]) -> 
 /// policy or will keep P2P from working in the guest, one sentence each (empty: all good).
 pub fn findings(topo: &Topology, facts: &DomainFacts, host: &HostConfig) -> Vec<String> {
     let p2p_level = host.p2p_level;
-    let mut out = reserved_findings(topo, facts, &host.reserved);
+    let mut out = Vec::new();
     let mut gpus: BTreeMap<Bdf, Option<&str>> = BTreeMap::new();
     for h in &facts.hostdevs {
         match topo.device(&h.bdf) {
