@@ -7,7 +7,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, Module, Param, Stream};
-use crate::kernels::{chase_next, Kernel};
+use crate::kernels::{chase_next, Kernel, POLLS_PER_CHECK};
 use crate::stats::Stat;
 
 /// How much to measure.
@@ -15,6 +15,16 @@ use crate::stats::Stat;
 pub struct Plan {
     /// Kept rounds of each measurement (after one warm-up).
     pub samples: usize,
+    /// Kept rounds of the ping-pong (after one warm-up), all with the flags placed
+    /// like the reference probe's (see [`PingPongFlags`]). Absent (0) in reports of the
+    /// first agent, whose ping-pong took `samples` rounds.
+    #[serde(default)]
+    pub pingpong_samples: usize,
+    /// Other flag places sampled after those rounds, one round each (see
+    /// [`flag_offset`]), to show how much the placement moves the figure. Absent (0)
+    /// in reports of earlier agents.
+    #[serde(default)]
+    pub pingpong_positions: usize,
     pub pingpong_iters: u32,
     pub chase_steps: u32,
     /// Words of the pointer-chase array (a power of two).
@@ -30,6 +40,8 @@ impl Plan {
     /// The reference probe's sizes.
     pub const FULL: Plan = Plan {
         samples: 5,
+        pingpong_samples: 9,
+        pingpong_positions: 5,
         pingpong_iters: 100_000,
         chase_steps: 20_000,
         chase_words: 1 << 22,
@@ -42,6 +54,8 @@ impl Plan {
 
     pub const QUICK: Plan = Plan {
         samples: 3,
+        pingpong_samples: 5,
+        pingpong_positions: 3,
         pingpong_iters: 10_000,
         chase_steps: 5_000,
         chase_words: 1 << 22,
@@ -57,7 +71,11 @@ impl Plan {
 }
 
 /// Polls of a flag before a ping-pong kernel gives up (seconds, at any link speed).
-const SPIN_LIMIT: u64 = 1 << 24;
+const POLL_LIMIT: u64 = 1 << 24;
+/// Distance between the other flag places sampled after the reference rounds: a
+/// 128 KiB step plus one 128-byte line, so that both the low and the high address
+/// bits that pick an L2 slice change from place to place.
+const FLAG_STRIDE: usize = (128 << 10) + 128;
 const COPY_BLOCK: u32 = 512;
 
 /// Everything measured for `src` → `dst`.
@@ -66,8 +84,17 @@ pub struct PairBench {
     pub src: Bdf,
     pub dst: Bdf,
     pub plan: Plan,
-    /// One-way latency of a flag write, from a ping-pong (µs). Needs access both ways.
+    /// One-way latency of a flag write, from a ping-pong with the flags placed like
+    /// the reference probe's (µs), a sample per round. Needs access both ways.
     pub one_way_latency_us: Option<Stat>,
+    /// Device addresses of those flags, `[on src, on dst]`, to compare with the
+    /// addresses the reference probe prints.
+    #[serde(default)]
+    pub pingpong_flag_addresses: Option<[String; 2]>,
+    /// The same ping-pong with the flags at other places, one round each: how much
+    /// the one-way latency depends on where the flags lie.
+    #[serde(default)]
+    pub pingpong_position_spread: Option<PositionSpread>,
     /// A ping-pong kernel gave up waiting: a write never arrived.
     pub pingpong_timed_out: bool,
     /// Dependent loads from `dst`'s memory by a kernel on `src` (µs per load).
@@ -87,8 +114,58 @@ pub struct PairBench {
     pub disabled_memcpy_latency_us: Stat,
 }
 
+/// One-way latency with the ping-pong flags at other places than the reference's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionSpread {
+    /// Byte offset of each place's flags (the same on both GPUs) in a pair of buffers
+    /// allocated after the reference flags and the other buffers of earlier pairs.
+    pub offsets: Vec<u64>,
+    /// One round at each place, in the order of `offsets` (µs).
+    pub one_way_latency_us: Stat,
+}
+
 /// A GPU with its module, as the benchmark needs them.
 pub type Side<'a, 'g> = (&'g Gpu, &'a Module<'g>);
+
+/// The ping-pong flags, placed like the reference probe's: each GPU's flag is a
+/// 4-byte allocation of its own, the first of its context.
+///
+/// The ping-pong latency depends on where the flags lie (most likely on which L2 slice,
+/// near or far from the polling SM, holds their line): flags at other places of the
+/// same two H200s measured 0.58–0.77 µs, each place steady to 0.1 %, where the probe's
+/// flags gave 0.613–0.614 µs in every process. The probe enables peer access, then
+/// takes `cudaMalloc(4)` on each GPU before anything else (its kernels load lazily, at
+/// their first launch), so the agent does the same: this is made right after peer
+/// access is enabled and before the module is loaded or any other buffer is allocated.
+/// Every ordered pair uses the flags of its two GPUs, as the probe does in both
+/// directions.
+pub struct PingPongFlags<'g> {
+    flags: Vec<DeviceBuffer<'g>>,
+}
+
+impl<'g> PingPongFlags<'g> {
+    /// One zeroed 4-byte flag on each GPU; call before anything else allocates there.
+    pub fn allocate(gpus: &'g [Gpu]) -> Result<Self, CudaError> {
+        let flags = gpus
+            .iter()
+            .map(|g| DeviceBuffer::words(g, 1, 0))
+            .collect::<Result<_, _>>()?;
+        Ok(PingPongFlags { flags })
+    }
+
+    /// The flag on `gpu`.
+    fn on(&self, gpu: &Gpu) -> &DeviceBuffer<'g> {
+        self.flags
+            .iter()
+            .find(|f| f.gpu().bus_id == gpu.bus_id)
+            .expect("flags are allocated on every GPU the pairs come from")
+    }
+}
+
+/// Byte offset of the `place`-th other flag place (see [`PositionSpread`]).
+pub fn flag_offset(place: usize) -> usize {
+    place * FLAG_STRIDE
+}
 
 /// Runs `rounds` timed rounds (plus a warm-up), each returning one sample.
 fn sampled(
@@ -121,6 +198,7 @@ fn timed(
 pub fn bench_pair(
     (src, src_mod): Side<'_, '_>,
     (dst, dst_mod): Side<'_, '_>,
+    flags: &PingPongFlags<'_>,
     both_ways: bool,
     plan: &Plan,
     step: &dyn Fn(&str),
@@ -128,11 +206,17 @@ pub fn bench_pair(
     let sa = Stream::new(src)?;
     let sb = Stream::new(dst)?;
 
-    let (one_way_latency_us, pingpong_timed_out) = if both_ways {
-        let (s, t) = pingpong((src, src_mod, &sa), (dst, dst_mod, &sb), plan)?;
-        (Some(s), t)
+    let pp = if both_ways {
+        let pp = PingPong {
+            src: (src, src_mod, &sa),
+            dst: (dst, dst_mod, &sb),
+            stop_a: DeviceBuffer::words(src, 1, 0)?,
+            stop_b: DeviceBuffer::words(dst, 1, 0)?,
+            iters: plan.pingpong_iters,
+        };
+        pp.run((flags.on(src), flags.on(dst)), plan)?
     } else {
-        (None, false)
+        PingPongResult::default()
     };
     step("one-way latency");
 
@@ -272,8 +356,10 @@ pub fn bench_pair(
         src: src.bus_id,
         dst: dst.bus_id,
         plan: *plan,
-        one_way_latency_us,
-        pingpong_timed_out,
+        one_way_latency_us: pp.reference,
+        pingpong_flag_addresses: pp.flag_addresses,
+        pingpong_position_spread: pp.positions,
+        pingpong_timed_out: pp.timed_out,
         remote_read_latency_us,
         local_read_latency_us,
         memcpy_latency_us,
@@ -286,38 +372,184 @@ pub fn bench_pair(
 }
 
 /// Flag ping-pong between a kernel on each GPU; each polls its own memory and
-/// writes the other's, so one round trip is two one-way writes.
-fn pingpong(
-    (src, src_mod, sa): (&Gpu, &Module<'_>, &Stream<'_>),
-    (dst, dst_mod, sb): (&Gpu, &Module<'_>, &Stream<'_>),
-    plan: &Plan,
-) -> Result<(Stat, bool), CudaError> {
-    let flag_a = DeviceBuffer::words(src, 2, 0)?;
-    let flag_b = DeviceBuffer::words(dst, 2, 0)?;
-    let iters = plan.pingpong_iters;
-    let mut timed_out = false;
-    let stat = sampled(plan.samples, || {
-        flag_a.fill_u32(0)?;
-        flag_b.fill_u32(0)?;
-        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>| {
+/// writes the other's, so one round trip is two one-way writes. Timed like the
+/// reference probe: CUDA events on `src`'s stream around the ping kernel, the pong
+/// kernel already queued on `dst`.
+struct PingPong<'a, 'g> {
+    src: (&'g Gpu, &'a Module<'g>, &'a Stream<'g>),
+    dst: (&'g Gpu, &'a Module<'g>, &'a Stream<'g>),
+    /// Set by a kernel that gave up waiting for its flag.
+    stop_a: DeviceBuffer<'g>,
+    stop_b: DeviceBuffer<'g>,
+    iters: u32,
+}
+
+#[derive(Default)]
+struct PingPongResult {
+    reference: Option<Stat>,
+    flag_addresses: Option<[String; 2]>,
+    positions: Option<PositionSpread>,
+    timed_out: bool,
+}
+
+impl PingPong<'_, '_> {
+    /// A warm-up and `plan.pingpong_samples` rounds with the reference flags, then one
+    /// round at each of `plan.pingpong_positions` other places. Stops at the first
+    /// round that timed out.
+    fn run(
+        &self,
+        (flag_a, flag_b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
+        plan: &Plan,
+    ) -> Result<PingPongResult, CudaError> {
+        let mut out = PingPongResult {
+            flag_addresses: Some([flag_a.ptr(), flag_b.ptr()].map(|p| format!("{p:#x}"))),
+            ..PingPongResult::default()
+        };
+        let mut samples = Vec::with_capacity(plan.pingpong_samples);
+        for round in 0..=plan.pingpong_samples {
+            let Some(us) = self.round((flag_a, flag_b), 0)? else {
+                out.reference = Stat::of(samples);
+                out.timed_out = true;
+                return Ok(out);
+            };
+            // Round 0 is the warm-up.
+            if round > 0 {
+                samples.push(us);
+            }
+        }
+        out.reference = Stat::of(samples);
+        if plan.pingpong_positions == 0 {
+            return Ok(out);
+        }
+        let bytes = flag_offset(plan.pingpong_positions - 1) + 4;
+        let places_a = DeviceBuffer::new(self.src.0, bytes)?;
+        let places_b = DeviceBuffer::new(self.dst.0, bytes)?;
+        let offsets: Vec<u64> = (0..plan.pingpong_positions)
+            .map(|p| flag_offset(p) as u64)
+            .collect();
+        let mut at_places = Vec::with_capacity(offsets.len());
+        for &at in &offsets {
+            match self.round((&places_a, &places_b), at)? {
+                Some(us) => at_places.push(us),
+                None => {
+                    out.timed_out = true;
+                    break;
+                }
+            }
+        }
+        out.positions = Stat::of(at_places).map(|one_way_latency_us| PositionSpread {
+            offsets: offsets[..one_way_latency_us.samples.len()].to_vec(),
+            one_way_latency_us,
+        });
+        Ok(out)
+    }
+
+    /// One round with the flags `at` bytes into `a` (on src) and `b` (on dst), which
+    /// are zeroed first: the one-way latency (µs), or `None` if a kernel gave up.
+    fn round(
+        &self,
+        (a, b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
+        at: u64,
+    ) -> Result<Option<f64>, CudaError> {
+        let (src_mod, sa) = (self.src.1, self.src.2);
+        let (dst_mod, sb) = (self.dst.1, self.dst.2);
+        a.fill_u32(0)?;
+        b.fill_u32(0)?;
+        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>, stop: &DeviceBuffer<'_>| {
             [
-                Param::U64(my.ptr()),
-                Param::U64(peer.ptr()),
-                Param::U32(iters),
-                Param::U64(SPIN_LIMIT),
-                Param::U64(my.ptr() + 4),
+                Param::U64(my.ptr() + at),
+                Param::U64(peer.ptr() + at),
+                Param::U32(self.iters),
+                Param::U64(POLL_LIMIT / POLLS_PER_CHECK),
+                Param::U64(stop.ptr()),
             ]
         };
-        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(&flag_b, &flag_a))?;
+        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(b, a, &self.stop_b))?;
         let ms = timed(sa, || {
-            src_mod.launch(Kernel::Ping, 1, 1, sa, &args(&flag_a, &flag_b))
+            src_mod.launch(Kernel::Ping, 1, 1, sa, &args(a, b, &self.stop_a))
         })?;
         sb.synchronize()?;
-        let (mut a, mut b) = ([0u32; 2], [0u32; 2]);
-        flag_a.download(&mut a)?;
-        flag_b.download(&mut b)?;
-        timed_out |= a[1] != 0 || b[1] != 0;
-        Ok(ms * 1e3 / iters as f64 / 2.0)
-    })?;
-    Ok((stat, timed_out))
+        let (mut x, mut y) = ([0u32], [0u32]);
+        self.stop_a.download(&mut x)?;
+        self.stop_b.download(&mut y)?;
+        if x[0] != 0 || y[0] != 0 {
+            return Ok(None);
+        }
+        Ok(Some(ms * 1e3 / self.iters as f64 / 2.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(v: &[f64]) -> Stat {
+        Stat::of(v.to_vec()).unwrap()
+    }
+
+    fn pair_bench() -> PairBench {
+        PairBench {
+            src: "0000:00:06.0".parse().unwrap(),
+            dst: "0000:00:07.0".parse().unwrap(),
+            plan: Plan::QUICK,
+            one_way_latency_us: Some(stat(&[0.614, 0.613, 0.614])),
+            pingpong_flag_addresses: Some(["0x7f0000000000".into(), "0x7f0000200000".into()]),
+            pingpong_position_spread: Some(PositionSpread {
+                offsets: (0..3).map(|p| flag_offset(p) as u64).collect(),
+                one_way_latency_us: stat(&[0.68, 0.61, 0.73]),
+            }),
+            pingpong_timed_out: false,
+            remote_read_latency_us: stat(&[0.85]),
+            local_read_latency_us: stat(&[0.19]),
+            memcpy_latency_us: stat(&[1.6]),
+            ce_bandwidth_gbps: stat(&[395.0]),
+            ce_bidir_bandwidth_gbps: stat(&[780.0]),
+            sm_copy_bandwidth_gbps: stat(&[368.0]),
+            disabled_bandwidth_gbps: stat(&[37.0]),
+            disabled_memcpy_latency_us: stat(&[18.5]),
+        }
+    }
+
+    #[test]
+    fn reports_of_earlier_agents_load_without_the_placement_fields() {
+        let mut v = serde_json::to_value(pair_bench()).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("pingpong_flag_addresses");
+        o.remove("pingpong_position_spread");
+        o["plan"]
+            .as_object_mut()
+            .unwrap()
+            .remove("pingpong_positions");
+        let b: PairBench = serde_json::from_value(v).unwrap();
+        assert_eq!(b.pingpong_flag_addresses, None);
+        assert_eq!(b.pingpong_position_spread, None);
+        assert_eq!(b.plan.pingpong_positions, 0);
+        assert_eq!(b.one_way_latency_us, pair_bench().one_way_latency_us);
+    }
+
+    #[test]
+    fn placement_fields_are_in_the_json() {
+        let v = serde_json::to_value(pair_bench()).unwrap();
+        assert_eq!(v["pingpong_flag_addresses"][1], "0x7f0000200000");
+        let spread = &v["pingpong_position_spread"];
+        assert_eq!(spread["offsets"][1], FLAG_STRIDE as u64);
+        assert_eq!(spread["one_way_latency_us"]["min"], 0.61);
+        assert_eq!(spread["one_way_latency_us"]["max"], 0.73);
+        assert_eq!(v["plan"]["pingpong_positions"], 3);
+    }
+
+    #[test]
+    fn other_flag_places_move_both_line_and_high_address_bits() {
+        let places: Vec<usize> = (0..Plan::FULL.pingpong_positions)
+            .map(flag_offset)
+            .collect();
+        assert_eq!(places[0], 0);
+        for (k, w) in places.windows(2).enumerate() {
+            assert_eq!(w[1] - w[0], FLAG_STRIDE);
+            // Each place is on its own 128-byte line and in its own 128 KiB block.
+            assert_eq!(w[1] % 128, 0);
+            assert_eq!(w[1] / 128 % 1024, k + 1);
+            assert_eq!(w[1] >> 17, k + 1);
+        }
+    }
 }

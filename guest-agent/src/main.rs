@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use vfio_p2p_agent::bench::{self, Plan};
+use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
@@ -200,10 +200,11 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         Command::Bench { quick } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
             let gpus = open_gpus()?;
-            let modules = load_modules(&gpus)?;
             let pairs = peers::probe(&gpus, None)?;
+            let flags = PingPongFlags::allocate(&gpus)?;
+            let modules = load_modules(&gpus)?;
             let mut reports = pair_reports(&pairs, None, in_vm());
-            let results = run_bench(&gpus, &modules, &mut reports, &plan)?;
+            let results = run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
             emit(f, &results, |r| render::bench(r))?;
             let timed_out = results.iter().any(|b| b.pingpong_timed_out);
             Ok(u8::from(timed_out))
@@ -231,15 +232,16 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                 _ => None,
             };
             let gpus = open_gpus()?;
-            let modules = load_modules(&gpus)?;
             let nvml = Nvml::open();
             let vm = in_vm();
             let pairs = peers::probe(&gpus, nvml.as_ref())?;
+            let flags = PingPongFlags::allocate(&gpus)?;
+            let modules = load_modules(&gpus)?;
             let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
             let words = if *quick { 2 << 20 } else { 16 << 20 };
             run_verify(&gpus, &modules, &mut reports, words)?;
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
-            run_bench(&gpus, &modules, &mut reports, &plan)?;
+            run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
             let mut r = Report {
                 agent_version: env!("CARGO_PKG_VERSION").into(),
                 host: HostInfo {
@@ -379,6 +381,7 @@ fn progress(total: u64) -> ProgressBar {
 fn run_bench(
     gpus: &[Gpu],
     modules: &[Module<'_>],
+    flags: &PingPongFlags<'_>,
     reports: &mut [PairReport],
     plan: &Plan,
 ) -> Result<Vec<bench::PairBench>> {
@@ -400,6 +403,7 @@ fn run_bench(
         let b = bench::bench_pair(
             (&gpus[s], &modules[s]),
             (&gpus[d], &modules[d]),
+            flags,
             both_ways,
             plan,
             &step,

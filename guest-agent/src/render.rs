@@ -158,10 +158,15 @@ fn stat(s: &Stat, digits: usize) -> String {
     format!("{:.*} ±{:.0}%", digits, s.median, s.spread_pct / 2.0)
 }
 
+fn range(s: &Stat, digits: usize) -> String {
+    format!("{:.*}–{:.*}", digits, s.min, digits, s.max)
+}
+
 pub fn bench(results: &[PairBench]) -> String {
     let mut t = table(&[
         "src → dst",
         "one-way µs",
+        "other flag places µs",
         "remote read µs",
         "local read µs",
         "memcpy 4B µs",
@@ -177,6 +182,9 @@ pub fn bench(results: &[PairBench]) -> String {
             b.one_way_latency_us
                 .as_ref()
                 .map_or_else(|| "-".into(), |s| stat(s, 3)),
+            b.pingpong_position_spread
+                .as_ref()
+                .map_or_else(|| "-".into(), |p| range(&p.one_way_latency_us, 3)),
             stat(&b.remote_read_latency_us, 3),
             stat(&b.local_read_latency_us, 3),
             stat(&b.memcpy_latency_us, 2),
@@ -187,9 +195,14 @@ pub fn bench(results: &[PairBench]) -> String {
             stat(&b.disabled_memcpy_latency_us, 2),
         ]);
     }
+    let plan = results.first().map(|b| b.plan);
     format!(
-        "{t}\nmedian of {} samples each, ± half the spread; GB/s = 10^9 bytes/s\n",
-        results.first().map_or(0, |b| b.plan.samples)
+        "{t}\nmedian of {} samples each ({} for the one-way latency, its flags placed like \
+         the reference probe's), ± half the spread; other flag places: fastest–slowest of \
+         one round at each of {}; GB/s = 10^9 bytes/s\n",
+        plan.map_or(0, |p| p.samples),
+        plan.map_or(0, |p| p.pingpong_samples),
+        plan.map_or(0, |p| p.pingpong_positions)
     )
 }
 

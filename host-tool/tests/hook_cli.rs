@@ -18,9 +18,10 @@ fn host_tree() -> tempfile::TempDir {
     dir
 }
 
+/// Writes `ROOT/etc/vfio-p2p/host.yaml`, where the hook reads its policy.
 fn set_policy(root: &Path, yaml: &str) {
     fs::create_dir_all(root.join("etc/vfio-p2p")).unwrap();
-    fs::write(root.join("etc/vfio-p2p/hook.yaml"), yaml).unwrap();
+    fs::write(root.join("etc/vfio-p2p/host.yaml"), yaml).unwrap();
 }
 
 struct Gpu<'a> {
@@ -82,7 +83,7 @@ fn hook(root: &Path, op: &str, sub: &str, xml: &str) -> assert_cmd::assert::Asse
 #[test]
 fn other_operations_do_nothing_and_print_nothing() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     for (op, sub) in [
         ("start", "begin"),
         ("started", "begin"),
@@ -101,7 +102,7 @@ fn other_operations_do_nothing_and_print_nothing() {
 #[test]
 fn a_correct_domain_starts_quietly_and_fast() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let xml = domain(
         &[
             gpu(0x07, "ua-gpu0", Some(0)),
@@ -133,7 +134,7 @@ fn a_missing_clique_warns_by_default_and_denies_on_request() {
             "vfio-p2p hook: vm1: warning: 0000:08:00.0 has no x-nv-gpudirect-clique but reaches 0000:07:00.0 over PCIe P2P (plan: clique 0)",
         ))
         .stderr(predicate::str::contains("<qemu:device alias='ua-gpu1'>"));
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let out = hook(t.path(), "prepare", "begin", &xml)
         .code(1)
         .stdout("")
@@ -155,7 +156,7 @@ fn a_missing_clique_warns_by_default_and_denies_on_request() {
 #[test]
 fn a_clique_across_sockets_is_denied() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let xml = domain(
         &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x87, "ua-gpu1", Some(0))],
         "",
@@ -167,14 +168,14 @@ fn a_clique_across_sockets_is_denied() {
         ))
         .stderr(predicate::str::contains("put them in different cliques"));
     // Allowed when the operator raises the level (and the path then is what they accept).
-    set_policy(t.path(), "policy: deny\np2p_level: sys\n");
+    set_policy(t.path(), "hook_policy: deny\np2p_level: sys\n");
     hook(t.path(), "prepare", "begin", &xml).success();
 }
 
 #[test]
 fn a_hidden_hypervisor_is_denied() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let gpus = [gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", Some(0))];
     hook(
         t.path(),
@@ -198,7 +199,7 @@ fn a_hidden_hypervisor_is_denied() {
 #[test]
 fn commandline_cliques_and_bad_values_are_read() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let set = "  <qemu:commandline><qemu:arg value='-set'/><qemu:arg value='device.ua-gpu1.x-nv-gpudirect-clique=0'/></qemu:commandline>\n";
     let gpus = [gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", None)];
     hook(t.path(), "prepare", "begin", &domain(&gpus, set))
@@ -223,9 +224,9 @@ fn bad_input_is_a_clear_error() {
         .stderr(predicate::str::contains(
             "warning: the domain XML on stdin is not XML",
         ));
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     hook(t.path(), "prepare", "begin", "<domain").code(1);
-    set_policy(t.path(), "policy: deny\nmode: strict\n");
+    set_policy(t.path(), "hook_policy: deny\nmode: strict\n");
     hook(
         t.path(),
         "prepare",
@@ -233,8 +234,104 @@ fn bad_input_is_a_clear_error() {
         &domain(&[gpu(0x07, "a", None)], ""),
     )
     .code(2)
-    .stderr(predicate::str::contains("hook.yaml"))
+    .stderr(predicate::str::contains("etc/vfio-p2p/host.yaml:2:"))
     .stderr(predicate::str::contains("mode"));
+}
+
+#[test]
+fn a_left_over_hook_yaml_is_refused_with_the_move_to_make() {
+    let t = host_tree();
+    fs::create_dir_all(t.path().join("etc/vfio-p2p")).unwrap();
+    fs::write(t.path().join("etc/vfio-p2p/hook.yaml"), "policy: deny\n").unwrap();
+    let xml = domain(&[gpu(0x07, "ua-gpu0", Some(0))], "");
+    // With or without a host.yaml beside it: its policy would silently stop applying.
+    for host_yaml in [None, Some("hook_policy: warn\n")] {
+        if let Some(y) = host_yaml {
+            set_policy(t.path(), y);
+        }
+        hook(t.path(), "prepare", "begin", &xml)
+            .code(2)
+            .stdout("")
+            .stderr(predicate::str::contains(
+                "hook.yaml: the hook's own config is no longer read",
+            ))
+            .stderr(predicate::str::contains(
+                "etc/vfio-p2p/host.yaml as `hook_policy: warn|deny`",
+            ));
+    }
+    // Operations that read no policy are not blocked by it.
+    hook(t.path(), "release", "end", "").success().stderr("");
+}
+
+#[test]
+fn a_reserved_gpu_or_its_group_is_always_refused() {
+    let t = host_tree();
+    let xml = domain(
+        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", Some(0))],
+        "",
+    );
+    // Even under `warn`: the start would take a device away from the host.
+    set_policy(t.path(), "hook_policy: warn\nreserved: [0000:08:00.0]\n");
+    let reason = "0000:08:00.0 is reserved for the host (host.yaml `reserved:`)";
+    let out = hook(t.path(), "prepare", "begin", &xml)
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("vfio-p2p hook: vm1: {reason}")),
+        "{err}"
+    );
+    // The GPU's audio function is in its IOMMU group: passing the GPU would take it too.
+    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:08:00.1]\n");
+    hook(t.path(), "prepare", "begin", &xml)
+        .code(1)
+        .stderr(predicate::str::contains(
+            "0000:08:00.0 shares its IOMMU group with 0000:08:00.1, which is reserved for the host",
+        ));
+    // A reserved device the domain does not ask for changes nothing.
+    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:87:00.0]\n");
+    hook(t.path(), "prepare", "begin", &xml)
+        .success()
+        .stderr("");
+}
+
+#[test]
+fn nvlink_from_the_host_config_lets_a_clique_cross_sockets() {
+    let t = host_tree();
+    let xml = domain(
+        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x87, "ua-gpu1", Some(0))],
+        "",
+    );
+    set_policy(t.path(), "hook_policy: deny\n");
+    hook(t.path(), "prepare", "begin", &xml)
+        .code(1)
+        .stderr(predicate::str::contains("their host path is SYS"));
+    // Saved `nvidia-smi topo -m` (relative to host.yaml) with the index → address map.
+    fs::write(
+        t.path().join("etc/vfio-p2p/topo-m.txt"),
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n\
+         GPU0\t X \tNV12\t0-15\t0\n\
+         GPU1\tNV12\t X \t16-31\t1\n\n\
+         index, pci.bus_id\n0, 00000000:07:00.0\n1, 00000000:87:00.0\n",
+    )
+    .unwrap();
+    set_policy(
+        t.path(),
+        "hook_policy: deny\nnvlink:\n  source: nvidia-smi\n  file: topo-m.txt\n",
+    );
+    hook(t.path(), "prepare", "begin", &xml)
+        .success()
+        .stdout("")
+        .stderr("");
+    // A missing file is the operator's to fix, not a silent PCIe-only check.
+    fs::remove_file(t.path().join("etc/vfio-p2p/topo-m.txt")).unwrap();
+    hook(t.path(), "prepare", "begin", &xml)
+        .code(2)
+        .stderr(predicate::str::contains("nvlink.file"))
+        .stderr(predicate::str::contains("topo-m.txt"));
 }
 
 #[test]
@@ -287,7 +384,10 @@ fn install_writes_an_executable_that_runs_this_binary() {
         .arg(t.path())
         .assert()
         .success()
-        .stdout(predicate::str::contains("restart libvirtd"));
+        .stdout(predicate::str::contains("restart libvirtd"))
+        .stdout(predicate::str::contains(
+            "etc/vfio-p2p/host.yaml (hook_policy",
+        ));
     let script = t.path().join("etc/libvirt/hooks/qemu.d/vfio-p2p");
     let text = fs::read_to_string(&script).unwrap();
     let bin = fs::canonicalize(assert_cmd::cargo::cargo_bin("vfio-p2p")).unwrap();
@@ -299,6 +399,21 @@ fn install_writes_an_executable_that_runs_this_binary() {
         fs::metadata(&script).unwrap().permissions().mode() & 0o777,
         0o755
     );
+    // A left-over hook.yaml below the root is pointed out at install time.
+    let root = tempfile::tempdir().unwrap();
+    fs::create_dir_all(root.path().join("etc/vfio-p2p")).unwrap();
+    fs::write(root.path().join("etc/vfio-p2p/hook.yaml"), "policy: deny\n").unwrap();
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .arg("--sysfs-root")
+        .arg(root.path())
+        .args(["hook", "install", "--prefix"])
+        .arg(root.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "hook.yaml is no longer read and makes the hook refuse every start",
+        ));
     // libvirt's way of calling it: a non-prepare operation exits 0 silently.
     std::process::Command::new(&script)
         .args(["vm1", "started", "begin", "-"])
@@ -334,7 +449,7 @@ fn generated(gpus: &str, libvirt_version: &str) -> String {
 #[test]
 fn generated_domains_pass_and_broken_ones_are_caught() {
     let t = host_tree();
-    set_policy(t.path(), "policy: deny\n");
+    set_policy(t.path(), "hook_policy: deny\n");
     let gpus = "0000:07:00.0,0000:0a:00.0,0000:87:00.0";
     for version in ["9.0", "8.0"] {
         let xml = generated(gpus, version);

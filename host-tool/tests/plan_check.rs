@@ -221,3 +221,40 @@ fn check_bad_domain_xml_names_the_file() {
         .code(2)
         .stderr(predicates::str::contains("broken.xml"));
 }
+
+/// `--host-config` gives plan its `p2p_level` (and NVLink source); the flag still wins.
+#[test]
+fn plan_takes_the_host_config_under_its_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host.yaml");
+    std::fs::write(&host, "p2p_level: sys\nnvlink:\n  source: none\n").unwrap();
+    let host = host.to_str().unwrap();
+    let cliques = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--example",
+            "dual-socket-pcie",
+            "--host-config",
+            host,
+        ];
+        args.extend(extra);
+        let (v, code) = json_of(&args);
+        assert_eq!(code, 0, "{v}");
+        v["cliques"].as_array().unwrap().len()
+    };
+    assert_eq!(cliques(&[]), 1, "sys: both sockets in one clique");
+    assert_eq!(cliques(&["--p2p-level", "pxb"]), 2, "the flag wins");
+    std::fs::write(dir.path().join("host.yaml"), "p2p_levle: sys\n").unwrap();
+    vfio_p2p()
+        .args([
+            "plan",
+            "--example",
+            "dual-socket-pcie",
+            "--host-config",
+            host,
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("host.yaml:1:"))
+        .stderr(predicates::str::contains("p2p_levle"));
+}

@@ -175,7 +175,7 @@ fn garbage_in_the_group_and_node_directories_is_a_warning() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Random bytes in a random attribute file of a GPU and of a bridge above it.
     #[test]

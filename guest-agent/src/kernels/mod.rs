@@ -6,6 +6,11 @@
 /// The PTX module with every kernel (see the comments in the file for their C equivalents).
 pub const PTX: &str = include_str!("p2p.ptx");
 
+/// Flag polls of a ping-pong wait between two checks of its give-up counter: the
+/// polls of one round are written out in the PTX, so the counter costs one add and
+/// compare per this many polls rather than per poll.
+pub const POLLS_PER_CHECK: u64 = 16;
+
 /// Type of one kernel parameter, as declared in the PTX (`.param .u32` / `.param .u64`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParamType {
@@ -120,6 +125,26 @@ mod tests {
                 .find(|(n, _)| n == k.name())
                 .unwrap_or_else(|| panic!("no entry {} in the PTX", k.name()));
             assert_eq!(params.as_slice(), k.params(), "parameters of {}", k.name());
+        }
+    }
+
+    /// The body of entry `name`: from its `.visible .entry` line to the next entry.
+    fn entry_body<'a>(ptx: &'a str, name: &str) -> &'a str {
+        let start = ptx
+            .find(&format!(".visible .entry {name}("))
+            .unwrap_or_else(|| panic!("no entry {name}"));
+        let rest = &ptx[start + 1..];
+        &ptx[start..start + 1 + rest.find(".visible .entry").unwrap_or(rest.len())]
+    }
+
+    #[test]
+    fn pingpong_waits_check_their_counter_once_per_round_of_polls() {
+        for k in [Kernel::Ping, Kernel::Pong] {
+            let body = entry_body(PTX, k.name());
+            let polls = body.matches("ld.volatile.global.u32").count() as u64;
+            assert_eq!(polls, POLLS_PER_CHECK, "polls written out in {}", k.name());
+            let checks = body.matches("add.u64 \t%rd5, %rd5, 1;").count();
+            assert_eq!(checks, 1, "give-up counter steps in {}", k.name());
         }
     }
 

@@ -79,8 +79,9 @@ fn vmm_facts(args: &CheckArgs) -> anyhow::Result<VmmFacts> {
 }
 
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let host_config = args.plan.host.load()?;
     let mut topo = super::load_topology(global)?;
-    super::plan::load_nvlink(&mut topo, &args.plan.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host_config, &args.plan.nvlink)?;
     let gpus = super::plan::selected_gpus(&topo, &args.gpus);
     for g in &gpus {
         anyhow::ensure!(
@@ -100,7 +101,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         host_probe::gather(&global.sysfs_root, &topo, &gpus, args.deep)
     };
     let vmm = vmm_facts(&args)?;
-    let p = plan(&topo, &gpus, &args.plan.options());
+    let p = plan(&topo, &gpus, &args.plan.options(&host_config));
     let report = check::run_checks(&topo, &gpus, &host, &vmm, &p);
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

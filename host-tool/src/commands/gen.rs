@@ -7,7 +7,9 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use pci_config::Bdf;
 
+use super::plan::HostConfigArgs;
 use crate::cli::GlobalArgs;
+use crate::config::host::HostConfig;
 use crate::config::vm::VmConfig;
 use crate::decide::expectation::Expectation;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
@@ -38,7 +40,8 @@ pub struct PlanningArgs {
     /// The VM's GPUs (default: the config's `gpus`, else every GPU on the host).
     #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
     pub gpus: Vec<Bdf>,
-    /// Worst host path allowed inside a clique: pix, pxb (default), phb, node, sys.
+    /// Worst host path allowed inside a clique: pix, pxb, phb, node, sys (default: the
+    /// VM config's, else the host config's, else pxb).
     #[arg(long, value_name = "LEVEL")]
     pub p2p_level: Option<PathKind>,
     /// `nvidia-smi topo -m` output captured on this host (see `vfio-p2p plan --help`).
@@ -47,6 +50,8 @@ pub struct PlanningArgs {
     /// Put GPUs whose switch routes P2P untranslated (ACS RR/CR cleared) into cliques anyway.
     #[arg(long)]
     pub allow_untranslated_p2p: bool,
+    #[command(flatten)]
+    pub host: HostConfigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -82,18 +87,19 @@ pub struct GenArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Plans cliques for `gpus` with the CLI's options over the config's.
+/// Plans cliques for `gpus` with the CLI's options over the VM config's over the host's.
 pub fn plan_for(
     topo: &Topology,
     gpus: &[Bdf],
     planning: &PlanningArgs,
     config_level: Option<PathKind>,
+    host: &HostConfig,
 ) -> anyhow::Result<Plan> {
     let options = PlanOptions {
         p2p_level: planning
             .p2p_level
             .or(config_level)
-            .unwrap_or(PlanOptions::default().p2p_level),
+            .unwrap_or(host.p2p_level),
         allow_untranslated_p2p: planning.allow_untranslated_p2p,
     };
     let p = plan(topo, gpus, &options)
@@ -157,15 +163,16 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
     }
+    let host = args.planning.host.load()?;
     let mut topo = super::load_topology(global)?;
-    super::plan::load_nvlink(&mut topo, &args.planning.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host, &args.planning.nvlink)?;
     let requested = if args.planning.gpus.is_empty() {
         config.gpus.clone()
     } else {
         args.planning.gpus.clone()
     };
     let gpus = super::plan::selected_gpus(&topo, &requested);
-    let p = plan_for(&topo, &gpus, &args.planning, config.p2p_level)?;
+    let p = plan_for(&topo, &gpus, &args.planning, config.p2p_level, &host)?;
     let mut layout = guest_layout::decide(
         &topo,
         &gpus,

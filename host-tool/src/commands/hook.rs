@@ -12,10 +12,9 @@ use clap::{Args, Subcommand};
 
 use super::bind::{change_root, writer};
 use crate::cli::GlobalArgs;
-use crate::hook::check::findings;
-use crate::hook::config::{HookConfig, Policy, CONFIG_PATH};
+use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
+use crate::hook::check::{findings, reserved_findings};
 use crate::hook::domain;
-use crate::model::Topology;
 use crate::read::read_host;
 use crate::vfio_bind::{self, BindOptions, BindState, SessionOptions, UnbindSelection};
 
@@ -41,8 +40,8 @@ pub enum HookAction {
     },
     /// What libvirt runs: GUEST OPERATION SUB-OPERATION EXTRA, with the domain XML on stdin.
     /// `prepare begin` binds the guest's managed='no' hostdevs and checks its cliques
-    /// (policy in /etc/vfio-p2p/hook.yaml); `release end` restores them; anything else
-    /// does nothing.
+    /// and reserved devices (policy: `hook_policy` etc. in /etc/vfio-p2p/host.yaml);
+    /// `release end` restores them; anything else does nothing.
     Run {
         #[arg(
             value_name = "GUEST OPERATION SUBOP EXTRA",
@@ -88,7 +87,7 @@ pub fn hook_script(binary: &Path, sysfs_root: &Path) -> String {
     format!(
         "#!/bin/sh\n\
          # libvirt qemu hook written by `vfio-p2p hook install`: before a guest starts, binds its\n\
-         # managed='no' GPUs to vfio-pci and checks its P2P cliques (policy: /{CONFIG_PATH});\n\
+         # managed='no' GPUs to vfio-pci and checks its P2P cliques (policy: /{HOST_CONFIG_PATH});\n\
          # after it stops, gives them back. libvirt reads hooks at start-up: restart libvirtd.\n\
          exec {}{root_arg} hook run \"$@\"\n",
         shell_quote(&binary.display().to_string())
@@ -112,6 +111,17 @@ fn install(global: &GlobalArgs, prefix: &Path) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("making {} executable", tmp.display()))?;
     fs::rename(&tmp, &path).with_context(|| format!("installing {}", path.display()))?;
     println!("installed {}", path.display());
+    println!(
+        "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see configs/README.md); defaults when absent",
+        root.join(HOST_CONFIG_PATH).display()
+    );
+    let legacy = root.join(LEGACY_HOOK_CONFIG_PATH);
+    if legacy.exists() {
+        println!(
+            "warning: {} is no longer read and makes the hook refuse every start: move `policy:` into host.yaml as `hook_policy:`, then delete it",
+            legacy.display()
+        );
+    }
     println!(
         "restart libvirt so it picks the hook up: systemctl restart libvirtd (or virtqemud on modular daemons)"
     );
@@ -138,13 +148,13 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
     std::io::stdin()
         .read_to_string(&mut xml)
         .context("reading the domain XML from stdin")?;
-    let config = HookConfig::load(root)?;
+    let config = HostConfig::load_below(root)?;
     let facts = match domain::parse(&xml) {
         Ok(f) => f,
         Err(e) => {
-            return match config.policy {
-                Policy::Deny => refuse(guest, &e.to_string()),
-                Policy::Warn => {
+            return match config.hook_policy {
+                HookPolicy::Deny => refuse(guest, &e.to_string()),
+                HookPolicy::Warn => {
                     eprintln!("vfio-p2p hook: {guest}: warning: {e}; nothing checked or bound");
                     Ok(ExitCode::SUCCESS)
                 }
@@ -154,11 +164,16 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
     if facts.hostdevs.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    let topo = Topology::from_record(
+    let (mut topo, notes) = super::model_host(
         &read_host(root).with_context(|| format!("reading the host below {}", root.display()))?,
     );
-    let problems = findings(&topo, &facts, config.p2p_level);
-    if config.policy == Policy::Deny && !problems.is_empty() {
+    super::plan::apply_nvlink(&mut topo, &config, &[])?;
+    let taken_from_host = reserved_findings(&topo, &facts, &config.reserved);
+    if !taken_from_host.is_empty() {
+        return refuse(guest, &taken_from_host.join("; "));
+    }
+    let problems = findings(&topo, &facts, &config);
+    if config.hook_policy == HookPolicy::Deny && !problems.is_empty() {
         return refuse(guest, &problems.join("; "));
     }
     let unmanaged: Vec<_> = facts
@@ -178,7 +193,7 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
             return refuse(guest, &format!("binding its managed='no' hostdevs: {e}"));
         }
     }
-    for p in &problems {
+    for p in problems.iter().chain(&notes) {
         eprintln!("vfio-p2p hook: {guest}: warning: {p}");
     }
     Ok(ExitCode::SUCCESS)

@@ -62,8 +62,9 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let scan = libvirt_patch::scan(&xml, &source_name)?;
+    let host = args.planning.host.load()?;
     let mut topo = super::load_topology(global)?;
-    super::plan::load_nvlink(&mut topo, &args.planning.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host, &args.planning.nvlink)?;
     // The VM's GPUs are its PCI hostdevs that are GPUs on this host (or the --gpus subset).
     let mut gpus: Vec<Bdf> = Vec::new();
     for h in &scan.hostdevs {
@@ -92,7 +93,7 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("{source_name}: no GPU hostdev of this host in the domain; nothing to do");
         BTreeMap::new()
     } else {
-        plan_for(&topo, &gpus, &args.planning, None)?.assignments
+        plan_for(&topo, &gpus, &args.planning, None, &host)?.assignments
     };
     let version = libvirt_version(args.libvirt_version);
     let patched = libvirt_patch::apply(&xml, &scan, &cliques, version);

@@ -51,14 +51,19 @@ pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
     }
 }
 
+/// The typed topology of `host` with the default NVLink source (an NVSwitch fabric)
+/// applied, and the warnings about both.
+pub fn model_host(host: &HostRecord) -> (Topology, Vec<String>) {
+    let mut topo = Topology::from_record(host);
+    let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
+    warnings.extend(decide::nvlink::apply_nvswitch_fabric(&mut topo));
+    (topo, warnings)
+}
+
 /// The typed topology, with read warnings logged once.
 pub fn load_topology(global: &GlobalArgs) -> anyhow::Result<Topology> {
-    let host = load_host(global)?;
-    let mut topo = Topology::from_record(&host);
-    for w in &topo.warnings {
-        tracing::warn!("{w}");
-    }
-    for w in decide::nvlink::apply_nvswitch_fabric(&mut topo) {
+    let (topo, warnings) = model_host(&load_host(global)?);
+    for w in &warnings {
         tracing::warn!("{w}");
     }
     Ok(topo)

@@ -11,7 +11,6 @@ use pci_config::Bdf;
 use serde::Serialize;
 
 use crate::cli::{DataFormat, GlobalArgs};
-use crate::config::host::{HostConfig, NvlinkSource};
 use crate::decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
@@ -30,9 +29,8 @@ pub struct PlaceArgs {
     /// One VM as NAME=GPUS (repeat for more).
     #[arg(long, value_name = "NAME=GPUS", value_parser = parse_vm)]
     pub vm: Vec<VmRequest>,
-    /// Host policy (p2p level, reserved devices, NVLink source); see configs/README.md.
-    #[arg(long, value_name = "FILE")]
-    pub host_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub host: super::plan::HostConfigArgs,
     /// Devices already given to running VMs; their IOMMU groups are not used.
     #[arg(long, value_name = "BDF", num_args = 1..)]
     pub taken: Vec<Bdf>,
@@ -103,23 +101,6 @@ struct PlaceReport {
     largest_shape: Option<String>,
     /// Files written by `--write-configs`.
     configs_written: Vec<PathBuf>,
-}
-
-/// NVLink facts from the configured source (`load_topology` already applied an
-/// NVSwitch fabric, the default).
-fn apply_nvlink(topo: &mut Topology, source: &NvlinkSource) -> anyhow::Result<()> {
-    match source {
-        NvlinkSource::Nvswitch => Ok(()),
-        NvlinkSource::None => {
-            topo.nvlinks.clear();
-            Ok(())
-        }
-        NvlinkSource::NvidiaSmi(file) => {
-            topo.nvlinks.clear();
-            super::plan::load_nvlink(topo, std::slice::from_ref(file))
-                .context("loading the host config's nvlink.file")
-        }
-    }
 }
 
 fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
@@ -308,12 +289,9 @@ fn print_table(r: &PlaceReport) {
 }
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
-    let host = match &args.host_config {
-        Some(path) => HostConfig::load(path)?,
-        None => HostConfig::default(),
-    };
+    let host = args.host.load()?;
     let mut topo = super::load_topology(global)?;
-    apply_nvlink(&mut topo, &host.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host, &[])?;
     let requests = match args.shape {
         Some((count, gpus)) => placement::shape(count, gpus),
         None => args.vm.clone(),

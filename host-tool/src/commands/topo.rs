@@ -30,7 +30,7 @@ pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
     if report.gpus.is_empty() && global.example.is_none() {
         eprintln!(
             "vfio-p2p: no GPUs in {}; to see what topo shows on a GPU server, try an embedded example: \
-             vfio-p2p --example hgx-h100 topo (all examples: vfio-p2p --example list topo)",
+             vfio-p2p --example hgx-h100 topo (all examples: vfio-p2p --example list)",
             report.source
         );
     }

@@ -10,6 +10,7 @@ use pci_config::Bdf;
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+use super::ConfigError;
 use crate::model::PathKind;
 
 /// What the libvirt hook does when a VM's preflight check fails.
@@ -91,58 +92,42 @@ impl Default for HostConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum HostConfigError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}:{column}: {message}")]
-    Invalid {
-        path: PathBuf,
-        line: u64,
-        column: u64,
-        message: String,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-}
+/// Where the hook (and anything else given the host root) finds the host policy,
+/// below the root (`--sysfs-root`) so that tests can use a temporary directory.
+pub const HOST_CONFIG_PATH: &str = "etc/vfio-p2p/host.yaml";
+/// The hook's former config (`policy:`, `p2p_level:`), folded into host.yaml.
+pub const LEGACY_HOOK_CONFIG_PATH: &str = "etc/vfio-p2p/hook.yaml";
 
 impl HostConfig {
-    pub fn load(path: &Path) -> Result<HostConfig, HostConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| HostConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path)
+    pub fn load(path: &Path) -> Result<HostConfig, ConfigError> {
+        Self::parse(&super::read_file(path)?, path)
+    }
+
+    /// `ROOT/etc/vfio-p2p/host.yaml`, or the defaults when it does not exist. A left-over
+    /// `hook.yaml` is an error rather than ignored: its policy would silently stop applying.
+    pub fn load_below(root: &Path) -> Result<HostConfig, ConfigError> {
+        let path = root.join(HOST_CONFIG_PATH);
+        let legacy = root.join(LEGACY_HOOK_CONFIG_PATH);
+        if legacy.exists() {
+            return Err(ConfigError::LegacyHookConfig { legacy, host: path });
+        }
+        match Self::load(&path) {
+            Err(ConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(HostConfig::default())
+            }
+            loaded => loaded,
+        }
     }
 
     /// Parses and validates `text`; `path` names the file in errors and anchors relative paths.
-    pub fn parse(text: &str, path: &Path) -> Result<HostConfig, HostConfigError> {
-        let file: HostConfigFile =
-            serde_saphyr::from_str(text).map_err(|e| match e.location() {
-                Some(at) => HostConfigError::Invalid {
-                    path: path.to_path_buf(),
-                    line: at.line(),
-                    column: at.column(),
-                    message: e.to_string(),
-                },
-                None => HostConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                },
-            })?;
-        Self::validate(file, path)
+    pub fn parse(text: &str, path: &Path) -> Result<HostConfig, ConfigError> {
+        Self::validate(super::parse_yaml(text, path)?, path)
     }
 
-    pub fn validate(file: HostConfigFile, path: &Path) -> Result<HostConfig, HostConfigError> {
-        let invalid = |at: &Location, message: String| HostConfigError::Invalid {
-            path: path.to_path_buf(),
-            line: at.line(),
-            column: at.column(),
-            message,
-        };
+    pub fn validate(file: HostConfigFile, path: &Path) -> Result<HostConfig, ConfigError> {
+        let invalid = |at: &Location, message: String| ConfigError::invalid(path, at, message);
         let field = |e: super::FieldError| invalid(&e.at, e.message);
         let p2p_level = match &file.p2p_level {
             Some(l) => super::p2p_level(l).map_err(field)?,
@@ -185,7 +170,7 @@ impl HostConfig {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<HostConfig, HostConfigError> {
+    fn parse(text: &str) -> Result<HostConfig, ConfigError> {
         HostConfig::parse(text, Path::new("/etc/vfio-p2p/host.yaml"))
     }
 
@@ -212,7 +197,7 @@ mod tests {
 
     fn error_at(text: &str) -> (u64, u64, String) {
         match parse(text) {
-            Err(HostConfigError::Invalid {
+            Err(ConfigError::Invalid {
                 line,
                 column,
                 message,
@@ -244,5 +229,32 @@ mod tests {
         assert!(message.contains("needs 'file:'"), "{message}");
         let (line, _, _) = error_at("nvlink:\n  source: nvswitch\n  links: 18\n");
         assert_eq!(line, 3);
+    }
+
+    #[test]
+    fn below_a_root_defaults_when_absent_and_refuses_a_left_over_hook_yaml() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(
+            HostConfig::load_below(root.path()).unwrap(),
+            HostConfig::default()
+        );
+        let dir = root.path().join("etc/vfio-p2p");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("host.yaml"), "# all commented out\n\n").unwrap();
+        assert_eq!(
+            HostConfig::load_below(root.path()).unwrap(),
+            HostConfig::default()
+        );
+        std::fs::write(dir.join("host.yaml"), "hook_policy: deny\n").unwrap();
+        let c = HostConfig::load_below(root.path()).unwrap();
+        assert_eq!(c.hook_policy, HookPolicy::Deny);
+        std::fs::write(dir.join("hook.yaml"), "policy: deny\n").unwrap();
+        let e = HostConfig::load_below(root.path()).unwrap_err();
+        assert!(matches!(e, ConfigError::LegacyHookConfig { .. }), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("hook.yaml") && e.contains("as `hook_policy:"),
+            "{e}"
+        );
     }
 }

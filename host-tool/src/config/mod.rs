@@ -3,10 +3,66 @@
 pub mod host;
 pub mod vm;
 
+use std::path::{Path, PathBuf};
+
 use pci_config::Bdf;
+use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
 use crate::model::PathKind;
+
+/// Why a config file could not be used; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: u64,
+        column: u64,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{legacy}: the hook's own config is no longer read; move `policy: warn|deny` into {host} as `hook_policy: warn|deny` (and `p2p_level:` as it is), then delete {legacy}")]
+    LegacyHookConfig { legacy: PathBuf, host: PathBuf },
+}
+
+impl ConfigError {
+    /// A value at `at` in `path` that is wrong, with what to write instead.
+    pub fn invalid(path: &Path, at: &Location, message: String) -> Self {
+        ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: at.line(),
+            column: at.column(),
+            message,
+        }
+    }
+}
+
+/// Reads `path` whole, naming it in the error.
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Deserializes YAML `text` (syntax, unknown keys, types) with the error at its line
+/// and column; `path` only names the file.
+fn parse_yaml<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T, ConfigError> {
+    serde_saphyr::from_str(text).map_err(|e| match e.location() {
+        Some(at) => ConfigError::invalid(path, &at, e.to_string()),
+        None => ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
+    })
+}
 
 /// A value that failed validation: where it is and what to write instead.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use pci_config::Bdf;
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
+use super::ConfigError;
 use crate::decide::guest_layout::GuestTopology;
 use crate::model::PathKind;
 
@@ -97,50 +98,18 @@ impl Default for VmConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum VmConfigError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("{path}:{line}:{column}: {message}")]
-    Invalid {
-        path: PathBuf,
-        line: u64,
-        column: u64,
-        message: String,
-    },
-}
-
 impl VmConfig {
-    pub fn load(path: &Path) -> Result<VmConfig, VmConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| VmConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path)
+    pub fn load(path: &Path) -> Result<VmConfig, ConfigError> {
+        Self::parse(&super::read_file(path)?, path)
     }
 
     /// Parses and validates `text`; `path` only names the file in errors.
-    pub fn parse(text: &str, path: &Path) -> Result<VmConfig, VmConfigError> {
-        let file: VmConfigFile =
-            serde_saphyr::from_str(text).map_err(|e| VmConfigError::Parse {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
-        Self::validate(file, path)
+    pub fn parse(text: &str, path: &Path) -> Result<VmConfig, ConfigError> {
+        Self::validate(super::parse_yaml(text, path)?, path)
     }
 
-    pub fn validate(file: VmConfigFile, path: &Path) -> Result<VmConfig, VmConfigError> {
-        let invalid = |at: &Location, message: String| VmConfigError::Invalid {
-            path: path.to_path_buf(),
-            line: at.line(),
-            column: at.column(),
-            message,
-        };
+    pub fn validate(file: VmConfigFile, path: &Path) -> Result<VmConfig, ConfigError> {
+        let invalid = |at: &Location, message: String| ConfigError::invalid(path, at, message);
         let name = file.name.value.clone();
         if !super::is_valid_vm_name(&name) {
             return Err(invalid(
@@ -177,7 +146,7 @@ impl VmConfig {
             Some(v) => v.value,
             None => DEFAULT_VCPUS,
         };
-        let check_path = |p: &Option<Spanned<PathBuf>>, key: &str| -> Result<(), VmConfigError> {
+        let check_path = |p: &Option<Spanned<PathBuf>>, key: &str| -> Result<(), ConfigError> {
             match p {
                 Some(p) if file.firmware != Firmware::Uefi => Err(invalid(
                     &p.referenced,
@@ -214,7 +183,7 @@ impl VmConfig {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<VmConfig, VmConfigError> {
+    fn parse(text: &str) -> Result<VmConfig, ConfigError> {
         VmConfig::parse(text, Path::new("vm.yaml"))
     }
 

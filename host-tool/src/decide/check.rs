@@ -123,11 +123,18 @@ pub struct QemuVersion {
     pub major: u32,
     pub minor: u32,
     pub micro: u32,
+    /// Built with our `qemu-patches/` backport (local version suffix `+vfiop2p`),
+    /// so it falls back to 0xD4 whatever its version number says.
+    pub clique_backport: bool,
 }
 
 impl fmt::Display for QemuVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)?;
+        if self.clique_backport {
+            f.write_str(" with the vfio-p2p clique backport")?;
+        }
+        Ok(())
     }
 }
 
@@ -137,7 +144,13 @@ impl QemuVersion {
         major: 8,
         minor: 1,
         micro: 0,
+        clique_backport: false,
     };
+
+    /// Whether this QEMU places the clique at 0xD4 when 0xC8 is taken.
+    pub fn has_clique_fallback(&self) -> bool {
+        self.clique_backport || *self >= Self::CLIQUE_FALLBACK
+    }
 
     /// Parses `QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7)`.
     pub fn parse(text: &str) -> Option<QemuVersion> {
@@ -153,6 +166,7 @@ impl QemuVersion {
             major: nums.next()?.ok()?,
             minor: nums.next()?.ok()?,
             micro: nums.next().and_then(Result::ok).unwrap_or(0),
+            clique_backport: text.contains("+vfiop2p"),
         })
     }
 }
@@ -743,7 +757,7 @@ fn check_clique_placement(gpu: &Device, vmm: &VmmFacts) -> CheckResult {
         ),
         Vmm::Qemu if !c8 => result("clique-placement", subject, Status::Pass, format!("{saw}; QEMU places the clique at 0xC8"), None),
         Vmm::Qemu => match &vmm.qemu_version {
-            Some(Ok(v)) if *v >= QemuVersion::CLIQUE_FALLBACK => result(
+            Some(Ok(v)) if v.has_clique_fallback() => result(
                 "clique-placement",
                 subject,
                 Status::Pass,
@@ -961,6 +975,15 @@ mod tests {
         let c = find(&new, "clique-placement", Some(&g[0]));
         assert_eq!(c.status, Status::Pass);
         assert!(c.saw.contains("falls back to 0xD4"));
+        let backport = run(
+            &t,
+            g,
+            &facts,
+            &qemu("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+vfiop2p1)"),
+        );
+        let c = find(&backport, "clique-placement", Some(&g[0]));
+        assert_eq!(c.status, Status::Pass, "{}", c.saw);
+        assert!(c.saw.contains("backport"), "{}", c.saw);
         let ch = VmmFacts {
             vmm: Vmm::CloudHypervisor,
             ..qemu("")
@@ -1200,8 +1223,14 @@ mod tests {
         let v = |s| QemuVersion::parse(s);
         assert_eq!(
             v("QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7+deb12u6)\nCopyright (c) 2003-2022"),
-            Some(QemuVersion { major: 7, minor: 2, micro: 0 })
+            Some(QemuVersion { major: 7, minor: 2, micro: 0, clique_backport: false })
         );
+        let patched =
+            v("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+vfiop2p1)").unwrap();
+        assert!(patched.clique_backport && patched.has_clique_fallback());
+        assert!(!v("QEMU emulator version 8.0.5")
+            .unwrap()
+            .has_clique_fallback());
         assert!(v("QEMU emulator version 8.1.0").unwrap() >= QemuVersion::CLIQUE_FALLBACK);
         assert!(v("QEMU emulator version 8.0.5").unwrap() < QemuVersion::CLIQUE_FALLBACK);
         assert_eq!(v("QEMU emulator version 9.2").map(|q| q.micro), Some(0));

@@ -7,16 +7,39 @@ use pci_config::clique::MAX_CLIQUE;
 use pci_config::Bdf;
 
 use super::domain::{DomainFacts, CLIQUE_PROPERTY};
+use crate::config::host::HostConfig;
 use crate::decide::plan::{plan, PlanOptions, Verdict};
 use crate::model::Topology;
 
-/// Reads the GPUs of `facts` on `topo` and says everything that will keep P2P from
-/// working in the guest, one sentence each (empty: all good).
-pub fn findings(
-    topo: &Topology,
-    facts: &DomainFacts,
-    p2p_level: crate::model::PathKind,
-) -> Vec<String> {
+/// Hostdevs that would take a device the host keeps (`reserved` in host.yaml): the device
+/// itself, or another member of its IOMMU group, since VFIO hands a group over whole.
+/// Always fatal, whatever `hook_policy` says: starting would unbind a device the host uses.
+pub fn reserved_findings(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf]) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in &facts.hostdevs {
+        if reserved.contains(&h.bdf) {
+            out.push(format!(
+                "{} is reserved for the host (host.yaml `reserved:`); remove the hostdev or take it out of `reserved`",
+                h.bdf
+            ));
+        } else if let Some(r) = topo
+            .group_members(&h.bdf)
+            .into_iter()
+            .find(|m| reserved.contains(m))
+        {
+            out.push(format!(
+                "{} shares its IOMMU group with {r}, which is reserved for the host (host.yaml `reserved:`) and would go to vfio-pci with it; use a device of another group",
+                h.bdf
+            ));
+        }
+    }
+    out
+}
+
+/// Reads the hostdevs of `facts` on `topo` and says everything that breaks the host's
+/// policy or will keep P2P from working in the guest, one sentence each (empty: all good).
+pub fn findings(topo: &Topology, facts: &DomainFacts, host: &HostConfig) -> Vec<String> {
+    let p2p_level = host.p2p_level;
     let mut out = Vec::new();
     let mut gpus: BTreeMap<Bdf, Option<&str>> = BTreeMap::new();
     for h in &facts.hostdevs {

@@ -2,5 +2,4 @@
 //! its cliques against the host; after it stops, give the GPUs back. Never calls libvirt.
 
 pub mod check;
-pub mod config;
 pub mod domain;

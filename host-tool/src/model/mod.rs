@@ -15,6 +15,9 @@ use crate::read::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource}
 pub use path::{GpuPath, PathKind};
 
 pub const VENDOR_NVIDIA: u16 = 0x10de;
+/// Server BMC display controllers (ASPEED AST, Matrox G200): VGA for the console,
+/// never a compute GPU, and nvidia-smi does not list them.
+const BMC_VGA_VENDORS: [u16; 2] = [0x1a03, 0x102b];
 /// NVIDIA's NVSwitch devices are class 0x0680 ("other bridge").
 const CLASS_OTHER_BRIDGE: u32 = 0x0680;
 
@@ -251,6 +254,7 @@ fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bd
     let base = r.class >> 16;
     let sub = (r.class >> 8) & 0xff;
     match (base, sub) {
+        (0x03, 0x00) if BMC_VGA_VENDORS.contains(&r.vendor) => DeviceKind::Other,
         (0x03, 0x00) | (0x03, 0x02) => DeviceKind::Gpu {
             nvidia: r.vendor == VENDOR_NVIDIA,
         },
@@ -368,5 +372,31 @@ fn infer_bridge_roles(devices: &mut BTreeMap<Bdf, Device>) {
         if let Some(d) = devices.get_mut(&bdf) {
             d.kind = DeviceKind::Bridge(role);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Attach, EndpointSpec, HostBuilder};
+
+    #[test]
+    fn bmc_vga_is_not_a_gpu_but_other_display_controllers_are() {
+        let mut b = HostBuilder::new("bmc");
+        let hb = b.host_bridge(0, 0);
+        let display = |vendor, device, class| EndpointSpec {
+            class,
+            ..EndpointSpec::gpu(vendor, device, 1)
+        };
+        let at = Attach::HostBridge(hb);
+        b.endpoint(at, 0, &display(0x1a03, 0x2000, 0x030000), None);
+        b.endpoint(at, 0, &display(0x102b, 0x0536, 0x030000), None);
+        b.endpoint(at, 0, &display(0x1234, 0x1111, 0x038000), None);
+        b.endpoint(at, 0, &display(0x1002, 0x740f, 0x038000), None);
+        b.endpoint(at, 0, &display(0x10de, 0x2330, 0x030200), None);
+        let topo = Topology::from_record(&b.build());
+        let gpus: Vec<u16> = topo.gpus().map(|g| g.vendor).collect();
+        assert_eq!(gpus, [0x1234, 0x1002, 0x10de]);
+        assert_eq!(topo.gpus().filter(|g| g.is_nvidia_gpu()).count(), 1);
     }
 }

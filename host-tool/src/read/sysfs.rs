@@ -3,9 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 use pci_config::Bdf;
 
 use super::attr;
@@ -42,32 +45,31 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         ..Default::default()
     };
     let groups = read_iommu_groups(root, &mut host.warnings);
-    let mut short_config = 0usize;
+    let mut bdfs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| ReadError::Io {
             path: devices_dir.clone(),
             source: e,
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let bdf: Bdf = match name.parse() {
-            Ok(b) => b,
-            Err(e) => {
-                host.warnings.push(ReadWarning {
-                    device: None,
-                    file: Some(entry.path().display().to_string()),
-                    message: format!("skipped: {e}"),
-                });
-                continue;
+        match name.parse::<Bdf>() {
+            Ok(b) => bdfs.push(b),
+            Err(e) => host.warnings.push(ReadWarning {
+                device: None,
+                file: Some(entry.path().display().to_string()),
+                message: format!("skipped: {e}"),
+            }),
+        }
+    }
+    bdfs.sort();
+    let mut short_config = 0usize;
+    for (device, warnings) in read_devices(root, &bdfs, &groups) {
+        host.warnings.extend(warnings);
+        if let Some(d) = device {
+            if !d.config.is_empty() && d.config.len() <= pci_config::CONFIG_SPACE_UNPRIVILEGED {
+                short_config += 1;
             }
-        };
-        match read_device(root, bdf, &groups, &mut host.warnings) {
-            Some(d) => {
-                if !d.config.is_empty() && d.config.len() <= pci_config::CONFIG_SPACE_UNPRIVILEGED {
-                    short_config += 1;
-                }
-                host.devices.push(d)
-            }
-            None => continue,
+            host.devices.push(d);
         }
     }
     host.devices.sort_by_key(|d| d.bdf);
@@ -86,6 +88,40 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         .ok()
         .map(|s| s.trim().to_string());
     Ok(host)
+}
+
+/// Reads every device, in `bdfs` order. Hosts have thousands of functions and each
+/// needs about 20 small reads, so the work is spread over a few threads.
+fn read_devices(
+    root: &Path,
+    bdfs: &[Bdf],
+    groups: &BTreeMap<Bdf, u32>,
+) -> Vec<(Option<DeviceRecord>, Vec<ReadWarning>)> {
+    let read_one = |bdf: &Bdf| {
+        let mut warnings = Vec::new();
+        let d = read_device(root, *bdf, groups, &mut warnings);
+        (d, warnings)
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8);
+    if threads == 1 || bdfs.len() < 64 {
+        return bdfs.iter().map(read_one).collect();
+    }
+    let chunk = bdfs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bdfs
+            .chunks(chunk)
+            .map(|part| s.spawn(move || part.iter().map(read_one).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| match h.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
 }
 
 /// The device's real directory, from the `sys/bus/pci/devices/BDF` link, as a path
@@ -162,15 +198,11 @@ fn read_device(
     };
     let (parts, (host_bridge, ancestors)) = parts;
     let dir = root.join("sys/devices").join(parts.join("/"));
-    let mut r = AttrReader {
-        dir: &dir,
-        bdf,
-        warnings,
-    };
+    let mut r = AttrReader::open(&dir, bdf, warnings);
     let vendor = r.parsed("vendor", attr::hex_u16)?;
     let device = r.parsed("device", attr::hex_u16)?;
     let class = r.parsed("class", attr::hex_u32)?;
-    let config = match fs::read(dir.join("config")) {
+    let config = match r.read("config") {
         Ok(c) => c,
         Err(e) => {
             r.warn("config", format!("unreadable: {e}"));
@@ -197,7 +229,7 @@ fn read_device(
         numa_node,
         local_cpulist: r.optional("local_cpulist", attr::cpulist),
         iommu_group: groups.get(&bdf).copied(),
-        driver: link_name(&dir.join("driver")),
+        driver: r.link_name("driver"),
         // `(null)` (no override) parses to None and is not worth a warning.
         driver_override: r
             .text("driver_override")
@@ -216,13 +248,55 @@ fn read_device(
 }
 
 /// Reads one device's attribute files, turning problems into warnings that name the file.
+///
+/// Files are opened relative to the device directory's descriptor: a host has
+/// thousands of functions with ~20 files each, and walking the full (deep) path
+/// for every one of them was most of `topo`'s time.
 struct AttrReader<'a> {
     dir: &'a Path,
+    /// The open error, when the directory cannot be opened, is what every read reports.
+    dir_fd: Result<OwnedFd, io::Error>,
     bdf: Bdf,
     warnings: &'a mut Vec<ReadWarning>,
 }
 
-impl AttrReader<'_> {
+impl<'a> AttrReader<'a> {
+    fn open(dir: &'a Path, bdf: Bdf, warnings: &'a mut Vec<ReadWarning>) -> Self {
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let dir_fd = nix::fcntl::open(dir, flags, Mode::empty()).map_err(io::Error::from);
+        AttrReader {
+            dir,
+            dir_fd,
+            bdf,
+            warnings,
+        }
+    }
+
+    fn dir_fd(&self) -> io::Result<BorrowedFd<'_>> {
+        match &self.dir_fd {
+            Ok(fd) => Ok(fd.as_fd()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        }
+    }
+
+    /// The bytes of attribute `name` (at most 64 KiB: sysfs attributes are one page,
+    /// `config` 4 KiB; anything larger is not sysfs).
+    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        let fd = nix::fcntl::openat(self.dir_fd()?, name, flags, Mode::empty())?;
+        let mut bytes = Vec::with_capacity(256);
+        fs::File::from(fd).take(64 << 10).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// The last component of symlink `name` (`driver` → `nvidia`).
+    fn link_name(&self, name: &str) -> Option<String> {
+        let target = nix::fcntl::readlinkat(self.dir_fd().ok()?, name).ok()?;
+        Path::new(&target)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+    }
+
     fn warn(&mut self, name: &str, message: String) {
         self.warnings.push(ReadWarning {
             device: Some(self.bdf),
@@ -233,7 +307,7 @@ impl AttrReader<'_> {
 
     /// The file's text, `None` when absent (many attributes are optional).
     fn text(&mut self, name: &str) -> Option<String> {
-        match fs::read(self.dir.join(name)) {
+        match self.read(name) {
             Ok(b) => match String::from_utf8(b) {
                 Ok(s) => Some(s),
                 Err(_) => {
@@ -276,13 +350,6 @@ impl AttrReader<'_> {
         }
         v
     }
-}
-
-fn link_name(path: &Path) -> Option<String> {
-    fs::read_link(path)
-        .ok()?
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
 }
 
 fn read_iommu_groups(root: &Path, warnings: &mut Vec<ReadWarning>) -> BTreeMap<Bdf, u32> {
