@@ -149,6 +149,11 @@ stage_topo() {
         vp topo --format $f > /out/topo.$f && grep -q PIX /out/topo.$f || fail "topo --format $f: exit/output wrong"
     done
     vp topo --format dot > /out/topo.dot && grep -qE '^ *(di)?graph' /out/topo.dot || fail "topo --format dot: no graph"
+    # a snapshot of this host reads back as the same topology (and is the lab's example host)
+    rc=0; vp snapshot --output $O/snapshot > /dev/null || rc=$?
+    vp --sysfs-root $O/snapshot topo --format json > /out/topo-snapshot.json || rc=$?
+    jqr -e --slurpfile live $O/topo.json '{gpus, matrix} == ($live[0] | {gpus, matrix})' < /out/topo-snapshot.json > /dev/null ||
+        fail "topo of a snapshot (exit $rc) differs from the live topo"
     [ -z "$WHY" ]
 }
 
