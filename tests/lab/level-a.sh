@@ -496,7 +496,7 @@ else
     # a KVM host: check looks for /dev/kvm, level B may use it (TCG's emulated SVM)
     modprobe kvm_amd 2> /dev/null || modprobe kvm_intel 2> /dev/null || echo "no KVM module loads"
     if [ "$AS_NVIDIA" = 1 ]; then present_as_nvidia || echo "present_as_nvidia failed"; fi
-    echo "LAB-STAGE boot PASS $(up) kernel $(uname -r)"
+    echo "LAB-STAGE boot PASS $(awk "BEGIN { printf \"%.1f\", $(up) }") kernel $(uname -r)"
     for s in $LAB_STAGES; do run_stage "$s"; done
     sync
     umount /out
