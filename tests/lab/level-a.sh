@@ -473,6 +473,41 @@ stage_guest_wrong() {
     [ -z "$WHY" ]
 }
 
+# hook: what libvirt would run around a guest's start and stop, with gen's domain XML
+stage_hook() {
+    local rc before b
+    # start from the host drivers: the hook binds what the domain asks for
+    rc=0; vp unbind --all || rc=$?
+    [ $rc = 0 ] || fail "unbind --all exited $rc"
+    for b in $GPUS; do [ "$(driver_of "$b")" = "$STANDIN_DRIVER" ] || fail "$b on '$(driver_of "$b")' after unbind --all"; done
+    before=$(state $GPUS)
+    vm_yaml > /out/vm-b.yaml
+    rc=0; vp gen libvirt --config $O/vm-b.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS > /out/domain-gen.xml || rc=$?
+    [ $rc = 0 ] && grep -q x-nv-gpudirect-clique /out/domain-gen.xml || { fail "gen libvirt: exit $rc, no clique in the XML"; return 1; }
+    # the hook binds managed='no' hostdevs (libvirt binds managed='yes' ones itself)
+    sed "s/managed='yes'/managed='no'/" /out/domain-gen.xml > /out/domain.xml
+    displays_off $GPUS_B
+    rc=0; C "$VFIO_P2P" hook run lab-b prepare begin - < /out/domain.xml > /out/hook-prepare.txt 2>&1 || rc=$?
+    echo "== hook prepare begin (exit $rc)"; cat /out/hook-prepare.txt
+    [ $rc = 0 ] || fail "hook prepare begin exited $rc"
+    # gen was told --allow-untranslated-p2p, the hook's host policy was not: a finding
+    grep -qi untranslated /out/hook-prepare.txt || fail "hook prepare does not flag the clique across the ACS-less switch"
+    for b in $GPUS_B; do [ "$(driver_of "$b")" = vfio-pci ] || fail "$b on '$(driver_of "$b")' after prepare begin"; done
+    rc=0; C "$VFIO_P2P" hook run lab-b release end - < /out/domain.xml > /out/hook-release.txt 2>&1 || rc=$?
+    echo "== hook release end (exit $rc)"; cat /out/hook-release.txt
+    [ $rc = 0 ] || fail "hook release end exited $rc"
+    [ "$(state $GPUS)" = "$before" ] || fail "release end did not restore the drivers: $(state $GPUS)"
+    # a hidden hypervisor is a finding (stderr; the default policy lets the guest start)
+    sed "s|<features>|<features><kvm><hidden state='on'/></kvm>|" /out/domain.xml > /out/domain-hidden.xml
+    displays_off $GPUS_B
+    rc=0; C "$VFIO_P2P" hook run lab-b prepare begin - < /out/domain-hidden.xml > /out/hook-hidden.txt 2>&1 || rc=$?
+    echo "== hook prepare begin, hidden hypervisor (exit $rc)"; cat /out/hook-hidden.txt
+    grep -qi hidden /out/hook-hidden.txt || fail "hook prepare does not report the hidden hypervisor"
+    C "$VFIO_P2P" hook run lab-b release end - < /out/domain-hidden.xml
+    [ "$(state $GPUS)" = "$before" ] || fail "release end (hidden) did not restore the drivers: $(state $GPUS)"
+    [ -z "$WHY" ]
+}
+
 # ------------------------------------------------------------------------------ main
 run_stage() {
     local name=$1 t0 res
