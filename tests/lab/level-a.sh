@@ -18,7 +18,8 @@ R=/hostroot   # the build machine's /, read-only over 9p: our binaries, qemu, jq
 O=/tmp/out    # /out (writable 9p share, results) as seen inside the chroot
 # C CMD...: run a program of the build machine against this VM's /sys, /dev and /proc
 C() { chroot $R /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin NO_COLOR=1 "$@"; }
-vp() { C "$VFIO_P2P" "$@"; }
+# vp ARGS...: our binary; a hang fails its stage instead of eating level A's time
+vp() { C timeout 120 "$VFIO_P2P" "$@"; }
 jqr() { C jq "$@"; }   # jq: reads stdin, so files come from level A's side (/out/...)
 
 mount_shares() {
@@ -43,7 +44,7 @@ dev() { echo /sys/bus/pci/devices/$1; }
 driver_of() { basename "$(readlink "$(dev "$1")/driver" 2>/dev/null)" 2>/dev/null; }
 group_of() { basename "$(readlink "$(dev "$1")/iommu_group")"; }
 # state BDF...: what bind/unbind may change, to compare before/after
-state() { for b in "$@"; do echo "$b driver=$(driver_of "$b") override=$(cat "$(dev "$b")/driver_override")"; done; }
+state() { local b; for b in "$@"; do echo "$b driver=$(driver_of "$b") override=$(cat "$(dev "$b")/driver_override")"; done; }
 # is_json FILE: the command printed one JSON document (an unimplemented command prints nothing)
 is_json() { [ -s "$1" ] && jqr -e 'type == "object" or type == "array"' < "$1" > /dev/null 2>&1; }
 csv() { echo "$*" | tr ' ' ','; }
@@ -57,6 +58,7 @@ sysfs_bind() {
 }
 # ensure_vfio BDF...: later stages need the devices on vfio-pci even when the bind stage failed
 ensure_vfio() {
+    local b
     for b in "$@"; do
         [ "$(driver_of "$b")" = vfio-pci ] && continue
         echo "note: $b is on '$(driver_of "$b")', binding it to vfio-pci through sysfs for this stage"
@@ -228,7 +230,7 @@ stage_bind() {
     # a failure half-way must roll back to exactly the old drivers and driver_override values
     for n in $FAIL_AFTER; do
         displays_off $GPUS   # a rollback re-probes bochs-drm, whose connectors come back on
-        rc=0; C VFIO_P2P_FAIL_AFTER="$n" "$VFIO_P2P" bind $GPU_SW0 $GPU_SW1 || rc=$?
+        rc=0; C VFIO_P2P_FAIL_AFTER="$n" timeout 120 "$VFIO_P2P" bind $GPU_SW0 $GPU_SW1 || rc=$?
         after=$(state $GPUS)
         echo "failure injected at sysfs write $n: exit $rc, after: $after"
         [ $rc != 0 ] || fail "bind with VFIO_P2P_FAIL_AFTER=$n exited 0"
@@ -487,23 +489,23 @@ stage_hook() {
     # the hook binds managed='no' hostdevs (libvirt binds managed='yes' ones itself)
     sed "s/managed='yes'/managed='no'/" /out/domain-gen.xml > /out/domain.xml
     displays_off $GPUS_B
-    rc=0; C "$VFIO_P2P" hook run lab-b prepare begin - < /out/domain.xml > /out/hook-prepare.txt 2>&1 || rc=$?
+    rc=0; vp hook run lab-b prepare begin - < /out/domain.xml > /out/hook-prepare.txt 2>&1 || rc=$?
     echo "== hook prepare begin (exit $rc)"; cat /out/hook-prepare.txt
     [ $rc = 0 ] || fail "hook prepare begin exited $rc"
     # gen was told --allow-untranslated-p2p, the hook's host policy was not: a finding
     grep -qi untranslated /out/hook-prepare.txt || fail "hook prepare does not flag the clique across the ACS-less switch"
     for b in $GPUS_B; do [ "$(driver_of "$b")" = vfio-pci ] || fail "$b on '$(driver_of "$b")' after prepare begin"; done
-    rc=0; C "$VFIO_P2P" hook run lab-b release end - < /out/domain.xml > /out/hook-release.txt 2>&1 || rc=$?
+    rc=0; vp hook run lab-b release end - < /out/domain.xml > /out/hook-release.txt 2>&1 || rc=$?
     echo "== hook release end (exit $rc)"; cat /out/hook-release.txt
     [ $rc = 0 ] || fail "hook release end exited $rc"
     [ "$(state $GPUS)" = "$before" ] || fail "release end did not restore the drivers: $(state $GPUS)"
     # a hidden hypervisor is a finding (stderr; the default policy lets the guest start)
     sed "s|<features>|<features><kvm><hidden state='on'/></kvm>|" /out/domain.xml > /out/domain-hidden.xml
     displays_off $GPUS_B
-    rc=0; C "$VFIO_P2P" hook run lab-b prepare begin - < /out/domain-hidden.xml > /out/hook-hidden.txt 2>&1 || rc=$?
+    rc=0; vp hook run lab-b prepare begin - < /out/domain-hidden.xml > /out/hook-hidden.txt 2>&1 || rc=$?
     echo "== hook prepare begin, hidden hypervisor (exit $rc)"; cat /out/hook-hidden.txt
     grep -qi hidden /out/hook-hidden.txt || fail "hook prepare does not report the hidden hypervisor"
-    C "$VFIO_P2P" hook run lab-b release end - < /out/domain-hidden.xml
+    vp hook run lab-b release end - < /out/domain-hidden.xml
     [ "$(state $GPUS)" = "$before" ] || fail "release end (hidden) did not restore the drivers: $(state $GPUS)"
     [ -z "$WHY" ]
 }
