@@ -156,7 +156,7 @@ fn overwrite(gpu: &Path, name: &str, bytes: &[u8]) {
     fs::write(&p, bytes).unwrap();
 }
 
-fn gpu_record<'h>(host: &'h HostRecord) -> Option<&'h vfio_p2p::read::DeviceRecord> {
+fn gpu_record(host: &HostRecord) -> Option<&vfio_p2p::read::DeviceRecord> {
     host.devices.iter().find(|d| d.bdf.to_string() == GPU)
 }
 
