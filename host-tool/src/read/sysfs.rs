@@ -607,3 +607,80 @@ fn read_numa_nodes(root: &Path, warnings: &mut Vec<ReadWarning>) -> BTreeMap<u32
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 256 bytes with a capability list: PCIe (version `version`) at 0x40, then `next`.
+    fn config_with_pcie(version: u8, next: u8) -> Vec<u8> {
+        let mut c = vec![0u8; pci_config::CONFIG_SPACE_LEGACY];
+        c[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
+        c[0x06] = 0x10;
+        c[0x34] = 0x40;
+        c[0x40] = pci_config::CAP_ID_PCIE;
+        c[0x41] = next;
+        c[0x42] = version;
+        // Link Capabilities: 16 GT/s x16.
+        c[0x4c..0x50].copy_from_slice(&(0x04u32 | (16 << 4)).to_le_bytes());
+        c[0x52] = 0x03 | (8 << 4); // Link Status: 8 GT/s x8
+        c[0x6c] = 0x1f << 1; // Link Capabilities 2: up to 32 GT/s
+        c
+    }
+
+    #[test]
+    fn link_from_config_follows_the_kernel() {
+        // Version 1: the kernel ignores Link Capabilities 2.
+        let LinkSource::Config(link) = LinkSource::decode(&config_with_pcie(1, 0)) else {
+            panic!("expected link facts from config");
+        };
+        assert_eq!(link.current_speed.as_deref(), Some("8.0 GT/s PCIe"));
+        assert_eq!(link.current_width, Some(8));
+        assert_eq!(link.max_speed.as_deref(), Some("16.0 GT/s PCIe"));
+        assert_eq!(link.max_width, Some(16));
+        // Version 2 with a disagreeing Link Capabilities 2: the file decides.
+        assert_eq!(
+            LinkSource::decode(&config_with_pcie(2, 0)),
+            LinkSource::Files
+        );
+        // The 64-byte view has no capability list to decode.
+        let short = &config_with_pcie(1, 0)[..pci_config::CONFIG_SPACE_UNPRIVILEGED];
+        assert_eq!(LinkSource::decode(short), LinkSource::Files);
+    }
+
+    #[test]
+    fn damaged_capability_list_reads_the_files() {
+        let mut c = config_with_pcie(1, 0);
+        c[0x34] = 0x50;
+        c[0x50] = pci_config::CAP_ID_MSI;
+        c[0x51] = 0x50; // loops before reaching the PCIe capability
+        assert_eq!(LinkSource::decode(&c), LinkSource::Files);
+        c[0x51] = 0;
+        assert_eq!(LinkSource::decode(&c), LinkSource::NoPcieCapability);
+    }
+
+    #[test]
+    fn header_ids_and_bridge_subsystem() {
+        let mut c = config_with_pcie(1, 0);
+        c[0x2c..0x30].copy_from_slice(&[0xde, 0x10, 0xc1, 0x16]);
+        let h = ConfigHeader::decode(&c).unwrap();
+        assert_eq!(
+            (h.vendor, h.device, h.subsystem),
+            (0x10de, 0x2330, Some((0x10de, 0x16c1)))
+        );
+        c[0x0e] = 1; // a bridge: no SSVID capability means 0
+        assert_eq!(ConfigHeader::decode(&c).unwrap().subsystem, Some((0, 0)));
+        c[0x41] = 0x60;
+        c[0x60] = CAP_ID_SSVID;
+        c[0x64..0x68].copy_from_slice(&[0x86, 0x80, 0x34, 0x12]);
+        assert_eq!(
+            ConfigHeader::decode(&c).unwrap().subsystem,
+            Some((0x8086, 0x1234))
+        );
+        let short = &c[..pci_config::CONFIG_SPACE_UNPRIVILEGED];
+        assert_eq!(ConfigHeader::decode(short).unwrap().subsystem, None);
+        c[0..2].fill(0xff);
+        assert_eq!(ConfigHeader::decode(&c), None);
+        assert_eq!(ConfigHeader::decode(&c[..63]), None);
+    }
+}
