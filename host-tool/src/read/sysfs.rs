@@ -92,7 +92,7 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
 
 /// Reads every device, in `bdfs` order. Hosts have thousands of functions and each
 /// needs about 8 small reads, so the work is spread over one thread per core (at
-/// most 8: beyond that the kernel's sysfs locks, not the cores, set the pace).
+/// most 8; below 64 devices one thread, as spawning would cost more than it saves).
 fn read_devices(
     root: &Path,
     bdfs: &[Bdf],
