@@ -115,8 +115,10 @@ fn main() {
         tempfile::tempdir()
     }
     .expect("tempdir");
-    println!("tree in {}", dir.path().display());
-    let root = dir.path();
+    // TOPO_BENCH_TREE=DIR writes the tree there and keeps it, for hyperfine or strace.
+    let kept = std::env::var_os("TOPO_BENCH_TREE").map(std::path::PathBuf::from);
+    let root = kept.as_deref().unwrap_or(dir.path());
+    println!("tree in {}", root.display());
     let t = Instant::now();
     write_sysfs_tree(&host, root).expect("writing the sysfs tree");
     println!(

@@ -74,6 +74,14 @@ pub fn link_speed(text: &str) -> Option<String> {
     pci_config::LinkSpeed::from_sysfs(t).map(|_| t.to_string())
 }
 
+/// The kernel's text for a link speed code (`pci_speed_string`): 4 → `16.0 GT/s PCIe`;
+/// `None` where the kernel prints `Unknown`.
+pub fn link_speed_text(code: u8) -> Option<String> {
+    let gts =
+        ["2.5", "5.0", "8.0", "16.0", "32.0", "64.0"].get(usize::from(code).checked_sub(1)?)?;
+    Some(format!("{gts} GT/s PCIe"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +108,9 @@ mod tests {
         assert_eq!(r[1].size(), 0);
         assert_eq!(resources("0x0 0x1"), None);
         assert_eq!(link_speed("Unknown\n"), None);
+        assert_eq!(link_speed_text(4).as_deref(), Some("16.0 GT/s PCIe"));
+        assert_eq!(link_speed_text(0), None);
+        assert_eq!(link_speed_text(7), None);
         assert_eq!(
             link_speed("32.0 GT/s PCIe\n").as_deref(),
             Some("32.0 GT/s PCIe")

@@ -193,8 +193,9 @@ impl HostBuilder {
             vendor,
             device,
             class: 0x060400,
-            subsystem_vendor: None,
-            subsystem_device: None,
+            // Bridges without an SSVID capability show 0 (drivers/pci/probe.c).
+            subsystem_vendor: Some(0),
+            subsystem_device: Some(0),
             config,
             numa_node: numa.or(parent_numa),
             local_cpulist: None,
@@ -234,7 +235,8 @@ impl HostBuilder {
     ) -> Bdf {
         let (bdf, hb, ancestors, parent_numa) = self.place(at, function);
         let port_type = if ancestors.is_empty() { 0x9 } else { 0x0 };
-        let config = config_space(
+        let (subsystem_vendor, subsystem_device) = (spec.vendor, 0x16c1u16);
+        let mut config = config_space(
             spec.vendor,
             spec.device,
             spec.class,
@@ -245,6 +247,8 @@ impl HostBuilder {
             spec.acs,
             None,
         );
+        config[0x2c..0x2e].copy_from_slice(&subsystem_vendor.to_le_bytes());
+        config[0x2e..0x30].copy_from_slice(&subsystem_device.to_le_bytes());
         let mut resources = Vec::new();
         let mut addr: u64 = 0x3800_0000_0000 + ((bdf.bus as u64) << 36);
         for &(size, is64) in &spec.bars {
@@ -275,8 +279,8 @@ impl HostBuilder {
             vendor: spec.vendor,
             device: spec.device,
             class: spec.class,
-            subsystem_vendor: Some(spec.vendor),
-            subsystem_device: Some(0x16c1),
+            subsystem_vendor: Some(subsystem_vendor),
+            subsystem_device: Some(subsystem_device),
             config,
             numa_node,
             local_cpulist: numa_node.and_then(|n| self.host.numa_nodes.get(&n).cloned()),
@@ -389,8 +393,7 @@ impl HostBuilder {
 }
 
 fn speed_text(gen: u8) -> String {
-    ["2.5", "5.0", "8.0", "16.0", "32.0", "64.0"][(gen.clamp(1, 6) - 1) as usize].to_string()
-        + " GT/s PCIe"
+    crate::read::attr::link_speed_text(gen.clamp(1, 6)).unwrap_or_default()
 }
 
 /// A 4 KiB config space with a PCIe capability at 0x40, optional MSI-X at 0xC8
