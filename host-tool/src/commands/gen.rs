@@ -7,7 +7,6 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use pci_config::Bdf;
 
-use super::plan::HostConfigArgs;
 use crate::cli::GlobalArgs;
 use crate::config::host::HostConfig;
 use crate::config::vm::VmConfig;
@@ -40,18 +39,8 @@ pub struct PlanningArgs {
     /// The VM's GPUs (default: the config's `gpus`, else every GPU on the host).
     #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
     pub gpus: Vec<Bdf>,
-    /// Worst host path allowed inside a clique: pix, pxb, phb, node, sys (default: the
-    /// VM config's, else the host config's, else pxb).
-    #[arg(long, value_name = "LEVEL")]
-    pub p2p_level: Option<PathKind>,
-    /// `nvidia-smi topo -m` output captured on this host (see `vfio-p2p plan --help`).
-    #[arg(long, value_name = "FILE")]
-    pub nvlink: Vec<PathBuf>,
-    /// Put GPUs whose switch routes P2P untranslated (ACS RR/CR cleared) into cliques anyway.
-    #[arg(long)]
-    pub allow_untranslated_p2p: bool,
     #[command(flatten)]
-    pub host: HostConfigArgs,
+    pub options: super::plan::PlanOptionArgs,
 }
 
 #[derive(Debug, Args)]
@@ -97,10 +86,11 @@ pub fn plan_for(
 ) -> anyhow::Result<Plan> {
     let options = PlanOptions {
         p2p_level: planning
+            .options
             .p2p_level
             .or(config_level)
             .unwrap_or(host.p2p_level),
-        allow_untranslated_p2p: planning.allow_untranslated_p2p,
+        allow_untranslated_p2p: planning.options.allow_untranslated_p2p,
     };
     let p = plan(topo, gpus, &options)
         .with_context(|| format!("planning cliques on {}", topo.source))?;
@@ -163,9 +153,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
     }
-    let host = args.planning.host.load()?;
+    let host = args.planning.options.host.load()?;
     let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host, &args.planning.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host, &args.planning.options.nvlink)?;
     let requested = if args.planning.gpus.is_empty() {
         config.gpus.clone()
     } else {

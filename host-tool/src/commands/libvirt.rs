@@ -62,9 +62,9 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let scan = libvirt_patch::scan(&xml, &source_name)?;
-    let host = args.planning.host.load()?;
+    let host = args.planning.options.host.load()?;
     let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host, &args.planning.nvlink)?;
+    super::plan::apply_nvlink(&mut topo, &host, &args.planning.options.nvlink)?;
     // The VM's GPUs are its PCI hostdevs that are GPUs on this host (or the --gpus subset).
     let mut gpus: Vec<Bdf> = Vec::new();
     for h in &scan.hostdevs {

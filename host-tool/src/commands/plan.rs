@@ -43,11 +43,11 @@ impl HostConfigArgs {
     }
 }
 
-/// The planning options `plan` and `check` share.
-#[derive(Debug, Args)]
+/// The planning options `plan`, `check`, `gen` and `libvirt patch` share.
+#[derive(Debug, Clone, Args)]
 pub struct PlanOptionArgs {
     /// Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys
-    /// (default: the host config's `p2p_level`, else pxb).
+    /// (default: the VM config's where `gen` has one, else the host config's `p2p_level`, else pxb).
     #[arg(long, value_name = "LEVEL")]
     pub p2p_level: Option<PathKind>,
     /// `nvidia-smi topo -m` output captured on this host, with the GPU index → PCI address
