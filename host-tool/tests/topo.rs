@@ -393,3 +393,24 @@ fn gpu_count_matches_across_formats() {
         assert!(text.contains("0000:81:00.0"), "{format}: {text}");
     }
 }
+
+/// `vfio-p2p snapshot` of a VM with four NVLink H200s (taken by guest-agent/bench/multi-gpu.sh):
+/// a flat root bus, so PHB between every pair until NVLink is known.
+#[test]
+fn snapshot_of_a_real_four_gpu_vm_reads_back() {
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/h200x4-vm");
+    let r = topo_json(&root);
+    assert_eq!(
+        gpu_bdfs(&r),
+        [
+            "0000:00:06.0",
+            "0000:00:07.0",
+            "0000:00:08.0",
+            "0000:00:09.0"
+        ]
+    );
+    let m = matrix(&r);
+    assert_eq!(m[0][3], "PHB");
+    assert_eq!(m[2][2], "X");
+}
