@@ -67,16 +67,21 @@ fn json(out: &[u8]) -> Value {
     serde_json::from_slice(out).unwrap()
 }
 
+/// `scan --format json` of the tree below `root`, which must succeed.
+fn scan_json(root: &Path) -> Value {
+    let out = agent()
+        .args(["scan", "--format", "json", "--sysfs-root"])
+        .arg(root)
+        .assert()
+        .success();
+    json(&out.get_output().stdout)
+}
+
 #[test]
 fn scan_real_h200_vm_has_no_clique() {
     let t = tempfile::tempdir().unwrap();
     materialise(t.path(), H200X2, |_, _| {});
-    let out = agent()
-        .args(["scan", "--format", "json", "--sysfs-root"])
-        .arg(t.path())
-        .assert()
-        .success();
-    let v = json(&out.get_output().stdout);
+    let v = scan_json(t.path());
     let gpus = v["gpus"].as_array().unwrap();
     let bdfs: Vec<_> = gpus.iter().map(|g| g["bdf"].as_str().unwrap()).collect();
     assert_eq!(bdfs, ["0000:00:06.0", "0000:00:07.0"]);
@@ -100,12 +105,7 @@ fn scan_finds_linked_clique() {
             add_clique(b, 1)
         }
     });
-    let out = agent()
-        .args(["scan", "--format", "json", "--sysfs-root"])
-        .arg(t.path())
-        .assert()
-        .success();
-    let v = json(&out.get_output().stdout);
+    let v = scan_json(t.path());
     assert_eq!(v["gpus"][0]["clique"], Value::Null);
     assert_eq!(v["gpus"][1]["clique"], 1);
     assert_eq!(v["gpus"][1]["cap_offset"], "0xc8");
