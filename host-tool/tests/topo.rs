@@ -414,3 +414,25 @@ fn snapshot_of_a_real_four_gpu_vm_reads_back() {
     assert_eq!(m[0][3], "PHB");
     assert_eq!(m[2][2], "X");
 }
+
+/// `--nvlink` with the `nvidia-smi topo -m` captured on that VM shows NV18, as nvidia-smi did,
+/// while the PCIe matrix keeps the flat bus's PHB.
+#[test]
+fn nvlink_capture_shows_nv_for_the_real_four_gpu_vm() {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = vfio_p2p()
+        .arg("--sysfs-root")
+        .arg(here.join("../tests/fixtures/sysfs/h200x4-vm"))
+        .args(["topo", "--format", "json", "--nvlink"])
+        .arg(here.join("../tests/fixtures/agent/h200x4/topo-m.txt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["matrix"][0][3], "NV18");
+    assert_eq!(r["pcie_matrix"][0][3], "PHB");
+}

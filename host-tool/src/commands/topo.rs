@@ -1,5 +1,6 @@
 //! `vfio-p2p topo`: the host's PCIe/NUMA/IOMMU layout and the P2P path between GPUs.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
@@ -22,10 +23,17 @@ pub enum TopoFormat {
 pub struct TopoArgs {
     #[arg(long, value_enum, default_value_t)]
     pub format: TopoFormat,
+    /// `nvidia-smi topo -m` output captured on this host (with its GPU index → PCI address
+    /// map, see `vfio-p2p plan --help`): shows `NV#` for GPUs already bound to vfio-pci.
+    #[arg(long, value_name = "FILE")]
+    pub nvlink: Vec<PathBuf>,
+    #[command(flatten)]
+    pub host: super::plan::HostConfigArgs,
 }
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
-    let topo = super::load_topology(global)?;
+    let mut topo = super::load_topology(global)?;
+    super::plan::apply_nvlink(&mut topo, &args.host.load()?, &args.nvlink)?;
     let report = TopoReport::new(&topo);
     if report.gpus.is_empty() && global.example.is_none() {
         eprintln!(
