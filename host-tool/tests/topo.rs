@@ -30,10 +30,16 @@ fn vfio_p2p() -> Command {
 
 /// `topo --format json` of the sysfs tree below `root`, run through the binary.
 fn topo_json(root: &Path) -> Value {
+    topo_json_with(root, &[])
+}
+
+/// `topo --format json EXTRA…` of the sysfs tree below `root`.
+fn topo_json_with(root: &Path, extra: &[&std::ffi::OsStr]) -> Value {
     let out = vfio_p2p()
         .args(["--sysfs-root"])
         .arg(root)
         .args(["topo", "--format", "json"])
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -398,8 +404,7 @@ fn gpu_count_matches_across_formats() {
 /// a flat root bus, so PHB between every pair until NVLink is known.
 #[test]
 fn snapshot_of_a_real_four_gpu_vm_reads_back() {
-    let root =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/h200x4-vm");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/h200x4-vm");
     let r = topo_json(&root);
     assert_eq!(
         gpu_bdfs(&r),
@@ -419,20 +424,12 @@ fn snapshot_of_a_real_four_gpu_vm_reads_back() {
 /// while the PCIe matrix keeps the flat bus's PHB.
 #[test]
 fn nvlink_capture_shows_nv_for_the_real_four_gpu_vm() {
-    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = vfio_p2p()
-        .arg("--sysfs-root")
-        .arg(here.join("../tests/fixtures/sysfs/h200x4-vm"))
-        .args(["topo", "--format", "json", "--nvlink"])
-        .arg(here.join("../tests/fixtures/agent/h200x4/topo-m.txt"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let capture = here.join("../tests/fixtures/agent/h200x4/topo-m.txt");
+    let r = topo_json_with(
+        &here.join("../tests/fixtures/sysfs/h200x4-vm"),
+        &["--nvlink".as_ref(), capture.as_os_str()],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["matrix"][0][3], "NV18");
     assert_eq!(r["pcie_matrix"][0][3], "PHB");
 }

@@ -255,10 +255,7 @@ fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bd
     let sub = (r.class >> 8) & 0xff;
     match (base, sub) {
         (0x03, 0x00) if BMC_VGA_VENDORS.contains(&r.vendor) => DeviceKind::Other,
-        (0x03, 0x00) | (0x03, 0x02) => DeviceKind::Gpu {
-            nvidia: r.vendor == VENDOR_NVIDIA,
-        },
-        // Stand-ins and other display controllers (0x0380) are GPUs too when NVIDIA's.
+        // VGA (0x0300), 3D (0x0302) and other display controllers (0x0380), any vendor.
         (0x03, _) => DeviceKind::Gpu {
             nvidia: r.vendor == VENDOR_NVIDIA,
         },

@@ -99,7 +99,7 @@ fn dual_socket_pcie() -> HostRecord {
             gpu.link = (4, 16);
             gpu.msix_at_c8 = false;
             for d in leaf {
-                let g = b.endpoint(Attach::Below(d), 0, &gpu, None);
+                b.endpoint(Attach::Below(d), 0, &gpu, None);
                 let audio = EndpointSpec {
                     class: 0x040300,
                     bars: vec![(16 << 10, false)],
@@ -107,7 +107,6 @@ fn dual_socket_pcie() -> HostRecord {
                     ..gpu.clone()
                 };
                 b.endpoint(Attach::Below(d), 1, &audio, None);
-                let _ = g;
             }
         }
         b.endpoint(
