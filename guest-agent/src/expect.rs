@@ -1,18 +1,19 @@
 //! The host's expectation for this VM, and its comparison with what the guest sees.
 //!
-//! The host tool writes the expectation (see guest-agent/README.md for the format)
-//! and hands it in through QEMU fw_cfg as `opt/vfio-p2p/expect.json`, or as a file.
+//! The host tool writes the expectation, and hands it in through QEMU fw_cfg or as a file.
+//! Its format and version rule are the `vfio-p2p-contract` crate's, shared with the host.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
+pub use vfio_p2p_contract::{
+    Expectation, ExpectationError, ExpectedGpu, ExpectedPair, PciId, Verdict, EXPECTATION_VERSION,
+    FW_CFG_SYSFS_PATH as FW_CFG_PATH, MAX_EXPECTATION_BYTES,
+};
 
 use crate::sysfs_scan::Scan;
-
-/// Where the `qemu_fw_cfg` module shows the blob, under the sysfs root.
-pub const FW_CFG_PATH: &str = "sys/firmware/qemu_fw_cfg/by_name/opt/vfio-p2p/expect.json/raw";
-pub const FORMAT_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExpectError {
@@ -21,97 +22,39 @@ pub enum ExpectError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("expectation {path} is larger than {MAX_EXPECTATION_BYTES} bytes: not an expectation")]
+    TooLarge { path: PathBuf },
     #[error("expectation {path} is not valid: {source}")]
     Parse {
         path: PathBuf,
-        source: serde_json::Error,
+        source: ExpectationError,
     },
-    #[error(
-        "expectation {path} has format version {found}, this agent reads version {FORMAT_VERSION}"
-    )]
-    Version { path: PathBuf, found: u32 },
 }
 
-/// The expectation document (format version 1).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Expectation {
-    pub version: u32,
-    /// Name of the VM on the host.
-    pub vm: String,
-    pub gpus: Vec<ExpectedGpu>,
-    #[serde(default)]
-    pub pairs: Vec<ExpectedPair>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExpectedGpu {
-    pub host_bdf: Bdf,
-    /// The address the guest sees the GPU at.
-    pub guest_bdf: Bdf,
-    /// The clique the hypervisor was told to emulate; `null`: no capability at all.
-    pub clique: Option<u8>,
-    pub vendor: String,
-    pub device: String,
-}
-
-/// Whether P2P should work between two GPUs (guest addresses).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExpectedPair {
-    pub a: Bdf,
-    pub b: Bdf,
-    pub verdict: Verdict,
-    /// Host path label (`nvidia-smi topo -m` style: PIX, PXB, PHB, NODE, SYS, NV#).
-    pub path: String,
-    /// Number of NVLinks between them on the host, `null` when none.
-    pub nvlink: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Verdict {
-    #[serde(rename = "p2p")]
-    P2p,
-    #[serde(rename = "no-p2p")]
-    NoP2p,
-}
-
-impl Expectation {
-    /// Reads `file`, or the fw_cfg blob under `sysfs_root` when no file is given.
-    pub fn load(
-        file: Option<&Path>,
-        sysfs_root: &Path,
-    ) -> Result<(Expectation, PathBuf), ExpectError> {
-        let path = match file {
-            Some(f) => f.to_path_buf(),
-            None => sysfs_root.join(FW_CFG_PATH),
-        };
-        let text = std::fs::read_to_string(&path).map_err(|source| ExpectError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let e = Self::parse(&text).map_err(|source| ExpectError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        if e.version != FORMAT_VERSION {
-            return Err(ExpectError::Version {
-                path,
-                found: e.version,
-            });
-        }
-        Ok((e, path))
+/// Reads `file`, or the fw_cfg blob under `sysfs_root` when no file is given.
+pub fn load(file: Option<&Path>, sysfs_root: &Path) -> Result<(Expectation, PathBuf), ExpectError> {
+    let path = match file {
+        Some(f) => f.to_path_buf(),
+        None => sysfs_root.join(FW_CFG_PATH),
+    };
+    let read = |source| ExpectError::Read {
+        path: path.clone(),
+        source,
+    };
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .map_err(read)?
+        .take(MAX_EXPECTATION_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read)?;
+    if text.len() as u64 > MAX_EXPECTATION_BYTES {
+        return Err(ExpectError::TooLarge { path });
     }
-
-    pub fn parse(text: &str) -> Result<Expectation, serde_json::Error> {
-        // fw_cfg blobs may carry trailing NUL padding.
-        serde_json::from_str(text.trim_end_matches('\0'))
-    }
-
-    /// The expected verdict for a pair, in either order.
-    pub fn pair(&self, a: Bdf, b: Bdf) -> Option<&ExpectedPair> {
-        self.pairs
-            .iter()
-            .find(|p| (p.a == a && p.b == b) || (p.a == b && p.b == a))
-    }
+    let e = Expectation::from_json(&text).map_err(|source| ExpectError::Parse {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((e, path))
 }
 
 /// Outcome of one expected GPU.
@@ -165,9 +108,9 @@ fn clique_text(c: Option<u8>) -> String {
     c.map_or_else(|| "no clique capability".into(), |c| format!("clique {c}"))
 }
 
-fn same_id(a: &str, b: &str) -> bool {
-    let norm = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok();
-    norm(a).is_some() && norm(a) == norm(b)
+/// Whether the scan's ID text `found` is `want`.
+fn same_id(found: &str, want: PciId) -> bool {
+    PciId::parse(found) == Some(want)
 }
 
 /// Compares the expectation with a scan: each GPU at its guest address, with its
@@ -195,7 +138,7 @@ pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport
                     ),
                 );
             };
-            if !same_id(&g.vendor, &e.vendor) || !same_id(&g.device, &e.device) {
+            if !same_id(&g.vendor, e.vendor) || !same_id(&g.device, e.device) {
                 return check(
                     GpuStatus::WrongDevice,
                     g.clique,
@@ -255,38 +198,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_documented_example() {
-        let e = Expectation::parse(
-            r#"{"version":1,"vm":"vm0","gpus":[{"host_bdf":"0000:41:00.0","guest_bdf":"0000:06:00.0","clique":0,"vendor":"0x10de","device":"0x2330"},
-                {"host_bdf":"0000:42:00.0","guest_bdf":"0000:07:00.0","clique":null,"vendor":"0x10de","device":"0x2330"}],
-               "pairs":[{"a":"0000:06:00.0","b":"0000:07:00.0","verdict":"no-p2p","path":"PIX","nvlink":null}]}"#,
-        )
-        .unwrap();
-        assert_eq!(e.gpus[0].clique, Some(0));
-        assert_eq!(e.gpus[1].clique, None);
-        let b = |s: &str| s.parse::<Bdf>().unwrap();
-        assert_eq!(
-            e.pair(b("0000:07:00.0"), b("0000:06:00.0"))
-                .unwrap()
-                .verdict,
-            Verdict::NoP2p
-        );
-        assert!(
-            Expectation::parse(r#"{"version":1,"vm":"x","gpus":[{"host_bdf":"../x"}]}"#).is_err()
-        );
-    }
-
-    #[test]
-    fn trailing_nuls_of_fw_cfg_are_ignored() {
-        let e = Expectation::parse("{\"version\":1,\"vm\":\"v\",\"gpus\":[]}\0\0").unwrap();
-        assert!(e.pairs.is_empty());
-    }
-
-    #[test]
     fn ids_compare_as_numbers() {
-        assert!(same_id("0x10de", "0x10DE"));
-        assert!(same_id("10de", "0x10de"));
-        assert!(!same_id("0x2330", "0x2335"));
-        assert!(!same_id("", ""));
+        assert!(same_id("0x10DE", PciId(0x10de)));
+        assert!(same_id("10de", PciId(0x10de)));
+        assert!(!same_id("0x2335", PciId(0x2330)));
+        assert!(!same_id("", PciId(0)));
+    }
+
+    #[test]
+    fn load_names_the_file_and_caps_its_size() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("e.json");
+        std::fs::write(&f, "{\"version\":1,\"vm\":\"v\",\"gpus\":[]}\0\0").unwrap();
+        assert!(load(Some(&f), t.path()).unwrap().0.pairs.is_empty());
+        std::fs::write(&f, "{\"version\":3,\"vm\":\"v\",\"gpus\":[]}").unwrap();
+        let e = load(Some(&f), t.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("e.json") && e.contains("format version 3"),
+            "{e}"
+        );
+        let big = std::fs::File::create(&f).unwrap();
+        big.set_len(MAX_EXPECTATION_BYTES + 10).unwrap();
+        let e = load(Some(&f), t.path()).unwrap_err().to_string();
+        assert!(e.contains("e.json") && e.contains("larger than"), "{e}");
     }
 }

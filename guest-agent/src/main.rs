@@ -146,7 +146,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         }
         Command::Expect { sysfs, expect } => {
             let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
-            let (e, source) = Expectation::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+            let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
             let r = expect::compare(&e, &source, &scan);
             emit(f, &r, render::expect)?;
             if r.mismatches() > 0 {
@@ -274,8 +274,8 @@ fn in_vm() -> bool {
 
 fn optional_expectation(args: &ExpectArgs, root: &Path) -> Result<Option<(Expectation, PathBuf)>> {
     match &args.expect {
-        Some(_) => Ok(Some(Expectation::load(args.expect.as_deref(), root)?)),
-        None if root.join(expect::FW_CFG_PATH).exists() => Ok(Some(Expectation::load(None, root)?)),
+        Some(_) => Ok(Some(expect::load(args.expect.as_deref(), root)?)),
+        None if root.join(expect::FW_CFG_PATH).exists() => Ok(Some(expect::load(None, root)?)),
         None => Ok(None),
     }
 }

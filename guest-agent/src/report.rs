@@ -159,7 +159,7 @@ impl Report {
 pub fn attach_expectation(pair: &mut PairReport, expect: Option<&Expectation>) {
     if let Some(e) = expect.and_then(|e| e.pair(pair.src, pair.dst)) {
         pair.expected = Some(e.verdict);
-        pair.expected_nvlinks = e.nvlink;
+        pair.expected_nvlinks = e.nvlink.map(u32::from);
     }
 }
 

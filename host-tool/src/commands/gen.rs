@@ -10,7 +10,7 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::config::host::HostConfig;
 use crate::config::vm::VmConfig;
-use crate::decide::expectation::Expectation;
+use crate::decide::expectation;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
 use crate::decide::mmio;
 use crate::decide::plan::{plan, Plan, PlanOptions};
@@ -176,7 +176,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is {
         layout.as_is();
     }
-    let expectation = Expectation::new(&config.name, &topo, &layout);
+    let expectation = expectation::for_layout(&config.name, &topo, &layout);
     let devices: Vec<_> = layout
         .gpus
         .iter()

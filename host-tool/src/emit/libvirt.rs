@@ -15,7 +15,7 @@ use crate::config::vm::Firmware;
 use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu, ROOT_BUS};
 
 pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
-pub const CLIQUE_PROPERTY: &str = "x-nv-gpudirect-clique";
+pub use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// A libvirt version, `major.minor[.micro]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

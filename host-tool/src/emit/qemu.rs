@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use super::vm::{cpulist, VmDefinition};
 use crate::config::vm::Firmware;
 use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu};
+use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
 
@@ -110,7 +111,7 @@ pub fn gpu_devices(g: &GuestGpu) -> Vec<DeviceJson> {
         }
         if is_gpu {
             if let Some(c) = g.clique {
-                m.insert("x-nv-gpudirect-clique", json!(c));
+                m.insert(CLIQUE_PROPERTY, json!(c));
             }
         }
         out.push(m);

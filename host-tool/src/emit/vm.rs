@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use crate::config::vm::VmConfig;
-use crate::decide::expectation::Expectation;
 use crate::decide::guest_layout::GuestLayout;
+use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 
 /// How the expectation reaches QEMU's fw_cfg.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl VmDefinition<'_> {
 
     /// The `-fw_cfg` option value carrying the expectation (QemuOpts syntax: commas doubled).
     pub fn fw_cfg_expectation(&self) -> String {
-        let name = crate::decide::expectation::FW_CFG_NAME;
+        let name = FW_CFG_NAME;
         match &self.expectation_source {
             ExpectationSource::File(p) => {
                 format!(

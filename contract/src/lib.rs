@@ -1,0 +1,191 @@
+//! The host↔guest contract of vfio-p2p, defined once for both binaries.
+//!
+//! The host tool (`vfio-p2p gen`) writes an [`Expectation`] for each VM: which GPU sits
+//! at which guest address with which clique, and which pairs should reach each other
+//! over P2P. QEMU hands it to the guest through fw_cfg as [`FW_CFG_NAME`]; the guest
+//! agent reads it at [`FW_CFG_SYSFS_PATH`] (or from `--expect FILE`) and compares it
+//! with its own scan. The clique itself travels as the vfio-pci property
+//! [`CLIQUE_PROPERTY`].
+//!
+//! # Wire format (version 1)
+//!
+//! One JSON object, compact, optionally followed by NUL padding (fw_cfg):
+//!
+//! ```json
+//! {"version":1,"vm":"vm0",
+//!  "gpus":[{"host_bdf":"0000:41:00.0","guest_bdf":"0000:06:00.0","clique":0,
+//!           "vendor":"0x10de","device":"0x2330"}],
+//!  "pairs":[{"a":"0000:06:00.0","b":"0000:07:00.0","verdict":"p2p","path":"PIX","nvlink":null}]}
+//! ```
+//!
+//! # Version rule
+//!
+//! * A new field that an older reader may safely ignore is added **without** a version
+//!   change: give it `#[serde(default)]` (and `skip_serializing_if` when it has an
+//!   "absent" value), so an older host's document still reads. Readers ignore unknown
+//!   fields, so an older agent still reads a newer host's document.
+//! * Anything an older reader would misread (a field removed, renamed, retyped, or given
+//!   a new meaning) bumps [`EXPECTATION_VERSION`]; readers refuse other versions with an
+//!   error naming both.
+//!
+//! `tests/compat.rs` pins both directions.
+
+use pci_config::Bdf;
+use serde::{Deserialize, Serialize};
+
+mod pci_id;
+
+pub use pci_id::PciId;
+
+macro_rules! fw_cfg_name {
+    () => {
+        "opt/vfio-p2p/expect.json"
+    };
+}
+
+/// The fw_cfg file name the host gives QEMU (`-fw_cfg name=…`).
+pub const FW_CFG_NAME: &str = fw_cfg_name!();
+
+/// Where the guest's `qemu_fw_cfg` module shows that file, relative to the sysfs root
+/// (the parent of `sys/`).
+pub const FW_CFG_SYSFS_PATH: &str =
+    concat!("sys/firmware/qemu_fw_cfg/by_name/", fw_cfg_name!(), "/raw");
+
+/// The vfio-pci device property (patched QEMU) that makes the GPU carry a clique.
+pub const CLIQUE_PROPERTY: &str = "x-nv-gpudirect-clique";
+
+/// The format version written by this build, and the only one it reads.
+pub const EXPECTATION_VERSION: u32 = 1;
+
+/// The largest expectation a reader needs to take in. A 64-GPU VM with every pair is
+/// about 250 KiB; anything beyond this is not an expectation.
+pub const MAX_EXPECTATION_BYTES: u64 = 4 << 20;
+
+/// What the host expects the guest to see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expectation {
+    pub version: u32,
+    /// The VM's name on the host.
+    pub vm: String,
+    pub gpus: Vec<ExpectedGpu>,
+    /// Unordered GPU pairs (guest addresses); optional in the document.
+    #[serde(default)]
+    pub pairs: Vec<ExpectedPair>,
+}
+
+/// One passed-through GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedGpu {
+    pub host_bdf: Bdf,
+    /// The address the guest sees the GPU at.
+    pub guest_bdf: Bdf,
+    /// The clique the hypervisor was told to emulate, 0..=15; `null`: no capability.
+    pub clique: Option<u8>,
+    pub vendor: PciId,
+    pub device: PciId,
+}
+
+/// Whether P2P should work between two GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    P2p,
+    NoP2p,
+}
+
+/// One pair of GPUs, by guest address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedPair {
+    pub a: Bdf,
+    pub b: Bdf,
+    pub verdict: Verdict,
+    /// The host's path label, `nvidia-smi topo -m` style (PIX, PXB, PHB, NODE, SYS).
+    pub path: String,
+    /// The number of NVLinks between the two on the host; `null` when none.
+    pub nvlink: Option<u8>,
+}
+
+/// Why a document is not a usable expectation.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpectationError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("format version {found}; this build reads version {EXPECTATION_VERSION}")]
+    Version { found: u32 },
+}
+
+impl Expectation {
+    /// An empty expectation of the current version.
+    pub fn new(vm: impl Into<String>) -> Self {
+        Expectation {
+            version: EXPECTATION_VERSION,
+            vm: vm.into(),
+            gpus: Vec::new(),
+            pairs: Vec::new(),
+        }
+    }
+
+    /// Compact JSON, as written to the fw_cfg file.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain data serializes")
+    }
+
+    /// Reads a document: trailing NULs (fw_cfg padding) are ignored, unknown fields
+    /// too (see the version rule), and any version but [`EXPECTATION_VERSION`] is refused.
+    pub fn from_json(text: &str) -> Result<Self, ExpectationError> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: u32,
+        }
+        let text = text.trim_end_matches('\0');
+        let Versioned { version } = serde_json::from_str(text)?;
+        if version != EXPECTATION_VERSION {
+            return Err(ExpectationError::Version { found: version });
+        }
+        Ok(serde_json::from_str(text)?)
+    }
+
+    /// The pair of `a` and `b`, in either order.
+    pub fn pair(&self, a: Bdf, b: Bdf) -> Option<&ExpectedPair> {
+        self.pairs
+            .iter()
+            .find(|p| (p.a == a && p.b == b) || (p.a == b && p.b == a))
+    }
+
+    /// The GPU the guest should see at `guest`.
+    pub fn gpu_at(&self, guest: Bdf) -> Option<&ExpectedGpu> {
+        self.gpus.iter().find(|g| g.guest_bdf == guest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fw_cfg_path_is_below_by_name() {
+        assert_eq!(
+            FW_CFG_SYSFS_PATH,
+            "sys/firmware/qemu_fw_cfg/by_name/opt/vfio-p2p/expect.json/raw"
+        );
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_before_its_fields_are_read() {
+        let e = Expectation::from_json(r#"{"version":2,"gpus":"whatever"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "format version 2; this build reads version 1"
+        );
+    }
+
+    #[test]
+    fn bad_addresses_are_refused() {
+        let e = Expectation::from_json(
+            r#"{"version":1,"vm":"x","gpus":[{"host_bdf":"../x","guest_bdf":"0000:06:00.0",
+                "clique":null,"vendor":"0x10de","device":"0x2330"}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("'../x' is not a PCI address"), "{e}");
+    }
+}
