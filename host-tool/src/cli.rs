@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use crate::commands;
 
@@ -38,15 +38,6 @@ pub struct GlobalArgs {
     /// More log output (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-}
-
-/// Output formats shared by every command that prints data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum DataFormat {
-    #[default]
-    Table,
-    Json,
-    Yaml,
 }
 
 #[derive(Debug, Subcommand)]

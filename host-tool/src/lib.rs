@@ -2,11 +2,13 @@
 //!
 //! Data flows one way: [`read`] (sysfs, snapshots) → [`model`] (typed topology)
 //! → decide (paths, cliques, checks) → [`emit`] (reports and VMM configs).
-//! Emitters never read sysfs. [`commands`] wires the stages to the CLI.
+//! Emitters never read sysfs. [`commands`] wires the stages to the CLI, each command
+//! starting from one [`context::Context`]. docs/architecture.md maps it all.
 
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod context;
 pub mod decide;
 pub mod emit;
 pub mod hook;

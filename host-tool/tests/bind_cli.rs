@@ -141,7 +141,73 @@ fn refusals_name_the_problem() {
         .args(["--example", "flat-vm", "bind", GPU])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("need a real sysfs root"));
+        .stderr(predicate::str::contains(
+            "pass a real sysfs root (--sysfs-root) to change bindings",
+        ));
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args([
+            "--example",
+            "flat-vm",
+            "hook",
+            "run",
+            "vm0",
+            "prepare",
+            "begin",
+            "-",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--example is a made-up host"));
+}
+
+/// The README's tour runs bind/unbind on the examples as dry runs; they leave nothing behind.
+#[test]
+fn dry_runs_work_on_the_examples() {
+    let before = example_trees();
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "bind",
+            "--dry-run",
+            "07:00.0",
+        ])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "0000:07:00.0  nvidia → (dry run)  (named)",
+        ))
+        .stdout(predicate::str::contains(
+            "echo vfio-pci > /sys/bus/pci/devices/0000:07:00.1/driver_override",
+        ));
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "hgx-h100", "unbind", "--dry-run", "--all"])
+        .assert()
+        .success()
+        .stdout("nothing to do\n");
+    assert_eq!(
+        example_trees(),
+        before,
+        "a dry run left its temporary tree behind"
+    );
+}
+
+fn example_trees() -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vfio-p2p-example-"))
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 #[test]

@@ -3,9 +3,11 @@ use std::str::FromStr;
 
 /// A PCI function address, `DDDD:BB:DD.F`.
 ///
-/// Parsing is strict (four hex digits of domain, two of bus, two of device ≤ 0x1f,
-/// one function digit ≤ 7), so a `Bdf` printed with `Display` is always a safe single
-/// path component: nothing like `../` can get through.
+/// Parsing takes the three forms tools print: `0000:41:00.0` (sysfs, libvirt),
+/// `41:00.0` (lspci, domain 0) and `00000000:41:00.0` (nvidia-smi's 8-digit domain, which
+/// must fit 16 bits); otherwise it is strict (hex digits only, two of bus, two of device
+/// ≤ 0x1f, one function digit ≤ 7). `Display` always prints the first form, so a `Bdf`
+/// is always a safe single path component: nothing like `../` can get through.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Bdf {
     pub domain: u16,
@@ -16,7 +18,7 @@ pub struct Bdf {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BdfError {
-    #[error("'{0}' is not a PCI address: expected DDDD:BB:DD.F in hex, e.g. 0000:41:00.0")]
+    #[error("'{0}' is not a PCI address: expected DDDD:BB:DD.F in hex, e.g. 0000:41:00.0 (or lspci's 41:00.0)")]
     Syntax(String),
     #[error("'{0}': device number {1:#x} is above 0x1f")]
     Device(String, u8),
@@ -57,10 +59,17 @@ impl FromStr for Bdf {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let syntax = || BdfError::Syntax(s.to_string());
-        let (domain, rest) = s.split_once(':').ok_or_else(syntax)?;
+        let (domain, rest) = match s.matches(':').count() {
+            1 => ("0000", s),
+            2 => s.split_once(':').ok_or_else(syntax)?,
+            _ => return Err(syntax()),
+        };
         let (bus, rest) = rest.split_once(':').ok_or_else(syntax)?;
         let (device, function) = rest.split_once('.').ok_or_else(syntax)?;
-        let domain = hex_field(domain, 4).ok_or_else(syntax)? as u16;
+        let domain = hex_field(domain, 4)
+            .or_else(|| hex_field(domain, 8))
+            .and_then(|d| u16::try_from(d).ok())
+            .ok_or_else(syntax)?;
         let bus = hex_field(bus, 2).ok_or_else(syntax)? as u8;
         let device = hex_field(device, 2).ok_or_else(syntax)? as u8;
         let function = hex_field(function, 1).ok_or_else(syntax)? as u8;
@@ -126,7 +135,16 @@ mod tests {
     fn rejects_everything_else() {
         for bad in [
             "",
-            "41:00.0",
+            ":41:00.0",
+            "41:00",
+            "0:41:00.0",
+            "000:41:00.0",
+            "0000000:41:00.0",
+            "000000000:41:00.0",
+            "00010000:41:00.0",
+            "0000:0000:41:00.0",
+            "41:00.0:0",
+            "1:00.0",
             "0000:41:00",
             "0000:41:00.8",
             "0000:41:20.0",
@@ -147,6 +165,31 @@ mod tests {
         assert_eq!(
             "0000:00:20.0".parse::<Bdf>(),
             Err(BdfError::Device("0000:00:20.0".into(), 0x20))
+        );
+    }
+
+    #[test]
+    fn takes_lspci_and_nvidia_smi_forms() {
+        let want = Bdf::new(0, 0x07, 0, 0);
+        for form in [
+            "0000:07:00.0",
+            "07:00.0",
+            "00000000:07:00.0",
+            "00000000:07:00.0",
+        ] {
+            assert_eq!(form.parse::<Bdf>(), Ok(want), "{form}");
+        }
+        assert_eq!(
+            "0000000A:1F:00.0".parse::<Bdf>().unwrap().to_string(),
+            "000a:1f:00.0"
+        );
+        assert_eq!(
+            "ff:1f.7".parse::<Bdf>().unwrap().to_string(),
+            "0000:ff:1f.7"
+        );
+        assert_eq!(
+            "07:20.0".parse::<Bdf>(),
+            Err(BdfError::Device("07:20.0".into(), 0x20))
         );
     }
 
@@ -194,7 +237,17 @@ mod tests {
         fn arbitrary_strings_never_panic(s in "\\PC{0,20}") {
             if let Ok(b) = s.parse::<Bdf>() {
                 prop_assert!(!b.to_string().contains('/'));
+                prop_assert_eq!(b.to_string().parse::<Bdf>().unwrap(), b);
             }
+        }
+
+        #[test]
+        fn every_form_normalises(d: u16, b: u8, dev in 0u8..32, f in 0u8..8) {
+            let bdf = Bdf::new(d, b, dev, f);
+            let long = format!("{:08X}:{:02X}:{:02x}.{}", d, b, dev, f);
+            prop_assert_eq!(long.parse::<Bdf>().unwrap(), bdf);
+            let short = format!("{b:02x}:{dev:02x}.{f}");
+            prop_assert_eq!(short.parse::<Bdf>().unwrap(), Bdf::new(0, b, dev, f));
         }
     }
 }

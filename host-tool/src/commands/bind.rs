@@ -1,23 +1,19 @@
 //! `vfio-p2p bind` and `vfio-p2p unbind`: move GPUs to vfio-pci and back.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use clap::Args;
 use pci_config::Bdf;
 
-use crate::cli::{DataFormat, GlobalArgs};
+use crate::cli::GlobalArgs;
+use crate::context::ChangeRoot;
 use crate::emit;
+use crate::emit::data::DataFormat;
 use crate::vfio_bind::apply::binding_text;
 use crate::vfio_bind::{
-    self, BindOptions, FailAt, FileWriter, Reason, SessionOptions, SessionReport, SysfsWriter,
-    UnbindSelection,
+    self, writer, BindOptions, Reason, SessionOptions, SessionReport, UnbindSelection,
 };
-
-/// Environment variable of the failure-injection test hook (see [`writer`]).
-pub const FAIL_AFTER_ENV: &str = "VFIO_P2P_FAIL_AFTER";
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -79,52 +75,14 @@ impl ChangeArgs {
     }
 }
 
-/// The sysfs root a changing command works on: never an embedded example or a snapshot file.
-pub fn change_root(global: &GlobalArgs) -> anyhow::Result<&Path> {
-    if global.example.is_some() {
-        bail!(
-            "--example is a made-up host; bind/unbind/hook need a real sysfs root (--sysfs-root)"
-        );
-    }
-    if global.sysfs_root.is_file() {
-        bail!(
-            "{}: a snapshot file cannot be changed; pass a sysfs root directory (--sysfs-root)",
-            global.sysfs_root.display()
-        );
-    }
-    Ok(&global.sysfs_root)
-}
-
-/// The real writer; with `VFIO_P2P_FAIL_AFTER=N` (a test hook for rollback on a real
-/// kernel) its N-th write fails.
-pub fn writer() -> anyhow::Result<Box<dyn SysfsWriter>> {
-    match std::env::var(FAIL_AFTER_ENV) {
-        Ok(v) => {
-            let n: usize =
-                v.trim().parse().ok().filter(|n| *n > 0).with_context(|| {
-                    format!("{FAIL_AFTER_ENV}={v:?}: expected a write number ≥ 1")
-                })?;
-            tracing::warn!("{FAIL_AFTER_ENV}={n}: sysfs write {n} will fail (test hook)");
-            Ok(Box::new(FailAt::new(FileWriter, n)))
-        }
-        Err(_) => Ok(Box::new(FileWriter)),
-    }
-}
-
-impl SysfsWriter for Box<dyn SysfsWriter> {
-    fn write(&mut self, root: &Path, file: &Path, value: &str) -> std::io::Result<()> {
-        (**self).write(root, file, value)
-    }
-}
-
 pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode> {
-    let root = change_root(global)?;
+    let root = ChangeRoot::new(global, args.common.dry_run)?;
     let opts = BindOptions {
         whole_group: args.whole_group,
         force: args.force,
     };
     let report = vfio_bind::bind(
-        root,
+        root.path(),
         &mut writer()?,
         &args.devices,
         &opts,
@@ -134,13 +92,18 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
 }
 
 pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitCode> {
-    let root = change_root(global)?;
+    let root = ChangeRoot::new(global, args.common.dry_run)?;
     let selection = if args.all {
         UnbindSelection::All
     } else {
         UnbindSelection::Devices(args.devices)
     };
-    let report = vfio_bind::unbind(root, &mut writer()?, &selection, &args.common.session(None))?;
+    let report = vfio_bind::unbind(
+        root.path(),
+        &mut writer()?,
+        &selection,
+        &args.common.session(None),
+    )?;
     print_report(&report, args.common.format)
 }
 

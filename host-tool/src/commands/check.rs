@@ -3,14 +3,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::Context as _;
 use clap::Args;
 use pci_config::Bdf;
 
-use crate::cli::{DataFormat, GlobalArgs};
+use crate::cli::GlobalArgs;
+use crate::context::{Context, PlanOptionArgs};
 use crate::decide::check::{self, QemuVersion, Vmm, VmmFacts};
 use crate::decide::plan::plan;
 use crate::emit;
+use crate::emit::data::DataFormat;
 use crate::host_probe;
 
 #[derive(Debug, Args)]
@@ -19,7 +21,7 @@ pub struct CheckArgs {
     #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
     pub gpus: Vec<Bdf>,
     #[command(flatten)]
-    pub plan: super::plan::PlanOptionArgs,
+    pub plan: PlanOptionArgs,
     /// libvirt domain XML of the VM (hidden hypervisor, 64-bit MMIO window).
     #[arg(long, value_name = "FILE")]
     pub domain_xml: Option<PathBuf>,
@@ -79,10 +81,9 @@ fn vmm_facts(args: &CheckArgs) -> anyhow::Result<VmmFacts> {
 }
 
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let host_config = args.plan.host.load()?;
-    let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host_config, &args.plan.nvlink)?;
-    let gpus = super::plan::selected_gpus(&topo, &args.gpus);
+    let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
+    let topo = &ctx.topo;
+    let gpus = ctx.gpus(&args.gpus);
     for g in &gpus {
         anyhow::ensure!(
             topo.device(g).is_some_and(|d| d.is_gpu()),
@@ -94,15 +95,15 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("--deep opens every selected GPU through VFIO, which resets it");
     }
     let host = if global.example.is_some() {
-        host_probe::not_probed("an embedded example has no live host", &topo, &gpus)
+        host_probe::not_probed("an embedded example has no live host", topo, &gpus)
     } else if global.sysfs_root.is_file() {
-        host_probe::not_probed("a snapshot file has no /dev", &topo, &gpus)
+        host_probe::not_probed("a snapshot file has no /dev", topo, &gpus)
     } else {
-        host_probe::gather(&global.sysfs_root, &topo, &gpus, args.deep)
+        host_probe::gather(&global.sysfs_root, topo, &gpus, args.deep)
     };
     let vmm = vmm_facts(&args)?;
-    let p = plan(&topo, &gpus, &args.plan.options(&host_config));
-    let report = check::run_checks(&topo, &gpus, &host, &vmm, &p);
+    let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
+    let report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),
         None => print!("{}", emit::check::table(&report)),

@@ -1,24 +1,22 @@
 //! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl`: a VM definition from the plan.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
-use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::HostConfig;
 use crate::config::vm::VmConfig;
+use crate::context::{libvirt_version, Context, PlanningArgs};
 use crate::decide::expectation;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
 use crate::decide::mmio;
-use crate::decide::plan::{plan, Plan, PlanOptions};
+use crate::emit::data::write_output;
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl};
-use crate::model::{PathKind, Topology};
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -31,16 +29,6 @@ pub enum GenTarget {
     CloudHypervisor,
     /// The NCCL topology XML to install in the guest (`NCCL_TOPO_FILE`).
     Nccl,
-}
-
-/// Which GPUs and how far P2P may reach; shared by `gen` and `libvirt patch`.
-#[derive(Debug, Clone, Args)]
-pub struct PlanningArgs {
-    /// The VM's GPUs (default: the config's `gpus`, else every GPU on the host).
-    #[arg(long, value_delimiter = ',', value_name = "BDF,BDF,…")]
-    pub gpus: Vec<Bdf>,
-    #[command(flatten)]
-    pub options: super::plan::PlanOptionArgs,
 }
 
 #[derive(Debug, Args)]
@@ -76,66 +64,6 @@ pub struct GenArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Plans cliques for `gpus` with the CLI's options over the VM config's over the host's.
-pub fn plan_for(
-    topo: &Topology,
-    gpus: &[Bdf],
-    planning: &PlanningArgs,
-    config_level: Option<PathKind>,
-    host: &HostConfig,
-) -> anyhow::Result<Plan> {
-    let options = PlanOptions {
-        p2p_level: planning
-            .options
-            .p2p_level
-            .or(config_level)
-            .unwrap_or(host.p2p_level),
-        allow_untranslated_p2p: planning.options.allow_untranslated_p2p,
-    };
-    let p = plan(topo, gpus, &options)
-        .with_context(|| format!("planning cliques on {}", topo.source))?;
-    for w in &p.warnings {
-        tracing::warn!("{w}");
-    }
-    Ok(p)
-}
-
-/// The libvirt version to target: the flag, else what `virsh --version` says.
-pub fn libvirt_version(flag: Option<LibvirtVersion>) -> LibvirtVersion {
-    if let Some(v) = flag {
-        return v;
-    }
-    for tool in ["virsh", "libvirtd"] {
-        let out = std::process::Command::new(tool).arg("--version").output();
-        if let Ok(out) = out {
-            let text = String::from_utf8_lossy(&out.stdout);
-            if let Some(v) = text
-                .split_whitespace()
-                .rev()
-                .find_map(|w| w.parse::<LibvirtVersion>().ok())
-            {
-                return v;
-            }
-        }
-    }
-    tracing::warn!(
-        "could not run `virsh --version`; assuming libvirt >= {} (pass --libvirt-version)",
-        libvirt::OVERRIDE_SINCE
-    );
-    libvirt::OVERRIDE_SINCE
-}
-
-/// Writes `text` to `path`, or stdout.
-pub fn write_output(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
-    match path {
-        Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display())),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
-    }
-}
-
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let mut config = match &args.config {
         Some(p) => VmConfig::load(p)?,
@@ -153,18 +81,24 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
     }
-    let host = args.planning.options.host.load()?;
-    let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host, &args.planning.options.nvlink)?;
+    let ctx = Context::load(
+        global,
+        &args.planning.options.host,
+        &args.planning.options.nvlink,
+    )?;
+    let topo = &ctx.topo;
     let requested = if args.planning.gpus.is_empty() {
         config.gpus.clone()
     } else {
         args.planning.gpus.clone()
     };
-    let gpus = super::plan::selected_gpus(&topo, &requested);
-    let p = plan_for(&topo, &gpus, &args.planning, config.p2p_level, &host)?;
+    let gpus = ctx.gpus(&requested);
+    let p = ctx.plan(
+        &gpus,
+        &ctx.plan_options(&args.planning.options, config.p2p_level),
+    )?;
     let mut layout = guest_layout::decide(
-        &topo,
+        topo,
         &gpus,
         &p.assignments,
         LayoutOptions {
@@ -176,7 +110,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is {
         layout.as_is();
     }
-    let expectation = expectation::for_layout(&config.name, &topo, &layout);
+    let expectation = expectation::for_layout(&config.name, topo, &layout);
     let devices: Vec<_> = layout
         .gpus
         .iter()
@@ -210,13 +144,13 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             libvirt::domain(&vm, version)
         }
         GenTarget::CloudHypervisor => {
-            let (argv, warnings) = cloud_hypervisor::argv(&vm, &topo)?;
+            let (argv, warnings) = cloud_hypervisor::argv(&vm, topo)?;
             for w in warnings {
                 tracing::warn!("{w}");
             }
             qemu::render(&argv, format)
         }
-        GenTarget::Nccl => nccl::topology_xml(&vm, &topo),
+        GenTarget::Nccl => nccl::topology_xml(&vm, topo),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)

@@ -7,16 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
-use super::bind::{change_root, writer};
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
+use crate::context::{ChangeRoot, Context};
 use crate::hook::check::{findings, reserved_findings};
 use crate::hook::domain;
 use crate::read::read_host;
-use crate::vfio_bind::{self, BindOptions, BindState, SessionOptions, UnbindSelection};
+use crate::vfio_bind::{self, writer, BindOptions, BindState, SessionOptions, UnbindSelection};
 
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
@@ -143,7 +143,8 @@ fn session(guest: &str) -> SessionOptions {
 }
 
 fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
-    let root = change_root(global)?;
+    let root = ChangeRoot::new(global, false)?;
+    let root = root.path();
     let mut xml = String::new();
     std::io::stdin()
         .read_to_string(&mut xml)
@@ -164,10 +165,9 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
     if facts.hostdevs.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    let (mut topo, notes) = super::model_host(
-        &read_host(root).with_context(|| format!("reading the host below {}", root.display()))?,
-    );
-    super::plan::apply_nvlink(&mut topo, &config, &[])?;
+    let record =
+        read_host(root).with_context(|| format!("reading the host below {}", root.display()))?;
+    let (Context { topo, host: config }, notes) = Context::build(&record, config, &[])?;
     let taken_from_host = reserved_findings(&topo, &facts, &config.reserved);
     if !taken_from_host.is_empty() {
         return refuse(guest, &taken_from_host.join("; "));
@@ -200,7 +200,8 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
 }
 
 fn release(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
-    let root = change_root(global)?;
+    let root = ChangeRoot::new(global, false)?;
+    let root = root.path();
     // Most guests had nothing bound by prepare: answer without the lock or reading the host.
     // (The record is replaced atomically, so reading it unlocked sees a whole one.)
     let recorded = BindState::load(root)?;

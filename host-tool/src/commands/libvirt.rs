@@ -5,12 +5,13 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
-use super::gen::{libvirt_version, plan_for, write_output, PlanningArgs};
 use crate::cli::GlobalArgs;
+use crate::context::{libvirt_version, Context, PlanningArgs};
+use crate::emit::data::write_output;
 use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
 
@@ -62,9 +63,12 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let scan = libvirt_patch::scan(&xml, &source_name)?;
-    let host = args.planning.options.host.load()?;
-    let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host, &args.planning.options.nvlink)?;
+    let ctx = Context::load(
+        global,
+        &args.planning.options.host,
+        &args.planning.options.nvlink,
+    )?;
+    let topo = &ctx.topo;
     // The VM's GPUs are its PCI hostdevs that are GPUs on this host (or the --gpus subset).
     let mut gpus: Vec<Bdf> = Vec::new();
     for h in &scan.hostdevs {
@@ -93,7 +97,8 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("{source_name}: no GPU hostdev of this host in the domain; nothing to do");
         BTreeMap::new()
     } else {
-        plan_for(&topo, &gpus, &args.planning, None, &host)?.assignments
+        ctx.plan(&gpus, &ctx.plan_options(&args.planning.options, None))?
+            .assignments
     };
     let version = libvirt_version(args.libvirt_version);
     let patched = libvirt_patch::apply(&xml, &scan, &cliques, version);

@@ -12,12 +12,7 @@ pub mod topo;
 
 use std::process::ExitCode;
 
-use anyhow::Context;
-
-use crate::cli::{Cli, Command, GlobalArgs};
-use crate::decide;
-use crate::model::Topology;
-use crate::read::{read_host, HostRecord};
+use crate::cli::{Cli, Command};
 use crate::synth;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -40,31 +35,4 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(a) => check::run(&cli.global, a),
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
     }
-}
-
-/// The host facts the global options point at (a sysfs root or an embedded example).
-pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
-    match &global.example {
-        Some(name) => synth::example(name).map_err(anyhow::Error::msg),
-        None => read_host(&global.sysfs_root)
-            .with_context(|| format!("reading the host below {}", global.sysfs_root.display())),
-    }
-}
-
-/// The typed topology of `host` with the default NVLink source (an NVSwitch fabric)
-/// applied, and the warnings about both.
-pub fn model_host(host: &HostRecord) -> (Topology, Vec<String>) {
-    let mut topo = Topology::from_record(host);
-    let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
-    warnings.extend(decide::nvlink::apply_nvswitch_fabric(&mut topo));
-    (topo, warnings)
-}
-
-/// The typed topology, with read warnings logged once.
-pub fn load_topology(global: &GlobalArgs) -> anyhow::Result<Topology> {
-    let (topo, warnings) = model_host(&load_host(global)?);
-    for w in &warnings {
-        tracing::warn!("{w}");
-    }
-    Ok(topo)
 }

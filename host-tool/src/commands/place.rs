@@ -4,18 +4,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, Context as _};
 use clap::Args;
 use comfy_table::Table;
 use pci_config::Bdf;
 use serde::Serialize;
 
-use crate::cli::{DataFormat, GlobalArgs};
+use crate::cli::GlobalArgs;
+use crate::context::{Context, HostConfigArgs};
 use crate::decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
 use crate::decide::plan;
 use crate::emit;
+use crate::emit::data::DataFormat;
 use crate::model::{PathKind, Topology};
 
 #[derive(Debug, Args)]
@@ -30,7 +32,7 @@ pub struct PlaceArgs {
     #[arg(long, value_name = "NAME=GPUS", value_parser = parse_vm)]
     pub vm: Vec<VmRequest>,
     #[command(flatten)]
-    pub host: super::plan::HostConfigArgs,
+    pub host: HostConfigArgs,
     /// Devices already given to running VMs; their IOMMU groups are not used.
     #[arg(long, value_name = "BDF", num_args = 1..)]
     pub taken: Vec<Bdf>,
@@ -289,9 +291,7 @@ fn print_table(r: &PlaceReport) {
 }
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
-    let host = args.host.load()?;
-    let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &host, &[])?;
+    let Context { host, topo } = Context::load(global, &args.host, &[])?;
     let requests = match args.shape {
         Some((count, gpus)) => placement::shape(count, gpus),
         None => args.vm.clone(),

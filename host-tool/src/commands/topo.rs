@@ -5,8 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::{DataFormat, GlobalArgs};
+use crate::cli::GlobalArgs;
+use crate::context::{Context, HostConfigArgs};
 use crate::emit;
+use crate::emit::data::DataFormat;
 use crate::emit::topo_report::{self, TopoReport};
 
 /// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
@@ -28,12 +30,11 @@ pub struct TopoArgs {
     #[arg(long, value_name = "FILE")]
     pub nvlink: Vec<PathBuf>,
     #[command(flatten)]
-    pub host: super::plan::HostConfigArgs,
+    pub host: HostConfigArgs,
 }
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
-    let mut topo = super::load_topology(global)?;
-    super::plan::apply_nvlink(&mut topo, &args.host.load()?, &args.nvlink)?;
+    let Context { topo, .. } = Context::load(global, &args.host, &args.nvlink)?;
     let report = TopoReport::new(&topo);
     if report.gpus.is_empty() && global.example.is_none() {
         eprintln!(

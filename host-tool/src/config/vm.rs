@@ -241,13 +241,18 @@ mod tests {
 
     #[test]
     fn bad_bdf_points_at_the_entry() {
-        let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.0\n")
+        let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.\n")
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("vm.yaml:4:5: gpus: '41:00.0' is not a PCI address"),
+            e.starts_with("vm.yaml:4:5: gpus: '41:00.' is not a PCI address"),
             "{e}"
         );
+        // lspci's form is the same GPU.
+        let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0000:41:00.0 is listed twice"), "{e}");
     }
 
     #[test]

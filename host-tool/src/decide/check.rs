@@ -466,6 +466,8 @@ fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -> CheckResu
     let mut bad = Vec::new();
     let mut foreign = Vec::new();
     let mut listed = Vec::new();
+    // What `bind` takes: never a bridge.
+    let mut bindable = Vec::new();
     for m in &members {
         let d = topo.device(m);
         let driver = d.and_then(|d| d.driver.clone());
@@ -480,6 +482,9 @@ fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -> CheckResu
         }
         let is_bridge = d.is_some_and(|d| d.bridge_role().is_some());
         let ours = gpus.contains(m) || gpus.iter().any(|g| g.same_slot(m));
+        if !is_bridge {
+            bindable.push(m.to_string());
+        }
         if !ours && !is_bridge {
             foreign.push(m.to_string());
         }
@@ -493,11 +498,7 @@ fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -> CheckResu
             format!("{saw}; not usable while {}", bad.join(", ")),
             Some(format!(
                 "bind every member to vfio-pci or unbind it (`vfio-p2p bind {}`){}",
-                members
-                    .iter()
-                    .map(Bdf::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
+                bindable.join(" "),
                 if foreign.is_empty() {
                     String::new()
                 } else {

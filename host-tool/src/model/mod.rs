@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use pci_config::{AcsCapability, AtsCapability, Bdf, ConfigSpace, LinkSpeed, PciePortType};
 use serde::Serialize;
 
+use crate::read::nvidia_smi::NvlinkMap;
 use crate::read::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};
 
 pub use path::{GpuPath, PathKind};
@@ -138,6 +139,14 @@ pub struct HostBridge {
     pub numa_node: Option<u32>,
 }
 
+/// An NVLink capture names a GPU this host does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: names GPU {bdf}, which is not a GPU on this host; was the file captured on another machine?")]
+pub struct ForeignGpu {
+    pub source_name: String,
+    pub bdf: Bdf,
+}
+
 /// The typed topology of one host.
 #[derive(Debug, Clone, Serialize)]
 pub struct Topology {
@@ -242,6 +251,25 @@ impl Topology {
     pub fn set_nvlink(&mut self, a: Bdf, b: Bdf, links: u8) {
         let key = if a <= b { (a, b) } else { (b, a) };
         self.nvlinks.insert(key, links);
+    }
+
+    /// Records the NVLinks of a capture, checking that every GPU it names is on this host.
+    pub fn add_nvlinks(&mut self, map: &NvlinkMap) -> Result<(), ForeignGpu> {
+        for &(a, b, _) in &map.links {
+            if let Some(bdf) = [a, b]
+                .into_iter()
+                .find(|g| !self.device(g).is_some_and(|d| d.is_gpu()))
+            {
+                return Err(ForeignGpu {
+                    source_name: map.source_name.clone(),
+                    bdf,
+                });
+            }
+        }
+        for &(a, b, n) in &map.links {
+            self.set_nvlink(a, b, n);
+        }
+        Ok(())
     }
 
     pub fn nvlink(&self, a: &Bdf, b: &Bdf) -> Option<u8> {
@@ -375,6 +403,27 @@ fn infer_bridge_roles(devices: &mut BTreeMap<Bdf, Device>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvlink_captures_are_recorded_only_for_this_hosts_gpus() {
+        let text = include_str!("../../../tests/fixtures/nvidia-smi/h200x2-topo-m.txt");
+        let map = crate::read::nvidia_smi::parse(text, "h200x2-topo-m.txt").unwrap();
+        let b = |s: &str| s.parse::<Bdf>().unwrap();
+        let mut topo = Topology::from_record(&crate::synth::example("flat-vm").unwrap());
+        topo.add_nvlinks(&map).unwrap();
+        assert_eq!(
+            topo.path(&b("0000:00:06.0"), &b("0000:00:07.0")).label(),
+            "NV18"
+        );
+        let mut other = Topology::from_record(&crate::synth::example("dual-socket-pcie").unwrap());
+        let e = other.add_nvlinks(&map).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("h200x2-topo-m.txt: names GPU 0000:00:06.0"),
+            "{e}"
+        );
+        assert!(other.nvlinks.is_empty());
+    }
     use crate::synth::{Attach, EndpointSpec, HostBuilder};
 
     #[test]

@@ -1,9 +1,11 @@
 //! Read stage: turns a host's sysfs (live, a snapshot directory, or a flat JSON
-//! dump) into a [`HostRecord`]. Nothing else in the crate reads sysfs.
+//! dump) into a [`HostRecord`], and `nvidia-smi` captures into an
+//! [`nvidia_smi::NvlinkMap`]. Nothing else in the crate reads these inputs.
 
 pub mod attr;
 pub mod binding;
 pub mod flat_json;
+pub mod nvidia_smi;
 pub mod record;
 pub mod sysfs;
 
