@@ -93,6 +93,7 @@ enum Command {
         sysfs: SysfsArgs,
         #[command(flatten)]
         expect: ExpectArgs,
+        /// A short bench part (seconds): smaller buffers and fewer samples, as `bench --quick`.
         #[arg(long)]
         quick: bool,
         /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.

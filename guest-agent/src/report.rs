@@ -68,7 +68,7 @@ pub struct Report {
 impl Report {
     /// Exit status: 0 all as expected, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        let gpus_ok = self.expect.as_ref().map_or(true, |e| e.mismatches() == 0);
+        let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
         if gpus_ok && pairs_ok {
             0

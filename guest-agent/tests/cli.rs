@@ -331,3 +331,11 @@ fn lost_writes_fail_the_report() {
             "P2P BROKEN: 16777216 of 16777216 words of a kernel write from 0000:00:07.0 never reached 0000:00:06.0",
         ));
 }
+
+#[test]
+fn every_option_of_report_is_explained() {
+    let out = agent().args(["report", "--help"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let quick = text.lines().find(|l| l.contains("--quick")).unwrap();
+    assert!(quick.contains("short bench part"), "{quick}");
+}

@@ -74,7 +74,9 @@ const EXAMPLES: [(&str, &str); 3] = [
 fn written_vm_configs_match_the_examples_and_feed_gen() {
     for (example, shape) in EXAMPLES {
         let dir = configs().join("examples").join(example);
-        let out_dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        // Created as `snapshot -o DIR` creates its directory.
+        let out_dir = tmp.path().join("configs/new");
         let host = dir.join("host.yaml");
         let out = vfio_p2p(&[
             "--example",
@@ -85,14 +87,14 @@ fn written_vm_configs_match_the_examples_and_feed_gen() {
             "--host-config",
             host.to_str().unwrap(),
             "--write-configs",
-            out_dir.path().to_str().unwrap(),
+            out_dir.to_str().unwrap(),
         ]);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut written: Vec<PathBuf> = std::fs::read_dir(out_dir.path())
+        let mut written: Vec<PathBuf> = std::fs::read_dir(&out_dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .collect();

@@ -14,7 +14,7 @@ pub fn parse_hex_dump(text: &str) -> Result<Vec<u8>, HexError> {
             _ => line,
         };
         let digits: Vec<u8> = body.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-        if digits.len() % 2 != 0 {
+        if !digits.len().is_multiple_of(2) {
             return Err(HexError(format!(
                 "odd number of hex digits in line {line:?}"
             )));

@@ -37,13 +37,10 @@ pub struct BindArgs {
 }
 
 #[derive(Debug, Args)]
+#[group(id = "what", required = true, multiple = false, args = ["devices", "all"])]
 pub struct UnbindArgs {
     /// The devices to restore (with whatever was bound together with them).
-    #[arg(
-        value_name = "BDF",
-        required_unless_present = "all",
-        conflicts_with = "all"
-    )]
+    #[arg(value_name = "BDF")]
     pub devices: Vec<Bdf>,
     /// Restore every device `bind` recorded.
     #[arg(long)]

@@ -37,12 +37,21 @@ pub enum HookAction {
         /// Install below this directory instead of /.
         #[arg(long, value_name = "DIR", default_value = "/")]
         prefix: PathBuf,
+        /// The host root the installed hook works on, written into the hook script (tests
+        /// and labs use a directory; hosts keep /).
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        sysfs_root: PathBuf,
+        /// Not for install: a hook works on a real host. (Shadows the global option.)
+        #[arg(long, hide = true)]
+        example: Option<String>,
     },
     /// What libvirt runs: GUEST OPERATION SUB-OPERATION EXTRA, with the domain XML on stdin.
     /// `prepare begin` binds the guest's managed='no' hostdevs and checks its cliques
     /// and reserved devices (policy: `hook_policy` etc. in /etc/vfio-p2p/host.yaml);
     /// `release end` restores them; anything else does nothing.
     Run {
+        /// As libvirt passes them: the guest's name, the operation (prepare, start, started,
+        /// stopped, release, …), the sub-operation (begin, end or -) and an extra argument (-).
         #[arg(
             value_name = "GUEST OPERATION SUBOP EXTRA",
             trailing_var_arg = true,
@@ -55,7 +64,17 @@ pub enum HookAction {
 
 pub fn run(global: &GlobalArgs, args: HookArgs) -> anyhow::Result<ExitCode> {
     match args.action {
-        HookAction::Install { prefix } => install(global, &prefix),
+        HookAction::Install {
+            prefix,
+            sysfs_root,
+            example,
+        } => {
+            anyhow::ensure!(
+                example.is_none() && global.example.is_none(),
+                "hook install writes a hook for this host; --example does not apply"
+            );
+            install(&sysfs_root, &prefix)
+        }
         HookAction::Run { args } => match args.as_slice() {
             [guest, op, sub, ..] => match (op.as_str(), sub.as_str()) {
                 ("prepare", "begin") => prepare(global, guest),
@@ -94,7 +113,7 @@ pub fn hook_script(binary: &Path, sysfs_root: &Path) -> String {
     )
 }
 
-fn install(global: &GlobalArgs, prefix: &Path) -> anyhow::Result<ExitCode> {
+fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe()
         .and_then(fs::canonicalize)
         .context("finding this binary's absolute path")?;
@@ -103,8 +122,8 @@ fn install(global: &GlobalArgs, prefix: &Path) -> anyhow::Result<ExitCode> {
     let path = dir.join(HOOK_NAME);
     let tmp = dir.join(format!(".{HOOK_NAME}.{}", std::process::id()));
     // libvirt runs the hook from its own working directory: only absolute paths hold.
-    let root = fs::canonicalize(&global.sysfs_root)
-        .with_context(|| format!("resolving --sysfs-root {}", global.sysfs_root.display()))?;
+    let root = fs::canonicalize(sysfs_root)
+        .with_context(|| format!("resolving --sysfs-root {}", sysfs_root.display()))?;
     fs::write(&tmp, hook_script(&binary, &root))
         .with_context(|| format!("writing {}", tmp.display()))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))

@@ -24,12 +24,13 @@ use crate::model::{PathKind, Topology};
 #[command(
     after_help = "Exits 2 when some VM could not be placed (the report says why and what would fit)."
 )]
+#[group(id = "vms", required = true, multiple = false, args = ["shape", "vm"])]
 pub struct PlaceArgs {
     /// COUNTxGPUS identical VMs named vm0, vm1… (e.g. 2x4).
-    #[arg(long, value_name = "COUNTxGPUS", conflicts_with = "vm", required_unless_present = "vm", value_parser = parse_shape)]
+    #[arg(long, value_name = "COUNTxGPUS", value_parser = parse_shape)]
     pub shape: Option<(usize, usize)>,
-    /// One VM as NAME=GPUS (repeat for more).
-    #[arg(long, value_name = "NAME=GPUS", value_parser = parse_vm)]
+    /// One VM as NAME=COUNT: its name and how many GPUs it gets, e.g. train=4 (repeat for more).
+    #[arg(long, value_name = "NAME=COUNT", value_parser = parse_vm)]
     pub vm: Vec<VmRequest>,
     #[command(flatten)]
     pub host: HostConfigArgs,
@@ -180,12 +181,6 @@ fn write_configs(
     vms: &[VmReport],
     p2p_level: PathKind,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    if !dir.is_dir() {
-        bail!(
-            "--write-configs {}: no such directory; create it first",
-            dir.display()
-        );
-    }
     let files: Vec<(PathBuf, String)> = vms
         .iter()
         .map(|vm| {
@@ -201,6 +196,9 @@ fn write_configs(
             path.display()
         );
     }
+    // Created like `snapshot -o DIR` does, once nothing stands in the way.
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating --write-configs {}", dir.display()))?;
     let mut staged = Vec::new();
     for (path, text) in &files {
         let tmp = path.with_extension("yaml.tmp");

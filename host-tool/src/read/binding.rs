@@ -111,7 +111,7 @@ pub fn devices_use(root: &Path, gpus: &[Bdf]) -> BTreeMap<Bdf, DeviceUse> {
             .and_then(|t| nvidia_minor(&t));
             let processes = holders
                 .iter()
-                .filter(|u| minor.map_or(true, |m| u.file == format!("/dev/nvidia{m}")))
+                .filter(|u| minor.is_none_or(|m| u.file == format!("/dev/nvidia{m}")))
                 .cloned()
                 .collect();
             (
