@@ -117,4 +117,16 @@ fn lspci_and_nvidia_smi_addresses_are_taken_and_normalised() {
         .assert()
         .success()
         .stdout(contains("0000:07:00.0  nvidia"));
+    // Like --gpus, bind takes a comma list too.
+    vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "bind",
+            "--dry-run",
+            "07:00.0,08:00.0",
+        ])
+        .assert()
+        .success()
+        .stdout(contains("0000:07:00.0  nvidia").and(contains("0000:08:00.0  nvidia")));
 }

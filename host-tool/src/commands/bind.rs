@@ -23,8 +23,8 @@ What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
 
 Test hook: VFIO_P2P_FAIL_AFTER=N makes the N-th sysfs write fail (rollback tests on a real kernel).")]
 pub struct BindArgs {
-    /// The devices to bind (GPUs); their other functions come along.
-    #[arg(required = true, value_name = "BDF")]
+    /// The devices to bind (GPUs), separated by spaces or commas; their other functions come along.
+    #[arg(required = true, value_name = "BDF", value_delimiter = ',')]
     pub devices: Vec<Bdf>,
     /// Also bind the other devices of their IOMMU groups (bridges are never touched).
     #[arg(long)]
@@ -39,8 +39,9 @@ pub struct BindArgs {
 #[derive(Debug, Args)]
 #[group(id = "what", required = true, multiple = false, args = ["devices", "all"])]
 pub struct UnbindArgs {
-    /// The devices to restore (with whatever was bound together with them).
-    #[arg(value_name = "BDF")]
+    /// The devices to restore (with whatever was bound together with them), separated by
+    /// spaces or commas.
+    #[arg(value_name = "BDF", value_delimiter = ',')]
     pub devices: Vec<Bdf>,
     /// Restore every device `bind` recorded.
     #[arg(long)]

@@ -22,8 +22,8 @@ use std::fmt;
 use pci_config::Bdf;
 use serde::Serialize;
 
+use crate::model::HostBridgeId;
 use crate::model::{PathKind, Topology};
-use crate::read::HostBridgeId;
 
 /// One VM to place.
 #[derive(Debug, Clone, PartialEq, Eq)]

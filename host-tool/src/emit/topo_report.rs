@@ -9,8 +9,8 @@ use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 use pci_config::Bdf;
 use serde::Serialize;
 
+use crate::model::HostBridgeId;
 use crate::model::{BridgeRole, Device, DeviceKind, Link, PathKind, Topology};
-use crate::read::HostBridgeId;
 
 /// The data form of `topo` (`--format json|yaml`). `gpus` is in BDF order and
 /// `matrix[i][j]` is the `nvidia-smi topo -m` label between `gpus[i]` and `gpus[j]`.

@@ -11,8 +11,10 @@ use pci_config::{AcsCapability, AtsCapability, Bdf, ConfigSpace, LinkSpeed, Pcie
 use serde::Serialize;
 
 use crate::read::nvidia_smi::NvlinkMap;
-use crate::read::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};
+use crate::read::{DeviceRecord, HostRecord, ReadWarning, Resource};
 
+/// A host bridge (PCI domain and root bus) as read: the same type in every stage.
+pub use crate::read::HostBridgeId;
 pub use path::{GpuPath, PathKind};
 
 pub const VENDOR_NVIDIA: u16 = 0x10de;
