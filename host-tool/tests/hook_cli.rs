@@ -531,3 +531,42 @@ fn release_gives_back_only_what_prepare_recorded_for_that_guest() {
         .unwrap()
         .contains("vm1"));
 }
+
+/// `hook run --dry-run` checks a domain against an example host and shows what prepare
+/// would bind, changing nothing.
+#[test]
+fn a_dry_run_of_the_hook_works_on_an_example() {
+    let mut a = gpu(0x07, "ua-gpu0", Some(0));
+    a.managed = false;
+    let b = gpu(0x08, "ua-gpu1", Some(0));
+    let xml = domain(&[a, b], "");
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "dual-socket-pcie", "hook", "run", "--dry-run"])
+        .args(["vm1", "prepare", "begin", "-"])
+        .write_stdin(xml.clone())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "0000:07:00.0  nvidia → (dry run)  (named)",
+        ))
+        .stdout(predicate::str::contains(
+            "echo vfio-pci > /sys/bus/pci/devices/0000:07:00.0/driver_override",
+        ))
+        .stdout(predicate::str::contains("0000:08:00.0").not());
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "dual-socket-pcie", "hook", "run", "--dry-run"])
+        .args(["vm1", "release", "end", "-"])
+        .assert()
+        .success();
+    // Without --dry-run an example is refused, as for bind.
+    Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "dual-socket-pcie", "hook", "run"])
+        .args(["vm1", "prepare", "begin", "-"])
+        .write_stdin(xml)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--dry-run"));
+}

@@ -10,10 +10,7 @@ use crate::cli::GlobalArgs;
 use crate::context::ChangeRoot;
 use crate::emit;
 use crate::emit::data::DataFormat;
-use crate::vfio_bind::apply::binding_text;
-use crate::vfio_bind::{
-    self, writer, BindOptions, Reason, SessionOptions, SessionReport, UnbindSelection,
-};
+use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -105,51 +102,10 @@ pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitC
     print_report(&report, args.common.format)
 }
 
-fn reason_text(r: &Reason) -> String {
-    match r {
-        Reason::Named => "named".into(),
-        Reason::OtherFunction(of) => format!("function of {of}"),
-        Reason::GroupMember(of) => format!("IOMMU group of {of}"),
-        Reason::BoundWith(of) => format!("bound with {of}"),
-    }
-}
-
-/// One line per device (`BDF  before → after  (why)  /dev/vfio/N`); dry runs add the writes.
-pub fn report_text(report: &SessionReport) -> String {
-    let mut out = String::new();
-    if report.devices.is_empty() {
-        out.push_str("nothing to do\n");
-    }
-    for d in &report.devices {
-        let after = match (&d.after, report.dry_run, d.writes.is_empty()) {
-            (_, _, true) => "unchanged".to_string(),
-            (Some(a), _, false) => binding_text(a),
-            (None, _, false) => "(dry run)".to_string(),
-        };
-        out.push_str(&format!(
-            "{}  {} → {}  ({})",
-            d.bdf,
-            binding_text(&d.before),
-            after,
-            reason_text(&d.reason)
-        ));
-        if let Some(g) = &d.vfio_group {
-            out.push_str(&format!("  {g}"));
-        }
-        out.push('\n');
-        if report.dry_run {
-            for w in &d.writes {
-                out.push_str(&format!("    {w}\n"));
-            }
-        }
-    }
-    out
-}
-
 fn print_report(report: &SessionReport, format: DataFormat) -> anyhow::Result<ExitCode> {
     match emit::data::to_text(report, format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", report_text(report)),
+        None => print!("{}", emit::binding::report_text(report)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
 use crate::context::{ChangeRoot, Context};
+use crate::emit;
 use crate::hook::check::{findings, reserved_findings};
 use crate::hook::domain;
 use crate::read::read_host;
@@ -50,6 +51,10 @@ pub enum HookAction {
     /// and reserved devices (policy: `hook_policy` etc. in /etc/vfio-p2p/host.yaml);
     /// `release end` restores them; anything else does nothing.
     Run {
+        /// Check and print the bindings prepare (or release) would change, without changing
+        /// them; works on `--example` hosts too. Give it before GUEST.
+        #[arg(long)]
+        dry_run: bool,
         /// As libvirt passes them: the guest's name, the operation (prepare, start, started,
         /// stopped, release, …), the sub-operation (begin, end or -) and an extra argument (-).
         #[arg(
@@ -75,10 +80,10 @@ pub fn run(global: &GlobalArgs, args: HookArgs) -> anyhow::Result<ExitCode> {
             );
             install(&sysfs_root, &prefix)
         }
-        HookAction::Run { args } => match args.as_slice() {
+        HookAction::Run { dry_run, args } => match args.as_slice() {
             [guest, op, sub, ..] => match (op.as_str(), sub.as_str()) {
-                ("prepare", "begin") => prepare(global, guest),
-                ("release", "end") => release(global, guest),
+                ("prepare", "begin") => prepare(global, guest, dry_run),
+                ("release", "end") => release(global, guest, dry_run),
                 _ => Ok(ExitCode::SUCCESS),
             },
             _ => anyhow::bail!(
@@ -153,16 +158,16 @@ fn refuse(guest: &str, reason: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(1))
 }
 
-fn session(guest: &str) -> SessionOptions {
+fn session(guest: &str, dry_run: bool) -> SessionOptions {
     SessionOptions {
-        dry_run: false,
+        dry_run,
         lock_timeout: LOCK_TIMEOUT,
         guest: Some(guest.to_string()),
     }
 }
 
-fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, false)?;
+fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
+    let root = ChangeRoot::new(global, dry_run)?;
     let root = root.path();
     let mut xml = String::new();
     std::io::stdin()
@@ -202,14 +207,16 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
         .map(|h| h.bdf)
         .collect();
     if !unmanaged.is_empty() {
-        if let Err(e) = vfio_bind::bind(
+        match vfio_bind::bind(
             root,
             &mut writer()?,
             &unmanaged,
             &BindOptions::default(),
-            &session(guest),
+            &session(guest, dry_run),
         ) {
-            return refuse(guest, &format!("binding its managed='no' hostdevs: {e}"));
+            Ok(report) if dry_run => print!("{}", emit::binding::report_text(&report)),
+            Ok(_) => {}
+            Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
         }
     }
     for p in problems.iter().chain(&notes) {
@@ -218,8 +225,8 @@ fn prepare(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn release(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, false)?;
+fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
+    let root = ChangeRoot::new(global, dry_run)?;
     let root = root.path();
     // Most guests had nothing bound by prepare: answer without the lock or reading the host.
     // (The record is replaced atomically, so reading it unlocked sees a whole one.)
@@ -235,9 +242,14 @@ fn release(global: &GlobalArgs, guest: &str) -> anyhow::Result<ExitCode> {
         root,
         &mut writer()?,
         &UnbindSelection::Guest(guest.to_string()),
-        &session(guest),
+        &session(guest, dry_run),
     ) {
-        Ok(_) => Ok(ExitCode::SUCCESS),
+        Ok(report) => {
+            if dry_run {
+                print!("{}", emit::binding::report_text(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Err(e) => refuse(
             guest,
             &format!("giving back the devices prepare bound: {e}"),

@@ -1,5 +1,6 @@
 //! Emit stage: turns decided data into text. Never reads sysfs.
 
+pub mod binding;
 pub mod check;
 pub mod cloud_hypervisor;
 pub mod data;
