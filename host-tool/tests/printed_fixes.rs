@@ -41,6 +41,10 @@ fn outputs(example: &str) -> Vec<String> {
         vec!["plan", "--format", "json"],
         vec!["place", "--shape", "1x2"],
         vec!["place", "--shape", "9x9"],
+        // Error paths print fixes too.
+        vec!["plan", "--gpus", "0000:ff:1f.7"],
+        vec!["check", "--gpus", "0000:ff:1f.7"],
+        vec!["place", "--vm", "a=1", "--taken", "0000:ff:1f.7"],
     ];
     runs.push(vec!["check", "--gpus", &first_gpu]);
     runs.iter()
@@ -78,7 +82,7 @@ fn every_printed_fix_runs_as_printed() {
         }
     }
     // The test is only as good as what it found: the bind fix and the check fix at least.
-    for must in ["bind", "check"] {
+    for must in ["bind", "check", "topo"] {
         assert!(
             tried.contains(must),
             "no `vfio-p2p {must}` fix found; tried {tried:?}"
