@@ -4,8 +4,7 @@
 //! hostdev's user alias (`ua-…`); older libvirt only has `<qemu:commandline>` `-set`,
 //! which stops working once libvirt passes `-device` as JSON (QEMU ≥ 6.2).
 
-use std::fmt::{self, Write};
-use std::str::FromStr;
+use std::fmt::Write;
 
 use pci_config::Bdf;
 use quick_xml::escape::escape;
@@ -14,49 +13,10 @@ use super::vm::{cpulist, VmDefinition};
 use crate::config::vm::Firmware;
 use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu, ROOT_BUS};
 
-pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+pub use crate::model::domain::QEMU_NS;
 pub use vfio_p2p_contract::CLIQUE_PROPERTY;
 
-/// A libvirt version, `major.minor[.micro]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LibvirtVersion {
-    pub major: u32,
-    pub minor: u32,
-}
-
-/// The first libvirt with `<qemu:override>`.
-pub const OVERRIDE_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 2 };
-
-impl FromStr for LibvirtVersion {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("'{s}' is not a libvirt version; give MAJOR.MINOR, e.g. 9.0");
-        let mut parts = s.trim().split('.');
-        let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let minor = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        match parts.next() {
-            Some(p) if p.parse::<u32>().is_err() => return Err(bad()),
-            _ => {}
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(LibvirtVersion { major, minor })
-    }
-}
-
-impl fmt::Display for LibvirtVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-impl LibvirtVersion {
-    pub fn has_override(&self) -> bool {
-        *self >= OVERRIDE_SINCE
-    }
-}
+pub use crate::model::vmm::{LibvirtVersion, OVERRIDE_SINCE};
 
 /// Why an older libvirt gets the `-set` form; printed as a warning.
 pub fn set_form_warning(version: LibvirtVersion) -> String {
