@@ -5,6 +5,7 @@
 pub mod attr;
 pub mod binding;
 pub mod flat_json;
+pub mod guest_report;
 pub mod nvidia_smi;
 pub mod record;
 pub mod sysfs;
