@@ -33,8 +33,14 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
+mod guest_report;
 mod pci_id;
+pub mod prometheus;
 
+pub use guest_report::{
+    GuestReport, GuestReportError, ReportChannel, ReportedGpu, ReportedPair, DEFAULT_REPORT_PORT,
+    GUEST_REPORT_VERSION, HOST_CID, MAX_GUEST_REPORT_BYTES,
+};
 pub use pci_id::PciId;
 
 macro_rules! fw_cfg_name {
@@ -71,6 +77,9 @@ pub struct Expectation {
     /// Unordered GPU pairs (guest addresses); optional in the document.
     #[serde(default)]
     pub pairs: Vec<ExpectedPair>,
+    /// Where the agent sends its report (`report --send`); absent: it does not send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<ReportChannel>,
 }
 
 /// One passed-through GPU.
@@ -122,6 +131,7 @@ impl Expectation {
             vm: vm.into(),
             gpus: Vec::new(),
             pairs: Vec::new(),
+            report: None,
         }
     }
 

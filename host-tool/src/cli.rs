@@ -62,4 +62,8 @@ pub enum Command {
     Check(commands::check::CheckArgs),
     /// Copy the sysfs files vfio-p2p reads into a directory that `--sysfs-root DIR` reads back.
     Snapshot(commands::snapshot::SnapshotArgs),
+    /// Receive guest agents' reports over vsock, judge them against the plans, store the verdicts.
+    Collect(commands::collect::CollectArgs),
+    /// The latest verdict of every domain (table, JSON, Prometheus text).
+    Verdicts(commands::verdicts::VerdictsArgs),
 }

@@ -6,6 +6,7 @@
 //! starting from one [`context::Context`]. docs/architecture.md maps it all.
 
 pub mod cli;
+pub mod collector;
 pub mod commands;
 pub mod config;
 pub mod context;

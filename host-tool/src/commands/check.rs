@@ -9,13 +9,13 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::context::{Context, PlanOptionArgs};
 use crate::decide::check::{self, Vmm, VmmFacts};
-use crate::model::domain::DomainFacts;
-use crate::read::domain_xml::read_domain_xml_file;
-use crate::read::vmm;
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::host_probe;
+use crate::model::domain::DomainFacts;
+use crate::read::domain_xml::read_domain_xml_file;
+use crate::read::vmm;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -55,13 +55,14 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
         facts
             .hidden_hypervisor
             .extend(d.hidden_hypervisor.iter().map(|h| format!("{file}: {h}")));
-        facts.hole64 = d.hole64.as_ref().map(|h| (h.bytes, format!("{file} ({})", h.source)));
+        facts.hole64 = d
+            .hole64
+            .as_ref()
+            .map(|h| (h.bytes, format!("{file} ({})", h.source)));
         facts.vm_config = Some(format!("the domain {file}"));
     }
     if let Some(a) = &args.qemu_args {
-        facts
-            .hidden_hypervisor
-            .extend(vmm::hidden_in_qemu_args(a));
+        facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
         if let Some(h) = vmm::hole64_in_qemu_args(a) {
             facts.hole64 = Some((h, "--qemu-args".into()));
         }

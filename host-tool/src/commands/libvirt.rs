@@ -53,7 +53,12 @@ pub fn run(global: &GlobalArgs, args: LibvirtArgs) -> anyhow::Result<ExitCode> {
 fn read_domain(path: Option<&Path>) -> anyhow::Result<(String, DomainFacts)> {
     let bytes = match path {
         Some(p) if p.as_os_str() != "-" => read_input_file(p, MAX_DOMAIN_XML_BYTES, "domain XML")?,
-        _ => read_input_stream(std::io::stdin().lock(), MAX_DOMAIN_XML_BYTES, "domain XML", "<stdin>")?,
+        _ => read_input_stream(
+            std::io::stdin().lock(),
+            MAX_DOMAIN_XML_BYTES,
+            "domain XML",
+            "<stdin>",
+        )?,
     };
     let name = match path {
         Some(p) if p.as_os_str() != "-" => p.display().to_string(),

@@ -2,6 +2,7 @@
 
 pub mod bind;
 pub mod check;
+pub mod collect;
 pub mod gen;
 pub mod hook;
 pub mod libvirt;
@@ -9,6 +10,7 @@ pub mod place;
 pub mod plan;
 pub mod snapshot;
 pub mod topo;
+pub mod verdicts;
 
 use std::process::ExitCode;
 
@@ -34,5 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Libvirt(a) => libvirt::run(&cli.global, a),
         Command::Check(a) => check::run(&cli.global, a),
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
+        Command::Collect(a) => collect::run(&cli.global, a),
+        Command::Verdicts(a) => verdicts::run(&cli.global, a),
     }
 }

@@ -5,15 +5,36 @@
 //! [`VmConfig::validate`] checks the meaning (names, sizes, paths), again pointing at
 //! the offending line.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
+use clap::ValueEnum;
 use pci_config::Bdf;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
-use crate::decide::guest_layout::GuestTopology;
 use crate::model::PathKind;
+
+/// How the guest's PCIe tree is shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestTopology {
+    /// Reproduce the host's NUMA nodes, root ports and switches.
+    #[default]
+    Mirror,
+    /// Each GPU on its own root port on the root bus.
+    Flat,
+}
+
+impl fmt::Display for GuestTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GuestTopology::Mirror => "mirror",
+            GuestTopology::Flat => "flat",
+        })
+    }
+}
 
 /// Firmware the guest boots with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

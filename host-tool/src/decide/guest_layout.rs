@@ -12,11 +12,9 @@
 //! (QEMU's default devices are not bridges; the generated libvirt domain adds none).
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use clap::ValueEnum;
 use pci_config::Bdf;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::{BridgeRole, Device, Topology};
 
@@ -30,25 +28,8 @@ pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
 /// The guest's root bus, as QEMU and libvirt name it.
 pub const ROOT_BUS: &str = "pcie.0";
 
-/// How the guest's PCIe tree is shaped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GuestTopology {
-    /// Reproduce the host's NUMA nodes, root ports and switches.
-    #[default]
-    Mirror,
-    /// Each GPU on its own root port on the root bus.
-    Flat,
-}
-
-impl fmt::Display for GuestTopology {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            GuestTopology::Mirror => "mirror",
-            GuestTopology::Flat => "flat",
-        })
-    }
-}
+/// The shape of the guest's tree is the VM's choice (`vm.yaml`, `--guest-topology`).
+pub use crate::config::vm::GuestTopology;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayoutOptions {

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod expectation;
+pub mod fleet_verdict;
 pub mod guest_layout;
 pub mod mmio;
 pub mod nvlink;

@@ -10,4 +10,5 @@ pub mod nccl;
 pub mod plan;
 pub mod qemu;
 pub mod topo_report;
+pub mod verdicts;
 pub mod vm;

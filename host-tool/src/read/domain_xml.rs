@@ -11,12 +11,12 @@ use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
+use super::domain_facts::{
+    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, OverrideDevice, PciHostdev,
+    QEMU_NS,
+};
 use super::input_file::{read_input_file, read_input_stream};
 use super::vmm::hole64_in_qemu_args;
-use crate::model::domain::{
-    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, OverrideDevice,
-    PciHostdev, QEMU_NS,
-};
 
 /// The most a domain XML may hold; real ones are a few KiB.
 pub const MAX_DOMAIN_XML_BYTES: u64 = 4 << 20;
@@ -46,12 +46,13 @@ pub fn read_domain_xml_stream(
     stream: impl std::io::Read,
     name: &str,
 ) -> Result<DomainFacts, DomainXmlError> {
-    let bytes = read_input_stream(stream, MAX_DOMAIN_XML_BYTES, "domain XML", name).map_err(
-        |e| DomainXmlError {
-            source_name: name.to_string(),
-            message: e.to_string(),
-        },
-    )?;
+    let bytes =
+        read_input_stream(stream, MAX_DOMAIN_XML_BYTES, "domain XML", name).map_err(|e| {
+            DomainXmlError {
+                source_name: name.to_string(),
+                message: e.to_string(),
+            }
+        })?;
     parse_domain_xml_bytes(&bytes, name)
 }
 
@@ -177,7 +178,11 @@ fn unit_shift(unit: Option<&str>) -> Result<u32, String> {
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
         "T" | "TiB" => 40,
-        u => return Err(format!("<pcihole64 unit='{u}'> is not a unit libvirt knows")),
+        u => {
+            return Err(format!(
+                "<pcihole64 unit='{u}'> is not a unit libvirt knows"
+            ))
+        }
     })
 }
 
@@ -217,7 +222,9 @@ impl Scanner {
                     .map_err(|e| format!("character reference: {e}"))?;
                 match c {
                     Some(c) => self.text.push(c),
-                    None => self.text.push_str(predefined_entity(&r.clone().into_inner())?),
+                    None => self
+                        .text
+                        .push_str(predefined_entity(&r.clone().into_inner())?),
                 }
             }
             Event::CData(t) if self.text_of.is_some() => {
@@ -235,7 +242,12 @@ impl Scanner {
         Ok(true)
     }
 
-    fn start(&mut self, e: &BytesStart, span: std::ops::Range<usize>, empty: bool) -> Result<(), String> {
+    fn start(
+        &mut self,
+        e: &BytesStart,
+        span: std::ops::Range<usize>,
+        empty: bool,
+    ) -> Result<(), String> {
         let name = e.name().as_ref().to_string();
         if self.stack.is_empty() {
             self.root(&name, span.end)?;
@@ -301,7 +313,9 @@ impl Scanner {
                 self.collect_text(TextOf::Hole64(shift));
             }
             ("hidden", Some("kvm")) if attr(e, "state")?.as_deref() == Some("on") => {
-                self.facts.hidden_hypervisor.push(HiddenHypervisor::KvmHidden);
+                self.facts
+                    .hidden_hypervisor
+                    .push(HiddenHypervisor::KvmHidden);
             }
             ("feature", Some("cpu")) => self.cpu_feature(e)?,
             ("hostdev", _) => self.hostdev_start(e, empty)?,
@@ -368,7 +382,11 @@ impl Scanner {
         Ok(())
     }
 
-    fn override_property(&mut self, e: &BytesStart, span: std::ops::Range<usize>) -> Result<(), String> {
+    fn override_property(
+        &mut self,
+        e: &BytesStart,
+        span: std::ops::Range<usize>,
+    ) -> Result<(), String> {
         if attr(e, "name")?.as_deref() != Some(CLIQUE_PROPERTY) {
             return Ok(());
         }
@@ -419,7 +437,10 @@ impl Scanner {
             return Ok(());
         };
         let Some(bdf) = h.bdf else {
-            let what = h.alias.map(|(_, n)| n).unwrap_or_else(|| "without alias".into());
+            let what = h
+                .alias
+                .map(|(_, n)| n)
+                .unwrap_or_else(|| "without alias".into());
             return Err(format!(
                 "hostdev {what}: no <source><address/> with the host PCI address"
             ));

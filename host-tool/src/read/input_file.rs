@@ -25,7 +25,11 @@ pub enum InputFileError {
 }
 
 /// Reads at most `limit` bytes of the regular file `path`; `what` names the input in errors.
-pub fn read_input_file(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u8>, InputFileError> {
+pub fn read_input_file(
+    path: &Path,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, InputFileError> {
     let shown = path.display().to_string();
     let read_err = |err| InputFileError::Read {
         what,
@@ -99,15 +103,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let e = read_input_file(&fifo, 10, "domain XML").unwrap_err().to_string();
-        assert!(e.contains("not a regular file") && e.contains("fifo"), "{e}");
+        let e = read_input_file(&fifo, 10, "domain XML")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not a regular file") && e.contains("fifo"),
+            "{e}"
+        );
         let e = read_input_file(Path::new("/dev/zero"), 10, "domain XML")
             .unwrap_err()
             .to_string();
         assert!(e.contains("/dev/zero"), "{e}");
         let big = dir.path().join("big");
         std::fs::write(&big, vec![b'x'; 11]).unwrap();
-        let e = read_input_file(&big, 10, "domain XML").unwrap_err().to_string();
+        let e = read_input_file(&big, 10, "domain XML")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("larger than 10 bytes"), "{e}");
         std::fs::write(&big, b"0123456789").unwrap();
         assert_eq!(read_input_file(&big, 10, "domain XML").unwrap().len(), 10);

@@ -6,13 +6,16 @@
 
 pub mod attr;
 pub mod binding;
+pub mod domain_facts;
 pub mod domain_xml;
 pub mod flat_json;
+pub mod guest_report;
 pub mod input_file;
 pub mod nvidia_smi;
 pub mod record;
 pub mod sysfs;
 pub mod vmm;
+pub mod vmm_version;
 
 pub use binding::{devices_use, read_binding, Binding, DeviceUse, HostUser};
 pub use record::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};

@@ -15,16 +15,26 @@ use crate::model::{PathKind, Topology};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// The fix for a domain whose cliques are missing or wrong.
-const PATCH_FIX: &str = "run `virsh dumpxml DOMAIN | vfio-p2p libvirt patch - > DOMAIN.xml && virsh define DOMAIN.xml`";
+const PATCH_FIX: &str =
+    "run `virsh dumpxml DOMAIN | vfio-p2p libvirt patch - > DOMAIN.xml && virsh define DOMAIN.xml`";
 
-fn fail(check: &'static str, subject: Option<String>, saw: String, fix: Option<String>) -> CheckResult {
+fn fail(
+    check: &'static str,
+    subject: Option<String>,
+    saw: String,
+    fix: Option<String>,
+) -> CheckResult {
     result(check, subject, Status::Fail, saw, fix)
 }
 
 /// Hostdevs that would take a device the host keeps (`reserved` in host.yaml): the device
 /// itself, or another member of its IOMMU group, since VFIO hands a group over whole.
 /// Always fatal, whatever `hook_policy` says: starting would unbind a device the host uses.
-pub fn reserved_hostdevs(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf]) -> Vec<CheckResult> {
+pub fn reserved_hostdevs(
+    topo: &Topology,
+    facts: &DomainFacts,
+    reserved: &[Bdf],
+) -> Vec<CheckResult> {
     let mut out = Vec::new();
     for h in &facts.hostdevs {
         let subject = Some(h.bdf.to_string());
@@ -56,7 +66,11 @@ pub fn reserved_hostdevs(topo: &Topology, facts: &DomainFacts, reserved: &[Bdf])
 
 /// Everything in the domain that breaks the host's policy or will keep P2P from working in
 /// the guest (empty: all good).
-pub fn domain_checks(topo: &Topology, facts: &DomainFacts, p2p_level: PathKind) -> Vec<CheckResult> {
+pub fn domain_checks(
+    topo: &Topology,
+    facts: &DomainFacts,
+    p2p_level: PathKind,
+) -> Vec<CheckResult> {
     let mut out = Vec::new();
     let gpus = gpu_hostdevs(topo, facts, &mut out);
     if gpus.is_empty() {
@@ -72,7 +86,12 @@ pub fn domain_checks(topo: &Topology, facts: &DomainFacts, p2p_level: PathKind) 
     let planned = match plan(topo, &selected, &options) {
         Ok(p) => p,
         Err(e) => {
-            out.push(fail("p2p-plan", None, format!("planning the cliques of these GPUs failed: {e}"), None));
+            out.push(fail(
+                "p2p-plan",
+                None,
+                format!("planning the cliques of these GPUs failed: {e}"),
+                None,
+            ));
             return out;
         }
     };
@@ -109,7 +128,11 @@ fn hidden_hypervisor(facts: &DomainFacts) -> Option<CheckResult> {
     if facts.hidden_hypervisor.is_empty() {
         return None;
     }
-    let how: Vec<String> = facts.hidden_hypervisor.iter().map(|h| h.to_string()).collect();
+    let how: Vec<String> = facts
+        .hidden_hypervisor
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
     Some(fail(
         "hypervisor-visible",
         None,
@@ -139,7 +162,11 @@ fn cliques_set(
             out.push(fail(
                 "clique-setting",
                 subject.clone(),
-                format!("{bdf} (alias {alias}) sets {CLIQUE_PROPERTY} {} times ({})", settings.len(), srcs.join(", ")),
+                format!(
+                    "{bdf} (alias {alias}) sets {CLIQUE_PROPERTY} {} times ({})",
+                    settings.len(),
+                    srcs.join(", ")
+                ),
                 Some("keep one".into()),
             ));
         }

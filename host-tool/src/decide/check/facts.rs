@@ -69,4 +69,3 @@ pub struct VmmFacts {
     /// The 64-bit MMIO window configured, and where it was found.
     pub hole64: Option<(u64, String)>,
 }
-

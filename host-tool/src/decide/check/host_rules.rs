@@ -342,4 +342,3 @@ pub(super) fn check_reset(topo: &Topology, gpu: &Device) -> CheckResult {
         }
     }
 }
-

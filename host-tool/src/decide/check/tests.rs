@@ -67,7 +67,9 @@ fn gpus(t: &Topology) -> Vec<Bdf> {
 
 fn qemu(version: &str) -> VmmFacts {
     VmmFacts {
-        qemu_version: Some(crate::read::vmm::parse_qemu_version(version).ok_or("unparsed".to_string())),
+        qemu_version: Some(
+            crate::read::vmm::parse_qemu_version(version).ok_or("unparsed".to_string()),
+        ),
         hole64: Some((1 << 40, "test".into())),
         ..VmmFacts::default()
     }

@@ -208,4 +208,3 @@ pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
         }
     }
 }
-

@@ -63,8 +63,14 @@ fn reads_hostdevs_cliques_hole_and_hidden_state() {
 #[test]
 fn addresses_are_read_as_libvirt_reads_them() {
     let bdf = |attrs: &str| read(&with_address(attrs)).map(|f| f.hostdevs[0].bdf.to_string());
-    assert_eq!(bdf("domain='0' bus='10' slot='0' function='0'").unwrap(), "0000:0a:00.0");
-    assert_eq!(bdf("domain='0x0000' bus='0x10' slot='0x1f' function='0x7'").unwrap(), "0000:10:1f.7");
+    assert_eq!(
+        bdf("domain='0' bus='10' slot='0' function='0'").unwrap(),
+        "0000:0a:00.0"
+    );
+    assert_eq!(
+        bdf("domain='0x0000' bus='0x10' slot='0x1f' function='0x7'").unwrap(),
+        "0000:10:1f.7"
+    );
     assert_eq!(bdf("bus='010' slot='02'").unwrap(), "0000:08:02.0");
     assert_eq!(bdf("bus='0x41'").unwrap(), "0000:41:00.0");
     let e = bdf("bus='0x100' slot='0'").unwrap_err();
@@ -79,11 +85,15 @@ fn every_way_of_hiding_the_hypervisor_is_found() {
     let cpu = read("<domain><cpu mode='host-passthrough'><feature policy='disable' name='hypervisor'/></cpu></domain>").unwrap();
     assert_eq!(
         cpu.hidden_hypervisor,
-        vec![HiddenHypervisor::CpuFeatureDisabled { policy: "disable".into() }]
+        vec![HiddenHypervisor::CpuFeatureDisabled {
+            policy: "disable".into()
+        }]
     );
-    let forbid = read("<domain><cpu><feature policy='forbid' name='hypervisor'/></cpu></domain>").unwrap();
+    let forbid =
+        read("<domain><cpu><feature policy='forbid' name='hypervisor'/></cpu></domain>").unwrap();
     assert_eq!(forbid.hidden_hypervisor.len(), 1);
-    let required = read("<domain><cpu><feature policy='require' name='hypervisor'/></cpu></domain>").unwrap();
+    let required =
+        read("<domain><cpu><feature policy='require' name='hypervisor'/></cpu></domain>").unwrap();
     assert!(required.hidden_hypervisor.is_empty());
     let qemu = read(&format!(
         "<domain xmlns:qemu='{QEMU_NS}'><qemu:commandline><qemu:arg value='-cpu'/><qemu:arg value='host,kvm=off'/></qemu:commandline></domain>"
@@ -91,7 +101,9 @@ fn every_way_of_hiding_the_hypervisor_is_found() {
     .unwrap();
     assert_eq!(
         qemu.hidden_hypervisor,
-        vec![HiddenHypervisor::QemuCpuKvmOff { cpu: "host,kvm=off".into() }]
+        vec![HiddenHypervisor::QemuCpuKvmOff {
+            cpu: "host,kvm=off".into()
+        }]
     );
     // `kvm=off` anywhere else is not a CPU option (check used to count it).
     let name = read(&format!(
@@ -99,7 +111,8 @@ fn every_way_of_hiding_the_hypervisor_is_found() {
     ))
     .unwrap();
     assert!(name.hidden_hypervisor.is_empty());
-    let off = read("<domain><features><kvm><hidden state='off'/></kvm></features></domain>").unwrap();
+    let off =
+        read("<domain><features><kvm><hidden state='off'/></kvm></features></domain>").unwrap();
     assert!(off.hidden_hypervisor.is_empty());
 }
 
@@ -139,7 +152,10 @@ fn refuses_what_libvirt_refuses() {
     ];
     for (xml, want) in cases {
         let e = read(xml).unwrap_err();
-        assert!(e.starts_with("test.xml: ") && e.contains(want), "{xml:?}: {e}");
+        assert!(
+            e.starts_with("test.xml: ") && e.contains(want),
+            "{xml:?}: {e}"
+        );
     }
     let e = parse_domain_xml_bytes(b"<domain><name>\xff</name></domain>", "<stdin>").unwrap_err();
     assert!(e.to_string().contains("not UTF-8"), "{e}");
@@ -156,7 +172,11 @@ fn deep_nesting_is_an_error_not_a_crash() {
     );
     let e = read(&xml).unwrap_err();
     assert!(e.contains("deeper than 256"), "{e}");
-    let ok = format!("<domain>{}{}</domain>", "<a>".repeat(200), "</a>".repeat(200));
+    let ok = format!(
+        "<domain>{}{}</domain>",
+        "<a>".repeat(200),
+        "</a>".repeat(200)
+    );
     assert!(read(&ok).is_ok());
 }
 

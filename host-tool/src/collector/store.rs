@@ -1,0 +1,234 @@
+//! The state directory (default `/var/lib/vfio-p2p`):
+//!
+//! ```text
+//! plans/DOMAIN.json                 what `gen --state-dir` planned: CID and expectation
+//! records/DOMAIN/BOOT_ID.json       one judged report per domain and boot (history)
+//! records/DOMAIN/latest.json        the newest of them
+//! ```
+//!
+//! Every file is written atomically (temporary file, fsync, rename, fsync of the directory),
+//! so a reader sees the old or the new record, never half of one.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use anyhow::{bail, Context as _};
+
+use crate::decide::fleet_verdict::{DomainPlan, Record};
+
+/// The default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/vfio-p2p";
+
+/// Boots kept per domain; older records are removed when a new boot is stored.
+pub const HISTORY_PER_DOMAIN: usize = 32;
+
+pub struct Store {
+    root: PathBuf,
+}
+
+/// A domain name usable as a file name: what libvirt allows minus `/`, no leading dot.
+pub fn valid_domain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+}
+
+/// A boot id as the guest sends it (Linux writes a UUID): hex digits and dashes only.
+pub fn valid_boot_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `bytes` to `path` atomically: temporary file beside it, fsync, rename, fsync dir.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl Store {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Store { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn plans_dir(&self) -> PathBuf {
+        self.root.join("plans")
+    }
+
+    fn domain_dir(&self, domain: &str) -> PathBuf {
+        self.root.join("records").join(domain)
+    }
+
+    /// Stores the plan of one domain (from `gen --state-dir`), replacing an earlier one.
+    pub fn put_plan(&self, plan: &DomainPlan) -> anyhow::Result<PathBuf> {
+        if !valid_domain(&plan.domain) {
+            bail!(
+                "'{}' cannot be a domain name in {} (letters, digits, . _ - + only)",
+                plan.domain,
+                self.root.display()
+            );
+        }
+        let dir = self.plans_dir();
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("{}.json", plan.domain));
+        let json = serde_json::to_vec_pretty(plan).expect("plain data serializes");
+        write_atomic(&path, &json).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Every stored plan by CID. Two domains with one CID is an error naming both.
+    pub fn plans_by_cid(&self) -> anyhow::Result<HashMap<u32, DomainPlan>> {
+        let dir = self.plans_dir();
+        let mut out: HashMap<u32, DomainPlan> = HashMap::new();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let text =
+                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let plan: DomainPlan = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a plan written by vfio-p2p gen --state-dir",
+                    path.display()
+                )
+            })?;
+            if let Some(other) = out.get(&plan.cid) {
+                bail!(
+                    "CID {} is given to both '{}' and '{}' in {}: give each VM its own vsock CID",
+                    plan.cid,
+                    other.domain,
+                    plan.domain,
+                    dir.display()
+                );
+            }
+            out.insert(plan.cid, plan);
+        }
+        Ok(out)
+    }
+
+    /// When the plans last changed (to reload them only then).
+    pub fn plans_stamp(&self) -> Option<SystemTime> {
+        fs::metadata(self.plans_dir())
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Stores `r` as its boot's record and as the domain's latest; prunes old boots.
+    pub fn put_record(&self, r: &Record) -> anyhow::Result<()> {
+        if !valid_domain(&r.domain) || !valid_boot_id(&r.boot_id) || r.boot_id == "latest" {
+            bail!(
+                "refusing to store a record named {}/{}",
+                r.domain,
+                r.boot_id
+            );
+        }
+        let dir = self.domain_dir(&r.domain);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let json = serde_json::to_vec_pretty(r).expect("plain data serializes");
+        for name in [format!("{}.json", r.boot_id), "latest.json".to_string()] {
+            let path = dir.join(name);
+            write_atomic(&path, &json).with_context(|| format!("writing {}", path.display()))?;
+        }
+        self.prune(&dir)
+    }
+
+    fn prune(&self, dir: &Path) -> anyhow::Result<()> {
+        let mut boots: Vec<(SystemTime, PathBuf)> = fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| is_boot_record(p))
+            .filter_map(|p| Some((fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .collect();
+        if boots.len() > HISTORY_PER_DOMAIN {
+            boots.sort();
+            for (_, p) in &boots[..boots.len() - HISTORY_PER_DOMAIN] {
+                let _ = fs::remove_file(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// The latest record of every domain, by domain name.
+    pub fn latest_records(&self) -> anyhow::Result<Vec<Record>> {
+        let dir = self.root.join("records");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let path = entry?.path().join("latest.json");
+            if let Some(r) = read_record(&path)? {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| a.domain.cmp(&b.domain));
+        Ok(out)
+    }
+
+    /// The latest record of `domain`, if any.
+    pub fn latest(&self, domain: &str) -> anyhow::Result<Option<Record>> {
+        read_record(&self.domain_dir(domain).join("latest.json"))
+    }
+
+    /// Every stored boot of `domain`, oldest first.
+    pub fn history(&self, domain: &str) -> anyhow::Result<Vec<Record>> {
+        let dir = self.domain_dir(domain);
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if is_boot_record(&path) {
+                out.extend(read_record(&path)?);
+            }
+        }
+        out.sort_by_key(|r| r.received_at);
+        Ok(out)
+    }
+}
+
+/// `BOOT_ID.json`: not `latest.json`, not a temporary file.
+fn is_boot_record(p: &Path) -> bool {
+    let name = p.file_name().unwrap_or_default().to_string_lossy();
+    name.ends_with(".json") && name != "latest.json" && !name.starts_with('.')
+}
+
+fn read_record(path: &Path) -> anyhow::Result<Option<Record>> {
+    match fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .with_context(|| format!("{} is not a vfio-p2p record", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}

@@ -1,0 +1,53 @@
+//! `vfio-p2p verdicts`: the latest judged report of every domain, from the state directory.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+
+use crate::cli::GlobalArgs;
+use crate::collector::store::{write_atomic, Store, DEFAULT_STATE_DIR};
+use crate::emit::verdicts;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum VerdictsFormat {
+    #[default]
+    Table,
+    Json,
+    /// Text exposition format, for node_exporter's textfile collector.
+    Prometheus,
+}
+
+#[derive(Debug, Args)]
+pub struct VerdictsArgs {
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Every stored boot of this domain instead of the latest of each.
+    #[arg(long, value_name = "DOMAIN")]
+    pub history: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: VerdictsFormat,
+    /// Write to FILE atomically (temporary file and rename) instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(_global: &GlobalArgs, a: VerdictsArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::new(&a.state_dir);
+    let records = match &a.history {
+        Some(d) => store.history(d)?,
+        None => store.latest_records()?,
+    };
+    let text = match a.format {
+        VerdictsFormat::Table => verdicts::table(&records),
+        VerdictsFormat::Json => serde_json::to_string_pretty(&records)? + "\n",
+        VerdictsFormat::Prometheus => verdicts::prometheus(&records),
+    };
+    match &a.output {
+        Some(path) => write_atomic(path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
