@@ -37,7 +37,7 @@ struct Cli {
 enum Format {
     Table,
     Json,
-    /// Text exposition format (`expect` and `report` only), for node_exporter's textfile collector.
+    // text exposition format, `expect` and `report` only (node_exporter's textfile collector)
     Prometheus,
 }
 
@@ -57,8 +57,7 @@ struct ExpectArgs {
 
 #[derive(Args)]
 struct SendArgs {
-    /// Also send the findings to the host's collector over vsock, at the port the host's
-    /// expectation names (`report`); without one, nothing is sent (a warning says so).
+    /// Also send the findings to the host over vsock (port from the host's expectation).
     #[arg(long)]
     send: bool,
 }
