@@ -78,6 +78,8 @@ pub struct ReportedPair {
     pub peer_access: bool,
     /// Every written word arrived on `dst`; `null` when not checked.
     pub writes_ok: Option<bool>,
+    /// Active NVLinks src → dst as NVML reports them (0: PCIe); `null` without NVML.
+    pub nvlinks: Option<u32>,
     /// Copy-engine bandwidth src → dst, GB/s (median).
     pub bandwidth_gbps: Option<f64>,
     /// One-way latency src → dst, µs (median).
@@ -206,6 +208,7 @@ mod tests {
             dst: "0000:07:00.0".parse().unwrap(),
             peer_access: true,
             writes_ok: None,
+            nvlinks: None,
             bandwidth_gbps: Some(-1.0),
             latency_us: None,
         });

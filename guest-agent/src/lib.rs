@@ -11,6 +11,7 @@ pub mod nvml;
 pub mod peers;
 pub mod render;
 pub mod report;
+pub mod send;
 pub mod stats;
 pub mod sysfs_scan;
 pub mod verify;

@@ -18,7 +18,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{render, sysfs_scan, verify};
+use vfio_p2p_agent::{render, send, sysfs_scan, verify};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,8 @@ struct Cli {
 enum Format {
     Table,
     Json,
+    // text exposition format, `expect` and `report` only (node_exporter's textfile collector)
+    Prometheus,
 }
 
 #[derive(Args)]
@@ -53,6 +55,13 @@ struct ExpectArgs {
     expect: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct SendArgs {
+    /// Also send the findings to the host over vsock (port from the host's expectation).
+    #[arg(long)]
+    send: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// List NVIDIA GPUs from sysfs with their P2P clique capability (no CUDA needed).
@@ -63,6 +72,8 @@ enum Command {
         sysfs: SysfsArgs,
         #[command(flatten)]
         expect: ExpectArgs,
+        #[command(flatten)]
+        send: SendArgs,
     },
     /// Peer access between every ordered GPU pair, as the driver reports it.
     Peers {
@@ -100,8 +111,10 @@ enum Command {
         #[arg(long)]
         baseline: Option<PathBuf>,
         /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
-        #[arg(long, conflicts_with_all = ["quick", "expect"])]
+        #[arg(long, conflicts_with_all = ["quick", "expect", "send"])]
         from: Option<PathBuf>,
+        #[command(flatten)]
+        send: SendArgs,
     },
 }
 
@@ -133,23 +146,41 @@ fn emit<T: Serialize>(format: Format, value: &T, table: impl FnOnce(&T) -> Strin
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
         Format::Table => print!("{}", table(value)),
+        // expect and report print it through `deliver`; run() refuses it elsewhere
+        Format::Prometheus => {}
     }
     Ok(())
 }
 
 fn run(cli: &Cli) -> Result<u8, CannotRun> {
     let f = cli.format;
+    let reports = matches!(cli.command, Command::Expect { .. } | Command::Report { .. });
+    if f == Format::Prometheus && !reports {
+        return Err(CannotRun(anyhow::anyhow!(
+            "--format prometheus is for expect and report"
+        )));
+    }
     match &cli.command {
         Command::Scan(s) => {
             let scan = sysfs_scan::scan(&s.sysfs_root)?;
             emit(f, &scan, render::scan)?;
             Ok(0)
         }
-        Command::Expect { sysfs, expect } => {
+        Command::Expect {
+            sysfs,
+            expect,
+            send,
+        } => {
             let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
             let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
             let r = expect::compare(&e, &source, &scan);
             emit(f, &r, render::expect)?;
+            let code = match (r.mismatches(), r.unchecked()) {
+                (0, 0) => 0,
+                (0, _) => 2,
+                _ => 1,
+            };
+            deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
             if r.mismatches() > 0 {
                 Ok(1)
             } else if r.unchecked() > 0 {
@@ -216,6 +247,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             quick,
             baseline,
             from,
+            send,
         } => {
             let started = Instant::now();
             let baseline = baseline.as_deref().map(load_report).transpose()?;
@@ -224,7 +256,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                 r.baseline = baseline.as_ref().map(|b| r.compare_with(b));
                 r.judge();
                 emit(f, &r, render::report)?;
-                return Ok(r.exit_code() as u8);
+                let code = r.exit_code() as u8;
+                deliver(f, false, None, send::from_report(&r, "", code))?;
+                return Ok(code);
             }
             let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
             let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
@@ -264,7 +298,39 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             r.judge();
             r.elapsed_s = started.elapsed().as_secs_f64();
             emit(f, &r, render::report)?;
-            Ok(r.exit_code() as u8)
+            let code = r.exit_code() as u8;
+            let e = expectation.as_ref().map(|(e, _)| e);
+            let vm = e.map_or("", |e| e.vm.as_str());
+            deliver(f, send.send, e, send::from_report(&r, vm, code))?;
+            Ok(code)
+        }
+    }
+}
+
+/// Prints the Prometheus text when asked, and sends the report when `--send` says so and
+/// the host's expectation names a channel.
+fn deliver(
+    f: Format,
+    send: bool,
+    e: Option<&Expectation>,
+    report: vfio_p2p_contract::GuestReport,
+) -> Result<()> {
+    if f == Format::Prometheus {
+        print!("{}", send::prometheus(&report));
+    }
+    if !send {
+        return Ok(());
+    }
+    match e.and_then(|e| e.report.as_ref()) {
+        Some(ch) => send::send(ch, &report).with_context(|| {
+            format!(
+                "sending the report to the host (vsock CID 2, port {}): is the VM's vsock device there and `vfio-p2p collect` running?",
+                ch.vsock_port
+            )
+        }),
+        None => {
+            eprintln!("warning: the host's expectation names no report channel (vm.yaml verify: vsock); nothing sent");
+            Ok(())
         }
     }
 }

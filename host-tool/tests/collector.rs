@@ -66,6 +66,7 @@ fn report(vm: &str, gbps: f64) -> GuestReport {
         dst: bdf(d),
         peer_access: true,
         writes_ok: Some(true),
+        nvlinks: None,
         bandwidth_gbps: Some(gbps),
         latency_us: Some(1.5),
     };

@@ -1,15 +1,18 @@
 //! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl`: a VM definition from the plan.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, ValueEnum};
+use vfio_p2p_contract::ReportChannel;
 
 use crate::cli::GlobalArgs;
+use crate::collector::store::Store;
 use crate::config::vm::VmConfig;
 use crate::context::{libvirt_version, Context, PlanningArgs};
-use crate::decide::expectation;
+use crate::decide::expectation::{self, Expectation};
+use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
 use crate::decide::mmio;
 use crate::emit::data::write_output;
@@ -62,6 +65,58 @@ pub struct GenArgs {
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// With `verify: vsock`: register the VM's CID and expectation here for `vfio-p2p collect`
+    /// (its default state directory is /var/lib/vfio-p2p).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// `verify: vsock`: the expectation names the report port; with `--state-dir`, the plan
+/// that tells the collector which domain owns the CID and what it should see.
+fn report_plan(
+    config: &VmConfig,
+    e: &mut Expectation,
+    state_dir: Option<&Path>,
+) -> anyhow::Result<Option<DomainPlan>> {
+    let Some(r) = config.report else {
+        if state_dir.is_some() {
+            bail!("--state-dir registers VMs for `vfio-p2p collect`: set 'verify: vsock' and vsock_cid in the VM's config");
+        }
+        return Ok(None);
+    };
+    e.report = Some(ReportChannel { vsock_port: r.port });
+    if state_dir.is_none() {
+        tracing::warn!("verify: vsock without --state-dir: the collector drops {}'s reports until its plan is registered (gen ... --state-dir /var/lib/vfio-p2p)", config.name);
+    }
+    Ok(state_dir.map(|_| DomainPlan {
+        domain: config.name.clone(),
+        cid: r.cid,
+        expectation: e.clone(),
+    }))
+}
+
+/// Stores `plan` for the collector, refusing a CID another domain holds.
+fn register(plan: &DomainPlan, dir: &Path) -> anyhow::Result<()> {
+    let store = Store::new(dir);
+    if let Some(other) = store.plans_by_cid()?.remove(&plan.cid) {
+        if other.domain != plan.domain {
+            bail!(
+                "vsock_cid {} is already {}'s in {}: give {} another CID",
+                plan.cid,
+                other.domain,
+                dir.display(),
+                plan.domain
+            );
+        }
+    }
+    let path = store.put_plan(plan)?;
+    eprintln!(
+        "vfio-p2p: registered {} (CID {}) for the collector in {}",
+        plan.domain,
+        plan.cid,
+        path.display()
+    );
+    Ok(())
 }
 
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
@@ -110,7 +165,8 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is {
         layout.as_is();
     }
-    let expectation = expectation::for_layout(&config.name, topo, &layout);
+    let mut expectation = expectation::for_layout(&config.name, topo, &layout);
+    let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
     let devices: Vec<_> = layout
         .gpus
         .iter()
@@ -152,6 +208,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
     };
+    if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
+        register(plan, dir)?;
+    }
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -47,6 +47,25 @@ pub enum Firmware {
     Uefi,
 }
 
+/// How the guest's verdict reaches the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// The verdict stays in the guest.
+    #[default]
+    None,
+    /// The agent sends its report over virtio-vsock to `vfio-p2p collect` (docs/fleet.md).
+    Vsock,
+}
+
+/// The VM's vsock device and the port its agent reports to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VsockReport {
+    /// The guest's CID: unique on the host, 3 or more.
+    pub cid: u32,
+    pub port: u32,
+}
+
 /// The file as written. Every field is optional except `name`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +96,15 @@ pub struct VmConfigFile {
     /// OVMF variable store template (UEFI only).
     #[serde(default)]
     pub ovmf_vars: Option<Spanned<PathBuf>>,
+    /// `vsock`: give the VM a vsock device and have the agent report to the host.
+    #[serde(default)]
+    pub verify: Option<Spanned<Verify>>,
+    /// The guest CID of that vsock device (needs `verify: vsock`).
+    #[serde(default)]
+    pub vsock_cid: Option<Spanned<u32>>,
+    /// The host port the agent reports to (default 7389).
+    #[serde(default)]
+    pub report_port: Option<Spanned<u32>>,
 }
 
 /// A validated VM description.
@@ -92,6 +120,8 @@ pub struct VmConfig {
     pub firmware: Firmware,
     pub ovmf_code: PathBuf,
     pub ovmf_vars: Option<PathBuf>,
+    /// Set by `verify: vsock`.
+    pub report: Option<VsockReport>,
 }
 
 pub const DEFAULT_NAME: &str = "vm0";
@@ -115,6 +145,7 @@ impl Default for VmConfig {
             firmware: Firmware::Bios,
             ovmf_code: PathBuf::from(DEFAULT_OVMF_CODE),
             ovmf_vars: None,
+            report: None,
         }
     }
 }
@@ -182,6 +213,7 @@ impl VmConfig {
         };
         check_path(&file.ovmf_code, "ovmf_code")?;
         check_path(&file.ovmf_vars, "ovmf_vars")?;
+        let report = vsock_report(&file, path)?;
         Ok(VmConfig {
             name,
             gpus,
@@ -196,8 +228,60 @@ impl VmConfig {
                 .map(|p| p.value)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_OVMF_CODE)),
             ovmf_vars: file.ovmf_vars.map(|p| p.value),
+            report,
         })
     }
+}
+
+/// `verify`, `vsock_cid` and `report_port` together: a CID of 3 or more (0-2 are the
+/// hypervisor, loopback and host; `u32::MAX` means any), only with `verify: vsock`.
+fn vsock_report(file: &VmConfigFile, path: &Path) -> Result<Option<VsockReport>, ConfigError> {
+    let invalid = |at: &Location, message: String| ConfigError::invalid(path, at, message);
+    let vsock = file.verify.as_ref().filter(|v| v.value == Verify::Vsock);
+    let Some(v) = vsock else {
+        if let Some(c) = &file.vsock_cid {
+            return Err(invalid(
+                &c.referenced,
+                "vsock_cid is only used with 'verify: vsock'; remove it or set verify".into(),
+            ));
+        }
+        if let Some(p) = &file.report_port {
+            return Err(invalid(
+                &p.referenced,
+                "report_port is only used with 'verify: vsock'; remove it or set verify".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let cid = match &file.vsock_cid {
+        None => {
+            return Err(invalid(
+                &v.referenced,
+                "verify: vsock needs vsock_cid: N (3 or more, unique among this host's VMs)".into(),
+            ))
+        }
+        Some(c) if c.value < 3 || c.value == u32::MAX => {
+            return Err(invalid(
+                &c.referenced,
+                format!(
+                    "vsock_cid: {} is reserved; give 3 to 4294967294, unique among this host's VMs",
+                    c.value
+                ),
+            ))
+        }
+        Some(c) => c.value,
+    };
+    let port = match &file.report_port {
+        Some(p) if p.value == u32::MAX => {
+            return Err(invalid(
+                &p.referenced,
+                "report_port: 4294967295 means any port; give a real one".into(),
+            ))
+        }
+        Some(p) => p.value,
+        None => vfio_p2p_contract::DEFAULT_REPORT_PORT,
+    };
+    Ok(Some(VsockReport { cid, port }))
 }
 
 #[cfg(test)]
@@ -222,6 +306,33 @@ mod tests {
         assert_eq!((c.memory_mib, c.vcpus, c.guest_numa), (65536, 32, false));
         assert_eq!(c.firmware, Firmware::Uefi);
         assert_eq!(c.ovmf_code, PathBuf::from("/opt/OVMF_CODE.fd"));
+    }
+
+    #[test]
+    fn verify_vsock_needs_a_cid_and_only_then_takes_one() {
+        let c = parse("name: vm1\nverify: vsock\nvsock_cid: 42\n").unwrap();
+        assert_eq!(
+            c.report,
+            Some(VsockReport {
+                cid: 42,
+                port: 7389
+            })
+        );
+        let c = parse("name: vm1\nverify: vsock\nvsock_cid: 42\nreport_port: 900\n").unwrap();
+        assert_eq!(c.report, Some(VsockReport { cid: 42, port: 900 }));
+        let e = parse("name: vm1\nverify: vsock\n").unwrap_err().to_string();
+        assert!(e.contains("verify: vsock needs vsock_cid"), "{e}");
+        assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
+        let e = parse("name: vm1\nverify: vsock\nvsock_cid: 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vsock_cid: 2 is reserved"), "{e}");
+        assert!(e.contains("line 3") || e.contains(":3:"), "{e}");
+        let e = parse("name: vm1\nvsock_cid: 5\n").unwrap_err().to_string();
+        assert!(e.contains("only used with 'verify: vsock'"), "{e}");
+        let e = parse("name: vm1\nverify: tcp\n").unwrap_err().to_string();
+        assert!(e.contains("tcp"), "{e}");
+        assert_eq!(parse("name: vm1\nverify: none\n").unwrap().report, None);
     }
 
     #[test]

@@ -231,6 +231,11 @@ fn pair_problem(v: &PairVerdict, m: Option<&ReportedPair>) -> Option<String> {
     if m.writes_ok == Some(false) {
         return Some(format!("{src} → {dst}: writes were lost"));
     }
+    if v.link == LinkType::Nvlink && m.nvlinks == Some(0) {
+        return Some(format!(
+            "{src} → {dst}: over PCIe where the plan has NVLink"
+        ));
+    }
     match m.bandwidth_gbps {
         Some(b) if b < v.floor_gbps => Some(format!(
             "{src} → {dst}: {b:.1} GB/s, under the {:?} floor of {:.1} GB/s",

@@ -69,5 +69,16 @@ pub fn argv(
             a.push(d);
         }
     }
+    if let Some(r) = c.report {
+        // hybrid vsock: the guest's connections to CID 2 port P arrive at SOCKET_P on the host
+        a.push("--vsock".into());
+        a.push(format!(
+            "cid={},socket={VSOCK_SOCKET_DIR}/{}.sock",
+            r.cid, c.name
+        ));
+    }
     Ok((a, warnings))
 }
+
+/// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.
+pub const VSOCK_SOCKET_DIR: &str = "/run/vfio-p2p/vsock";

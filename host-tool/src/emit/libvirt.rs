@@ -82,6 +82,9 @@ pub fn host_address(bdf: &Bdf) -> String {
 }
 
 /// The domain XML.
+/// The pcie.0 slot of the vsock device (the layouts use 0x08 and up).
+pub const VSOCK_SLOT: u8 = 0x07;
+
 pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     let c = vm.config;
     let l = vm.layout;
@@ -188,6 +191,15 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     }
     for g in &l.gpus {
         write_hostdevs(w, g, index_of(&g.parent));
+    }
+    if let Some(r) = vm.config.report {
+        // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
+        let _ = writeln!(
+            w,
+            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
+            r.cid,
+            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
+        );
     }
     let _ = writeln!(w, "    <memballoon model='none'/>");
     let _ = writeln!(w, "  </devices>");

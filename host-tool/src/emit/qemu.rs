@@ -183,6 +183,13 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
         }
     }
     opt("-fw_cfg", vm.fw_cfg_expectation());
+    if let Some(r) = c.report {
+        // last, so QEMU's automatic slot on pcie.0 cannot take one the layout names
+        opt(
+            "-device",
+            format!("vhost-vsock-pci,guest-cid={},id=vsock0", r.cid),
+        );
+    }
     a
 }
 

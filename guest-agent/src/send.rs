@@ -1,0 +1,179 @@
+//! `--send`: the agent's findings as a [`GuestReport`], sent to the host over virtio-vsock
+//! (the host's CID is always 2; the port comes from the host's expectation, so the guest
+//! needs no configuration), and as Prometheus text (`--format prometheus`).
+
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use vfio_p2p_contract::prometheus::{pair_metrics, Exposition};
+use vfio_p2p_contract::{
+    GuestReport, ReportChannel, ReportedGpu, ReportedPair, GUEST_REPORT_VERSION, HOST_CID,
+};
+
+use crate::report::Report;
+use crate::sysfs_scan::Scan;
+
+/// Where Linux keeps this boot's id.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// How long the agent waits for the host to take the report.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This boot's id, or `unknown` (which the host refuses) when unreadable.
+pub fn boot_id() -> String {
+    std::fs::read_to_string(BOOT_ID_PATH)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn gpus(scan: &Scan) -> Vec<ReportedGpu> {
+    scan.gpus
+        .iter()
+        .map(|g| ReportedGpu {
+            guest_bdf: g.bdf,
+            clique: g.clique,
+            clique_readable: g.caps_readable,
+        })
+        .collect()
+}
+
+/// A sysfs-only report (`expect --send`): GPUs and cliques, nothing measured.
+pub fn from_scan(scan: &Scan, vm: &str, agent_exit: u8) -> GuestReport {
+    from_scan_gpus(gpus(scan), vm, agent_exit)
+}
+
+fn from_scan_gpus(gpus: Vec<ReportedGpu>, vm: &str, agent_exit: u8) -> GuestReport {
+    GuestReport {
+        version: GUEST_REPORT_VERSION,
+        vm: vm.into(),
+        boot_id: boot_id(),
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+        measured: false,
+        agent_exit,
+        gpus,
+        pairs: Vec::new(),
+    }
+}
+
+/// A full report (`report --send`): every measured ordered pair.
+pub fn from_report(r: &Report, vm: &str, agent_exit: u8) -> GuestReport {
+    let mut out = GuestReport {
+        measured: true,
+        gpus: r.scan.as_ref().map(gpus).unwrap_or_default(),
+        ..from_scan_gpus(Vec::new(), vm, agent_exit)
+    };
+    out.pairs = r
+        .pairs
+        .iter()
+        .map(|p| ReportedPair {
+            src: p.src,
+            dst: p.dst,
+            peer_access: p.peer.enabled,
+            writes_ok: p.verify.as_ref().map(|v| v.ok()),
+            nvlinks: p.peer.link.as_ref().map(|l| l.nvlinks),
+            bandwidth_gbps: p.bench.as_ref().map(|b| b.ce_bandwidth_gbps.median),
+            latency_us: p
+                .bench
+                .as_ref()
+                .and_then(|b| b.one_way_latency_us.as_ref())
+                .map(|s| s.median),
+        })
+        .collect();
+    out
+}
+
+/// Prometheus text of a report (no domain label: node_exporter on the guest adds the instance).
+pub fn prometheus(r: &GuestReport) -> String {
+    let mut x = Exposition::default();
+    x.gauge(
+        "vfio_p2p_agent_exit",
+        "The agent's exit status: 0 as expected, 1 mismatch, 2 could not run",
+        &[],
+        f64::from(r.agent_exit),
+    );
+    for g in &r.gpus {
+        if let Some(c) = g.clique {
+            x.gauge(
+                "vfio_p2p_gpu_clique",
+                "The GPUDirect clique the GPU's capability carries",
+                &[("gpu", &g.guest_bdf.to_string())],
+                f64::from(c),
+            );
+        }
+    }
+    for p in &r.pairs {
+        let link = match p.nvlinks {
+            Some(0) => "pcie",
+            Some(_) => "nvlink",
+            None => "unknown",
+        };
+        let p2p_ok = Some(p.peer_access && p.writes_ok != Some(false));
+        let (src, dst) = (p.src.to_string(), p.dst.to_string());
+        pair_metrics(
+            &mut x,
+            &[],
+            &src,
+            &dst,
+            link,
+            p2p_ok,
+            p.bandwidth_gbps,
+            p.latency_us,
+        );
+    }
+    x.render()
+}
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Sends `r` to the host's collector (CID 2, the channel's port) and closes the connection.
+pub fn send(channel: &ReportChannel, r: &GuestReport) -> io::Result<()> {
+    send_to(HOST_CID, channel.vsock_port, r.to_json().as_bytes())
+}
+
+fn send_to(cid: u32, port: u32, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let raw =
+        check(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let tv = libc::timeval {
+        tv_sec: SEND_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: `tv` is a valid timeval for SO_SNDTIMEO and outlives the call.
+    check(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })?;
+    // SAFETY: sockaddr_vm is plain data; all-zero is valid before the fields are set.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_cid = cid;
+    addr.svm_port = port;
+    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    // SAFETY: `addr` is a valid sockaddr_vm of `len` bytes that outlives the call.
+    check(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_vm).cast(),
+            len,
+        )
+    })?;
+    let mut stream = std::fs::File::from(fd);
+    stream.write_all(bytes)?;
+    // SAFETY: shutdown(2) on a descriptor we own: tells the host the report is complete.
+    check(unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) })?;
+    Ok(())
+}
