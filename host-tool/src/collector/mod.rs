@@ -150,6 +150,9 @@ impl Collector {
 
     fn write_textfile(&self) {
         let Some(path) = &self.textfile else { return };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let text = self
             .store
             .latest_records()
