@@ -226,7 +226,9 @@ fn write_bridge_target(w: &mut String, b: &GuestBridge) {
                 b.bus
             );
         }
-        GuestBridgeKind::Expander { numa_node: None, .. } => {
+        GuestBridgeKind::Expander {
+            numa_node: None, ..
+        } => {
             let _ = writeln!(w, "      <target busNr='{}'/>", b.bus);
         }
         GuestBridgeKind::RootPort { chassis, port }
