@@ -128,10 +128,7 @@ impl<E: Into<anyhow::Error>> From<E> for CannotRun {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    vfio_p2p_style::init_logging("RUST_LOG", "warn");
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => ExitCode::from(code),

@@ -1,6 +1,6 @@
 //! Human-readable tables of each command's result.
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
+use comfy_table::{Cell, Table};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
@@ -11,10 +11,7 @@ use crate::sysfs_scan::Scan;
 use crate::verify::VerifyResult;
 
 fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(header.iter().map(Cell::new));
-    t
+    vfio_p2p_style::table(header.iter().map(Cell::new).collect::<Vec<_>>())
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
