@@ -133,7 +133,10 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(CannotRun(e)) => {
-            eprintln!("vfio-p2p-agent: cannot run: {e:#}");
+            eprintln!(
+                "vfio-p2p-agent: cannot run: {}",
+                vfio_p2p_style::error_chain(e.as_ref())
+            );
             ExitCode::from(2)
         }
     }

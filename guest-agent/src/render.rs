@@ -1,6 +1,6 @@
 //! Human-readable tables of each command's result.
 
-use comfy_table::{Cell, Table};
+use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
@@ -173,9 +173,15 @@ pub fn bench(results: &[PairBench]) -> String {
         "disabled GB/s",
         "disabled 4B µs",
     ]);
+    // Keep addresses and ranges whole when the table wraps to the terminal.
+    for (column, width) in [(0, 14), (2, 11)] {
+        if let Some(c) = t.column_mut(column) {
+            c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(width)));
+        }
+    }
     for b in results {
         t.add_row(vec![
-            format!("{} → {}", b.src, b.dst),
+            format!("{}\n→ {}", b.src, b.dst),
             b.one_way_latency_us
                 .as_ref()
                 .map_or_else(|| "-".into(), |s| stat(s, 3)),

@@ -86,6 +86,23 @@ pub fn wrap(text: &str, width: u16) -> String {
     out
 }
 
+/// An error and its causes on one line, `outer: cause: cause`, leaving out a cause whose
+/// text the line already holds (errors that print their source themselves would otherwise
+/// say it twice: "No such file or directory (os error 2): No such file or directory …").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
 /// Log records as `warning: message` (level word, colon, the message and its fields).
 struct PlainLines;
 
@@ -137,6 +154,29 @@ mod tests {
         let text = t.to_string();
         assert!(text.lines().all(|l| l.chars().count() <= 40), "{text}");
         assert!(text.lines().count() > 5);
+    }
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "cannot read x: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_said_is_not_repeated() {
+        let e = Outer(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let text = error_chain(&e);
+        assert_eq!(text.matches("not found").count(), 1, "{text}");
+        assert!(text.starts_with("cannot read x: "));
     }
 
     #[test]
