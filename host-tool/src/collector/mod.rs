@@ -182,10 +182,7 @@ fn refused(cid: u32, reason: String) -> Handled {
 
 fn log(h: &Handled) {
     match h {
-        Handled::Stored { domain, pass } => tracing::info!(
-            "stored {} for {domain}",
-            if *pass { "PASS" } else { "FAIL" }
-        ),
+        Handled::Stored { domain, pass } => tracing::debug!("stored {domain}: pass {pass}"),
         Handled::UnknownCid(c) => tracing::warn!("dropped a connection from unknown CID {c}"),
         Handled::RateLimited(c) => tracing::warn!("dropped CID {c}: sent again too soon"),
         Handled::Refused { cid, reason } => tracing::warn!("refused CID {cid}: {reason}"),
