@@ -326,8 +326,10 @@ fleet_start() {
     modprobe vhost_vsock || fail "modprobe vhost_vsock failed"
     [ -s $FLEET_A/plans/lab-b.json ] || { fail "gen --state-dir registered no plan for lab-b"; return 1; }
     cp $FLEET_A/plans/lab-b.json /out/fleet-plan-right.json
-    jqr -c --slurpfile w /out/expect-wrong.json '.domain = "lab-b-wrong" | .expectation = ($w[0] | .vm = "lab-b-wrong")' \
+    [ -s /out/expect-wrong.json ] || fail "no wrong expectation to make the wrong plan of"
+    jqr -c --slurpfile w $O/expect-wrong.json '.domain = "lab-b-wrong" | .expectation = ($w[0] | .vm = "lab-b-wrong")' \
         < /out/fleet-plan-right.json > /out/fleet-plan-wrong.json
+    [ -s /out/fleet-plan-wrong.json ] || fail "could not make the wrong plan"
     C timeout "$TIMEOUT_A" "$VFIO_P2P" collect --state-dir $FLEET --min-interval 0 --deadline 20 \
         --textfile $FLEET/metrics/vfio_p2p.prom > /out/fleet-collect.log 2>&1 &
 }
@@ -337,13 +339,16 @@ fleet_start() {
 fleet_arm() {
     [ -n "$FLEET_SWAP" ] && kill "$FLEET_SWAP" 2> /dev/null
     rm -f $FLEET_A/plans/lab-b-wrong.json
-    cp /out/fleet-plan-right.json $FLEET_A/plans/lab-b.json
+    cp /out/fleet-plan-right.json $FLEET_A/plans/.lab-b.tmp
+    mv $FLEET_A/plans/.lab-b.tmp $FLEET_A/plans/lab-b.json
     (
         C timeout 400 "$VFIO_P2P" collect --wait lab-b --since "$(date +%s)" --timeout 390 --state-dir $FLEET \
             > /out/fleet-wait.txt 2>&1
         echo "collect --wait exit $?" >> /out/fleet-wait.txt
         rm -f $FLEET_A/plans/lab-b.json
-        cp /out/fleet-plan-wrong.json $FLEET_A/plans/lab-b-wrong.json
+        # a plan appears whole: write beside it, then rename (as gen --state-dir does)
+        cp /out/fleet-plan-wrong.json $FLEET_A/plans/.lab-b-wrong.tmp
+        mv $FLEET_A/plans/.lab-b-wrong.tmp $FLEET_A/plans/lab-b-wrong.json
     ) &
     FLEET_SWAP=$!
 }

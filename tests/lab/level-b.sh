@@ -44,7 +44,7 @@ section WRONG vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.j
 section SEND vfio-p2p-agent expect --send --format json
 # level A now swaps the host's plan for this CID for a wrong one (level-a.sh fleet_arm):
 # the same findings, sent again, must be judged FAIL
-sleep 20
+sleep 8
 section SEND2 vfio-p2p-agent expect --send --format json
 # a hostile sender on the same CID: garbage, an oversized body, a field the schema lacks
 hostile() {

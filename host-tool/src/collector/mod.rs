@@ -97,7 +97,11 @@ impl Collector {
         let mut cache = self.plans.lock().expect("not poisoned");
         let stamp = self.store.plans_stamp();
         if cache.0.is_none() || cache.0 != stamp {
-            *cache = (stamp, self.store.plans_by_cid()?);
+            let (plans, problems) = self.store.plans_by_cid()?;
+            for p in problems {
+                tracing::warn!("{p}");
+            }
+            *cache = (stamp, plans);
         }
         Ok(cache.1.get(&cid).cloned())
     }

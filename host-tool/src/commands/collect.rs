@@ -74,7 +74,10 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
         nvlink_gbps: a.floor_nvlink,
         pcie_gbps: a.floor_pcie,
     };
-    let plans = store.plans_by_cid()?;
+    let (plans, problems) = store.plans_by_cid()?;
+    for p in problems {
+        tracing::warn!("{p}");
+    }
     let mut collector = Collector::new(store, limits, floors);
     collector.textfile = a.textfile;
     let listener = match activated_fd() {
