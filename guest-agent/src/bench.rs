@@ -205,7 +205,6 @@ pub fn bench_pair(
 ) -> Result<PairBench, CudaError> {
     let sa = Stream::new(src)?;
     let sb = Stream::new(dst)?;
-
     let pp = if both_ways {
         let pp = PingPong {
             src: (src, src_mod, &sa),
@@ -219,139 +218,36 @@ pub fn bench_pair(
         PingPongResult::default()
     };
     step("one-way latency");
-
-    let chain: Vec<u32> = (0..plan.chase_words)
-        .map(|i| chase_next(i, plan.chase_words))
-        .collect();
-    let out = DeviceBuffer::words(src, 1, 0)?;
-    let chase = |array: &DeviceBuffer<'_>| -> Result<Stat, CudaError> {
-        let launch = |steps: u32| {
-            src_mod.launch(
-                Kernel::Chase,
-                1,
-                1,
-                &sa,
-                &[
-                    Param::U64(array.ptr()),
-                    Param::U32(steps),
-                    Param::U64(out.ptr()),
-                ],
-            )
-        };
-        launch(100)?;
-        sampled(plan.samples, || {
-            Ok(timed(&sa, || launch(plan.chase_steps))? * 1e3 / plan.chase_steps as f64)
-        })
+    let pair = PairRun {
+        src,
+        src_mod,
+        dst,
+        sa: &sa,
+        sb: &sb,
+        plan,
     };
-    let remote = DeviceBuffer::new(dst, chain.len() * 4)?;
-    remote.upload(&chain)?;
-    let remote_read_latency_us = chase(&remote)?;
-    drop(remote);
-    let local = DeviceBuffer::new(src, chain.len() * 4)?;
-    local.upload(&chain)?;
-    let local_read_latency_us = chase(&local)?;
-    drop(local);
+    let (remote_read_latency_us, local_read_latency_us) = pair.pointer_chase()?;
     step("pointer chase");
-
-    let (tiny_src, tiny_dst) = (
+    let tiny = (
         DeviceBuffer::words(src, 1, 0)?,
         DeviceBuffer::words(dst, 1, 0)?,
     );
-    let memcpy_latency = |copies: u32| {
-        sampled(plan.samples, || {
-            let ms = timed(&sa, || {
-                (0..copies).try_for_each(|_| sa.copy_peer(&tiny_dst, &tiny_src, 4))
-            })?;
-            Ok(ms * 1e3 / copies as f64)
-        })
-    };
-    let memcpy_latency_us = memcpy_latency(plan.memcpy_copies)?;
+    let memcpy_latency_us = pair.memcpy_latency(&tiny, plan.memcpy_copies)?;
     step("memcpy latency");
-
     let bytes = plan.bw_bytes;
-    let gbps = |ms: f64, total: f64| total / (ms * 1e-3) / 1e9;
-    let s_src = DeviceBuffer::new(src, bytes)?;
-    let d_dst = DeviceBuffer::new(dst, bytes)?;
-    let ce_bandwidth_gbps = sampled(plan.samples, || {
-        let ms = timed(&sa, || {
-            (0..plan.bw_copies).try_for_each(|_| sa.copy_peer(&d_dst, &s_src, bytes))
-        })?;
-        Ok(gbps(ms, plan.bw_copies as f64 * bytes as f64))
-    })?;
+    let (s_src, d_dst) = (
+        DeviceBuffer::new(src, bytes)?,
+        DeviceBuffer::new(dst, bytes)?,
+    );
+    let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, plan.bw_copies)?;
     step("copy-engine bandwidth");
-
-    let s_dst = DeviceBuffer::new(dst, bytes)?;
-    let d_src = DeviceBuffer::new(src, bytes)?;
-    let ce_bidir_bandwidth_gbps = sampled(plan.samples, || {
-        let back_done = Event::new(dst)?;
-        let ms = timed(&sa, || {
-            let start = Event::new(src)?;
-            start.record(&sa)?;
-            sb.wait(&start)?;
-            for _ in 0..plan.bw_copies {
-                sa.copy_peer(&d_dst, &s_src, bytes)?;
-                sb.copy_peer(&d_src, &s_dst, bytes)?;
-            }
-            back_done.record(&sb)?;
-            sa.wait(&back_done)
-        })?;
-        Ok(gbps(ms, 2.0 * plan.bw_copies as f64 * bytes as f64))
-    })?;
-    drop((s_dst, d_src));
+    let ce_bidir_bandwidth_gbps = pair.bidir_bandwidth(&s_src, &d_dst)?;
     step("bidirectional bandwidth");
-
-    let words16 = (bytes / 16) as u64;
-    let sm_copy_bandwidth_gbps = sampled(plan.samples, || {
-        let ms = timed(&sa, || {
-            (0..plan.bw_copies).try_for_each(|_| {
-                src_mod.launch(
-                    Kernel::Copy,
-                    src.sm_count.max(1) * 4,
-                    COPY_BLOCK,
-                    &sa,
-                    &[
-                        Param::U64(s_src.ptr()),
-                        Param::U64(d_dst.ptr()),
-                        Param::U64(words16),
-                    ],
-                )
-            })
-        })?;
-        Ok(gbps(ms, plan.bw_copies as f64 * bytes as f64))
-    })?;
+    let sm_copy_bandwidth_gbps = pair.sm_copy_bandwidth(&s_src, &d_dst)?;
     step("SM copy bandwidth");
-
-    peers::disable(src, dst)?;
-    peers::disable(dst, src)?;
-    let disabled = (|| -> Result<(Stat, Stat), CudaError> {
-        let bw = sampled(plan.samples, || {
-            let ms = timed(&sa, || {
-                (0..plan.disabled_copies).try_for_each(|_| sa.copy_peer(&d_dst, &s_src, bytes))
-            })?;
-            Ok(gbps(ms, plan.disabled_copies as f64 * bytes as f64))
-        })?;
-        let lat = memcpy_latency(plan.disabled_memcpy_copies)?;
-        Ok((bw, lat))
-    })();
-    // Restore access whatever happened, for the pairs measured after this one.
-    let restored = peers::enable(src, dst).and_then(|r| {
-        let back = if both_ways {
-            peers::enable(dst, src)?
-        } else {
-            Ok(())
-        };
-        Ok(r.and(back))
-    });
-    let (disabled_bandwidth_gbps, disabled_memcpy_latency_us) = disabled?;
-    if let Err(e) = restored? {
-        return Err(CudaError::Call {
-            what: "cuCtxEnablePeerAccess (re-enabling)",
-            gpu: src.bus_id.to_string(),
-            error: e,
-        });
-    }
+    let (disabled_bandwidth_gbps, disabled_memcpy_latency_us) =
+        pair.with_peer_access_disabled(both_ways, &s_src, &d_dst, &tiny)?;
     step("peer access disabled");
-
     Ok(PairBench {
         src: src.bus_id,
         dst: dst.bus_id,
@@ -369,6 +265,179 @@ pub fn bench_pair(
         disabled_bandwidth_gbps,
         disabled_memcpy_latency_us,
     })
+}
+
+/// One ordered pair being measured: its GPUs, the source's kernels, a stream on each.
+struct PairRun<'a, 'g> {
+    src: &'g Gpu,
+    src_mod: &'a Module<'g>,
+    dst: &'g Gpu,
+    sa: &'a Stream<'g>,
+    sb: &'a Stream<'g>,
+    plan: &'a Plan,
+}
+
+fn gbps(ms: f64, total: f64) -> f64 {
+    total / (ms * 1e-3) / 1e9
+}
+
+impl PairRun<'_, '_> {
+    /// Dependent reads by one thread from the source: through the peer's memory, then
+    /// local memory (µs per read).
+    fn pointer_chase(&self) -> Result<(Stat, Stat), CudaError> {
+        let plan = self.plan;
+        let chain: Vec<u32> = (0..plan.chase_words)
+            .map(|i| chase_next(i, plan.chase_words))
+            .collect();
+        let out = DeviceBuffer::words(self.src, 1, 0)?;
+        let chase = |array: &DeviceBuffer<'_>| -> Result<Stat, CudaError> {
+            let launch = |steps: u32| {
+                self.src_mod.launch(
+                    Kernel::Chase,
+                    1,
+                    1,
+                    self.sa,
+                    &[
+                        Param::U64(array.ptr()),
+                        Param::U32(steps),
+                        Param::U64(out.ptr()),
+                    ],
+                )
+            };
+            launch(100)?;
+            sampled(plan.samples, || {
+                Ok(timed(self.sa, || launch(plan.chase_steps))? * 1e3 / plan.chase_steps as f64)
+            })
+        };
+        let remote = DeviceBuffer::new(self.dst, chain.len() * 4)?;
+        remote.upload(&chain)?;
+        let remote_us = chase(&remote)?;
+        drop(remote);
+        let local = DeviceBuffer::new(self.src, chain.len() * 4)?;
+        local.upload(&chain)?;
+        let local_us = chase(&local)?;
+        Ok((remote_us, local_us))
+    }
+
+    /// 4-byte peer copies back to back (µs per copy).
+    fn memcpy_latency(
+        &self,
+        (tiny_src, tiny_dst): &(DeviceBuffer<'_>, DeviceBuffer<'_>),
+        copies: u32,
+    ) -> Result<Stat, CudaError> {
+        sampled(self.plan.samples, || {
+            let ms = timed(self.sa, || {
+                (0..copies).try_for_each(|_| self.sa.copy_peer(tiny_dst, tiny_src, 4))
+            })?;
+            Ok(ms * 1e3 / copies as f64)
+        })
+    }
+
+    /// Copy-engine copies src → dst (GB/s).
+    fn ce_bandwidth(
+        &self,
+        s_src: &DeviceBuffer<'_>,
+        d_dst: &DeviceBuffer<'_>,
+        copies: u32,
+    ) -> Result<Stat, CudaError> {
+        let bytes = self.plan.bw_bytes;
+        sampled(self.plan.samples, || {
+            let ms = timed(self.sa, || {
+                (0..copies).try_for_each(|_| self.sa.copy_peer(d_dst, s_src, bytes))
+            })?;
+            Ok(gbps(ms, copies as f64 * bytes as f64))
+        })
+    }
+
+    /// Copy-engine copies both ways at once, one stream each (GB/s, both directions).
+    fn bidir_bandwidth(
+        &self,
+        s_src: &DeviceBuffer<'_>,
+        d_dst: &DeviceBuffer<'_>,
+    ) -> Result<Stat, CudaError> {
+        let (plan, bytes) = (self.plan, self.plan.bw_bytes);
+        let s_dst = DeviceBuffer::new(self.dst, bytes)?;
+        let d_src = DeviceBuffer::new(self.src, bytes)?;
+        sampled(plan.samples, || {
+            let back_done = Event::new(self.dst)?;
+            let ms = timed(self.sa, || {
+                let start = Event::new(self.src)?;
+                start.record(self.sa)?;
+                self.sb.wait(&start)?;
+                for _ in 0..plan.bw_copies {
+                    self.sa.copy_peer(d_dst, s_src, bytes)?;
+                    self.sb.copy_peer(&d_src, &s_dst, bytes)?;
+                }
+                back_done.record(self.sb)?;
+                self.sa.wait(&back_done)
+            })?;
+            Ok(gbps(ms, 2.0 * plan.bw_copies as f64 * bytes as f64))
+        })
+    }
+
+    /// A copy kernel on the source's SMs writing into the peer (GB/s).
+    fn sm_copy_bandwidth(
+        &self,
+        s_src: &DeviceBuffer<'_>,
+        d_dst: &DeviceBuffer<'_>,
+    ) -> Result<Stat, CudaError> {
+        let (plan, bytes) = (self.plan, self.plan.bw_bytes);
+        let words16 = (bytes / 16) as u64;
+        sampled(plan.samples, || {
+            let ms = timed(self.sa, || {
+                (0..plan.bw_copies).try_for_each(|_| {
+                    self.src_mod.launch(
+                        Kernel::Copy,
+                        self.src.sm_count.max(1) * 4,
+                        COPY_BLOCK,
+                        self.sa,
+                        &[
+                            Param::U64(s_src.ptr()),
+                            Param::U64(d_dst.ptr()),
+                            Param::U64(words16),
+                        ],
+                    )
+                })
+            })?;
+            Ok(gbps(ms, plan.bw_copies as f64 * bytes as f64))
+        })
+    }
+
+    /// Bandwidth and copy latency with peer access disabled (the path a guest without
+    /// cliques takes); access is restored whatever happens, for the pairs after this one.
+    fn with_peer_access_disabled(
+        &self,
+        both_ways: bool,
+        s_src: &DeviceBuffer<'_>,
+        d_dst: &DeviceBuffer<'_>,
+        tiny: &(DeviceBuffer<'_>, DeviceBuffer<'_>),
+    ) -> Result<(Stat, Stat), CudaError> {
+        let (src, dst, plan) = (self.src, self.dst, self.plan);
+        peers::disable(src, dst)?;
+        peers::disable(dst, src)?;
+        let disabled = (|| -> Result<(Stat, Stat), CudaError> {
+            let bw = self.ce_bandwidth(s_src, d_dst, plan.disabled_copies)?;
+            let lat = self.memcpy_latency(tiny, plan.disabled_memcpy_copies)?;
+            Ok((bw, lat))
+        })();
+        let restored = peers::enable(src, dst).and_then(|r| {
+            let back = if both_ways {
+                peers::enable(dst, src)?
+            } else {
+                Ok(())
+            };
+            Ok(r.and(back))
+        });
+        let measured = disabled?;
+        if let Err(e) = restored? {
+            return Err(CudaError::Call {
+                what: "cuCtxEnablePeerAccess (re-enabling)",
+                gpu: src.bus_id.to_string(),
+                error: e,
+            });
+        }
+        Ok(measured)
+    }
 }
 
 /// Flag ping-pong between a kernel on each GPU; each polls its own memory and

@@ -170,65 +170,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             sysfs,
             expect,
             send,
-        } => {
-            let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
-            let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
-            let r = expect::compare(&e, &source, &scan);
-            emit(f, &r, render::expect)?;
-            let code = match (r.mismatches(), r.unchecked()) {
-                (0, 0) => 0,
-                (0, _) => 2,
-                _ => 1,
-            };
-            deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
-            if r.mismatches() > 0 {
-                Ok(1)
-            } else if r.unchecked() > 0 {
-                Err(CannotRun(anyhow::anyhow!(
-                    "the clique of {} GPU(s) could not be read: run as root",
-                    r.unchecked()
-                )))
-            } else {
-                Ok(0)
-            }
-        }
-        Command::Peers { sysfs, expect } => {
-            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-            let gpus = open_gpus()?;
-            let nvml = Nvml::open();
-            let pairs = peers::probe(&gpus, nvml.as_ref())?;
-            let reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
-            #[derive(Serialize)]
-            struct Out<'a> {
-                gpus: Vec<GpuInfo>,
-                pairs: &'a [PeerCheck],
-            }
-            let out = Out {
-                gpus: gpus.iter().map(GpuInfo::from).collect(),
-                pairs: &pairs,
-            };
-            emit(f, &out, |o| render::peers(o.pairs))?;
-            if f == Format::Table {
-                print_summaries(&reports);
-            }
-            Ok(pair_exit(&reports))
-        }
-        Command::Verify { sysfs, expect, mib } => {
-            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-            let gpus = open_gpus()?;
-            let modules = load_modules(&gpus)?;
-            let nvml = Nvml::open();
-            let pairs = peers::probe(&gpus, nvml.as_ref())?;
-            let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
-            let words = mib * (1 << 20) / 4;
-            let results = run_verify(&gpus, &modules, &mut reports, words)?;
-            judge_all(&mut reports, in_vm());
-            emit(f, &results, |r| render::verify(r))?;
-            if f == Format::Table {
-                print_summaries(&reports);
-            }
-            Ok(pair_exit(&reports))
-        }
+        } => run_expect(f, sysfs, expect, send),
+        Command::Peers { sysfs, expect } => run_peers(f, sysfs, expect),
+        Command::Verify { sysfs, expect, mib } => run_verify_command(f, sysfs, expect, *mib),
         Command::Bench { quick } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
             let gpus = open_gpus()?;
@@ -249,62 +193,152 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             from,
             send,
         } => {
-            let started = Instant::now();
             let baseline = baseline.as_deref().map(load_report).transpose()?;
-            if let Some(path) = from {
-                let mut r = load_report(path)?;
-                r.baseline = baseline.as_ref().map(|b| r.compare_with(b));
-                r.judge();
-                emit(f, &r, render::report)?;
-                let code = r.exit_code() as u8;
-                deliver(f, false, None, send::from_report(&r, "", code))?;
-                return Ok(code);
+            match from {
+                Some(path) => report_from_file(f, path, baseline.as_ref()),
+                None => run_report(f, sysfs, expect, *quick, baseline.as_ref(), send),
             }
-            let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-            let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
-            let expect_report = match (&expectation, &scan) {
-                (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
-                _ => None,
-            };
-            let gpus = open_gpus()?;
-            let nvml = Nvml::open();
-            let vm = in_vm();
-            let pairs = peers::probe(&gpus, nvml.as_ref())?;
-            let flags = PingPongFlags::allocate(&gpus)?;
-            let modules = load_modules(&gpus)?;
-            let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
-            let words = if *quick { 2 << 20 } else { 16 << 20 };
-            run_verify(&gpus, &modules, &mut reports, words)?;
-            let plan = if *quick { Plan::QUICK } else { Plan::FULL };
-            run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
-            let mut r = Report {
-                agent_version: env!("CARGO_PKG_VERSION").into(),
-                host: HostInfo {
-                    virtual_machine: vm,
-                    cuda_driver_version: cuda::driver_version()?,
-                    nvml: nvml.is_some(),
-                },
-                quick: *quick,
-                scan,
-                expect: expect_report,
-                gpus: gpus.iter().map(GpuInfo::from).collect(),
-                pairs: reports,
-                baseline: None,
-                elapsed_s: 0.0,
-            };
-            if let Some(b) = &baseline {
-                r.baseline = Some(r.compare_with(b));
-            }
-            r.judge();
-            r.elapsed_s = started.elapsed().as_secs_f64();
-            emit(f, &r, render::report)?;
-            let code = r.exit_code() as u8;
-            let e = expectation.as_ref().map(|(e, _)| e);
-            let vm = e.map_or("", |e| e.vm.as_str());
-            deliver(f, send.send, e, send::from_report(&r, vm, code))?;
-            Ok(code)
         }
     }
+}
+
+/// `expect`: the GPUs and cliques against the host's expectation.
+fn run_expect(
+    f: Format,
+    sysfs: &SysfsArgs,
+    expect: &ExpectArgs,
+    send: &SendArgs,
+) -> Result<u8, CannotRun> {
+    let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let r = expect::compare(&e, &source, &scan);
+    emit(f, &r, render::expect)?;
+    let code = match (r.mismatches(), r.unchecked()) {
+        (0, 0) => 0,
+        (0, _) => 2,
+        _ => 1,
+    };
+    deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
+    if r.mismatches() > 0 {
+        Ok(1)
+    } else if r.unchecked() > 0 {
+        Err(CannotRun(anyhow::anyhow!(
+            "the clique of {} GPU(s) could not be read: run as root",
+            r.unchecked()
+        )))
+    } else {
+        Ok(0)
+    }
+}
+
+/// `peers`: peer access between every ordered pair, as the driver reports it.
+fn run_peers(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
+    let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+    let gpus = open_gpus()?;
+    let nvml = Nvml::open();
+    let pairs = peers::probe(&gpus, nvml.as_ref())?;
+    let reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
+    #[derive(Serialize)]
+    struct Out<'a> {
+        gpus: Vec<GpuInfo>,
+        pairs: &'a [PeerCheck],
+    }
+    let out = Out {
+        gpus: gpus.iter().map(GpuInfo::from).collect(),
+        pairs: &pairs,
+    };
+    emit(f, &out, |o| render::peers(o.pairs))?;
+    if f == Format::Table {
+        print_summaries(&reports);
+    }
+    Ok(pair_exit(&reports))
+}
+
+/// `verify`: one-way writes across every pair, checked on the destination.
+fn run_verify_command(
+    f: Format,
+    sysfs: &SysfsArgs,
+    expect: &ExpectArgs,
+    mib: usize,
+) -> Result<u8, CannotRun> {
+    let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+    let gpus = open_gpus()?;
+    let modules = load_modules(&gpus)?;
+    let nvml = Nvml::open();
+    let pairs = peers::probe(&gpus, nvml.as_ref())?;
+    let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
+    let words = mib * (1 << 20) / 4;
+    let results = run_verify(&gpus, &modules, &mut reports, words)?;
+    judge_all(&mut reports, in_vm());
+    emit(f, &results, |r| render::verify(r))?;
+    if f == Format::Table {
+        print_summaries(&reports);
+    }
+    Ok(pair_exit(&reports))
+}
+
+/// `report --from FILE`: judges and prints a saved report (no GPU needed).
+fn report_from_file(f: Format, path: &Path, baseline: Option<&Report>) -> Result<u8, CannotRun> {
+    let mut r = load_report(path)?;
+    r.baseline = baseline.map(|b| r.compare_with(b));
+    r.judge();
+    emit(f, &r, render::report)?;
+    let code = r.exit_code() as u8;
+    deliver(f, false, None, send::from_report(&r, "", code))?;
+    Ok(code)
+}
+
+/// `report`: scan, expectation, peers, verify and bench, judged per pair.
+fn run_report(
+    f: Format,
+    sysfs: &SysfsArgs,
+    expect: &ExpectArgs,
+    quick: bool,
+    baseline: Option<&Report>,
+    send: &SendArgs,
+) -> Result<u8, CannotRun> {
+    let started = Instant::now();
+    let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
+    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
+    let expect_report = match (&expectation, &scan) {
+        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
+        _ => None,
+    };
+    let gpus = open_gpus()?;
+    let nvml = Nvml::open();
+    let vm = in_vm();
+    let pairs = peers::probe(&gpus, nvml.as_ref())?;
+    let flags = PingPongFlags::allocate(&gpus)?;
+    let modules = load_modules(&gpus)?;
+    let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
+    let words = if quick { 2 << 20 } else { 16 << 20 };
+    run_verify(&gpus, &modules, &mut reports, words)?;
+    let plan = if quick { Plan::QUICK } else { Plan::FULL };
+    run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
+    let mut r = Report {
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+        host: HostInfo {
+            virtual_machine: vm,
+            cuda_driver_version: cuda::driver_version()?,
+            nvml: nvml.is_some(),
+        },
+        quick,
+        scan,
+        expect: expect_report,
+        gpus: gpus.iter().map(GpuInfo::from).collect(),
+        pairs: reports,
+        baseline: None,
+        elapsed_s: 0.0,
+    };
+    r.baseline = baseline.map(|b| r.compare_with(b));
+    r.judge();
+    r.elapsed_s = started.elapsed().as_secs_f64();
+    emit(f, &r, render::report)?;
+    let code = r.exit_code() as u8;
+    let e = expectation.as_ref().map(|(e, _)| e);
+    let vm = e.map_or("", |e| e.vm.as_str());
+    deliver(f, send.send, e, send::from_report(&r, vm, code))?;
+    Ok(code)
 }
 
 /// Prints the Prometheus text when asked, and sends the report when `--send` says so and

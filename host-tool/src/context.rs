@@ -230,24 +230,10 @@ pub fn libvirt_version(flag: Option<LibvirtVersion>) -> LibvirtVersion {
     if let Some(v) = flag {
         return v;
     }
-    for tool in ["virsh", "libvirtd"] {
-        let out = std::process::Command::new(tool).arg("--version").output();
-        if let Ok(out) = out {
-            let text = String::from_utf8_lossy(&out.stdout);
-            if let Some(v) = text
-                .split_whitespace()
-                .rev()
-                .find_map(|w| w.parse::<LibvirtVersion>().ok())
-            {
-                return v;
-            }
-        }
-    }
-    tracing::warn!(
-        "could not run `virsh --version`; assuming libvirt >= {} (pass --libvirt-version)",
+    crate::read::vmm::installed_libvirt_version().unwrap_or_else(|why| {
+        tracing::warn!("{why}");
         libvirt::OVERRIDE_SINCE
-    );
-    libvirt::OVERRIDE_SINCE
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ pub mod config;
 pub mod context;
 pub mod decide;
 pub mod emit;
-pub mod hook;
 pub mod host_probe;
 pub mod logging;
 pub mod model;

@@ -133,7 +133,7 @@ fn a_missing_clique_warns_by_default_and_denies_on_request() {
         .stderr(predicate::str::contains(
             "vfio-p2p hook: vm1: warning: 0000:08:00.0 has no x-nv-gpudirect-clique but reaches 0000:07:00.0 over PCIe P2P (plan: clique 0)",
         ))
-        .stderr(predicate::str::contains("<qemu:device alias='ua-gpu1'>"));
+        .stderr(predicate::str::contains("vfio-p2p libvirt patch"));
     set_policy(t.path(), "hook_policy: deny\n");
     let out = hook(t.path(), "prepare", "begin", &xml)
         .code(1)
@@ -188,7 +188,7 @@ fn a_hidden_hypervisor_is_denied() {
     )
     .code(1)
     .stderr(predicate::str::contains(
-        "<features><kvm><hidden state='on'/> is set: the hypervisor is hidden",
+        "<features><kvm><hidden state='on'/>: the hypervisor is hidden",
     ));
     let cmdline = "  <qemu:commandline><qemu:arg value='-cpu'/><qemu:arg value='host,kvm=off'/></qemu:commandline>\n";
     hook(t.path(), "prepare", "begin", &domain(&gpus, cmdline))
@@ -222,7 +222,7 @@ fn bad_input_is_a_clear_error() {
     hook(t.path(), "prepare", "begin", "<domain")
         .success()
         .stderr(predicate::str::contains(
-            "warning: the domain XML on stdin is not XML",
+            "warning: the domain XML on stdin: not well-formed XML",
         ));
     set_policy(t.path(), "hook_policy: deny\n");
     hook(t.path(), "prepare", "begin", "<domain").code(1);
@@ -236,6 +236,46 @@ fn bad_input_is_a_clear_error() {
     .code(2)
     .stderr(predicate::str::contains("etc/vfio-p2p/host.yaml:2:"))
     .stderr(predicate::str::contains("mode"));
+}
+
+/// Input the hook cannot read: under `warn` the guest starts with a warning, under `deny`
+/// it is refused; never a crash (deep nesting used to overflow the stack, non-UTF-8 stdin
+/// used to exit 2 under `warn`).
+#[test]
+fn unreadable_domains_warn_or_refuse_by_policy() {
+    let t = host_tree();
+    let deep = format!(
+        "<domain><devices>{}{}</devices></domain>",
+        "<a>".repeat(20_000),
+        "</a>".repeat(20_000)
+    );
+    let cases: [(&[u8], &str); 3] = [
+        (deep.as_bytes(), "nested deeper than 256 levels"),
+        (b"<domain><name>vm\xff</name></domain>", "not UTF-8"),
+        (b"<domain/><domain/>", "second root element"),
+    ];
+    for (input, why) in cases {
+        let run = || {
+            Command::cargo_bin("vfio-p2p")
+                .unwrap()
+                .arg("--sysfs-root")
+                .arg(t.path())
+                .args(["hook", "run", "vm1", "prepare", "begin", "-"])
+                .write_stdin(input.to_vec())
+                .assert()
+        };
+        set_policy(t.path(), "hook_policy: warn\n");
+        run()
+            .success()
+            .stderr(predicate::str::contains("warning:"))
+            .stderr(predicate::str::contains(why))
+            .stderr(predicate::str::contains("hook_policy: warn"));
+        set_policy(t.path(), "hook_policy: deny\n");
+        run()
+            .code(1)
+            .stderr(predicate::str::contains(why))
+            .stderr(predicate::str::contains("hook_policy: deny"));
+    }
 }
 
 #[test]

@@ -3,17 +3,19 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, PlanOptionArgs};
-use crate::decide::check::{self, QemuVersion, Vmm, VmmFacts};
+use crate::decide::check::{self, Vmm, VmmFacts};
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::host_probe;
+use crate::model::domain::DomainFacts;
+use crate::read::domain_xml::read_domain_xml_file;
+use crate::read::vmm;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -41,49 +43,56 @@ pub struct CheckArgs {
     pub format: DataFormat,
 }
 
-fn qemu_version(path: &PathBuf) -> Result<QemuVersion, String> {
-    let out = std::process::Command::new(path)
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("running {} --version: {e}", path.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    QemuVersion::parse(&text).ok_or_else(|| {
-        format!(
-            "{} --version printed no 'version X.Y.Z': {}",
-            path.display(),
-            text.lines().next().unwrap_or("")
-        )
-    })
-}
-
-fn vmm_facts(args: &CheckArgs) -> anyhow::Result<VmmFacts> {
+/// How the VM will be started, from `--qemu`, `--domain-xml` and `--qemu-args`.
+fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
     let mut facts = VmmFacts {
         vmm: args.vmm,
-        qemu_version: args.qemu.as_ref().map(qemu_version),
+        qemu_version: args.qemu.as_deref().map(vmm::qemu_version_of),
         ..VmmFacts::default()
     };
-    if let Some(f) = &args.domain_xml {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("reading --domain-xml {}", f.display()))?;
-        let (hidden, hole64) = check::inspect_domain_xml(&text, &f.display().to_string())?;
-        facts.hidden_hypervisor.extend(hidden);
-        facts.hole64 = hole64.map(|h| (h, f.display().to_string()));
-    }
-    if let Some(a) = &args.qemu_args {
+    if let Some(d) = domain {
+        let file = &d.source_name;
         facts
             .hidden_hypervisor
-            .extend(check::hidden_in_qemu_args(a));
-        if let Some(h) = check::hole64_in_qemu_args(a) {
+            .extend(d.hidden_hypervisor.iter().map(|h| format!("{file}: {h}")));
+        facts.hole64 = d
+            .hole64
+            .as_ref()
+            .map(|h| (h.bytes, format!("{file} ({})", h.source)));
+        facts.vm_config = Some(format!("the domain {file}"));
+    }
+    if let Some(a) = &args.qemu_args {
+        facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
+        if let Some(h) = vmm::hole64_in_qemu_args(a) {
             facts.hole64 = Some((h, "--qemu-args".into()));
         }
+        facts.vm_config.get_or_insert_with(|| "--qemu-args".into());
     }
-    Ok(facts)
+    facts
+}
+
+/// The GPUs to check: `--gpus`, else the domain's GPU hostdevs, else every GPU.
+fn selected_gpus(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> Vec<Bdf> {
+    match domain {
+        Some(d) if args.gpus.is_empty() => d
+            .hostdevs
+            .iter()
+            .map(|h| h.bdf)
+            .filter(|b| ctx.topo.device(b).is_some_and(|d| d.is_gpu()))
+            .collect(),
+        _ => ctx.gpus(&args.gpus),
+    }
 }
 
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
     let topo = &ctx.topo;
-    let gpus = ctx.gpus(&args.gpus);
+    let domain = args
+        .domain_xml
+        .as_deref()
+        .map(read_domain_xml_file)
+        .transpose()?;
+    let gpus = selected_gpus(&ctx, &args, domain.as_ref());
     for g in &gpus {
         anyhow::ensure!(
             topo.device(g).is_some_and(|d| d.is_gpu()),
@@ -101,7 +110,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         host_probe::gather(&global.sysfs_root, topo, &gpus, args.deep)
     };
-    let vmm = vmm_facts(&args)?;
+    let vmm = vmm_facts(&args, domain.as_ref());
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     match emit::data::to_text(&report, args.format)? {

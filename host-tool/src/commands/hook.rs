@@ -1,7 +1,6 @@
 //! `vfio-p2p hook install` and `vfio-p2p hook run` (what libvirt calls).
 
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,9 +12,9 @@ use clap::{Args, Subcommand};
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
 use crate::context::{ChangeRoot, Context};
+use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
 use crate::emit;
-use crate::hook::check::{findings, reserved_findings};
-use crate::hook::domain;
+use crate::read::domain_xml::read_domain_xml_stream;
 use crate::read::read_host;
 use crate::vfio_bind::{self, writer, BindOptions, BindState, SessionOptions, UnbindSelection};
 
@@ -166,37 +165,54 @@ fn session(guest: &str, dry_run: bool) -> SessionOptions {
     }
 }
 
+/// One finding as the hook prints it: what it saw, then the fix.
+fn finding_line(c: &CheckResult) -> String {
+    match &c.fix {
+        Some(fix) => format!("{}; {fix}", c.saw),
+        None => c.saw.clone(),
+    }
+}
+
+/// An input the hook cannot read: under `warn` a warning and the guest starts, under
+/// `deny` a refusal (docs/bind-and-hook.md, "What the hook does with bad input").
+fn unreadable(guest: &str, policy: HookPolicy, what: &str) -> anyhow::Result<ExitCode> {
+    match policy {
+        HookPolicy::Deny => refuse(guest, &format!("{what} (hook_policy: deny)")),
+        HookPolicy::Warn => {
+            eprintln!("vfio-p2p hook: {guest}: warning: {what}; nothing checked or bound (hook_policy: warn)");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
 fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
     let root = ChangeRoot::new(global, dry_run)?;
     let root = root.path();
-    let mut xml = String::new();
-    std::io::stdin()
-        .read_to_string(&mut xml)
-        .context("reading the domain XML from stdin")?;
     let config = HostConfig::load_below(root)?;
-    let facts = match domain::parse(&xml) {
+    let facts = match read_domain_xml_stream(std::io::stdin().lock(), "the domain XML on stdin") {
         Ok(f) => f,
-        Err(e) => {
-            return match config.hook_policy {
-                HookPolicy::Deny => refuse(guest, &e.to_string()),
-                HookPolicy::Warn => {
-                    eprintln!("vfio-p2p hook: {guest}: warning: {e}; nothing checked or bound");
-                    Ok(ExitCode::SUCCESS)
-                }
-            };
-        }
+        Err(e) => return unreadable(guest, config.hook_policy, &e.to_string()),
     };
     if facts.hostdevs.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    let record =
-        read_host(root).with_context(|| format!("reading the host below {}", root.display()))?;
+    let record = match read_host(root) {
+        Ok(r) => r,
+        Err(e) => {
+            let what = format!("reading the host below {}: {e}", root.display());
+            return unreadable(guest, config.hook_policy, &what);
+        }
+    };
     let (Context { topo, host: config }, notes) = Context::build(&record, config, &[])?;
-    let taken_from_host = reserved_findings(&topo, &facts, &config.reserved);
+    let taken_from_host = reserved_hostdevs(&topo, &facts, &config.reserved);
     if !taken_from_host.is_empty() {
-        return refuse(guest, &taken_from_host.join("; "));
+        let lines: Vec<String> = taken_from_host.iter().map(finding_line).collect();
+        return refuse(guest, &lines.join("; "));
     }
-    let problems = findings(&topo, &facts, &config);
+    let problems: Vec<String> = domain_checks(&topo, &facts, config.p2p_level)
+        .iter()
+        .map(finding_line)
+        .collect();
     if config.hook_policy == HookPolicy::Deny && !problems.is_empty() {
         return refuse(guest, &problems.join("; "));
     }

@@ -1,11 +1,9 @@
 //! `vfio-p2p libvirt patch`: adds aliases and clique overrides to an existing domain.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
@@ -14,6 +12,9 @@ use crate::context::{libvirt_version, Context, PlanningArgs};
 use crate::emit::data::write_output;
 use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
+use crate::model::domain::DomainFacts;
+use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
+use crate::read::input_file::{read_input_file, read_input_stream};
 
 #[derive(Debug, Args)]
 pub struct LibvirtArgs {
@@ -48,21 +49,29 @@ pub fn run(global: &GlobalArgs, args: LibvirtArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
-    let (xml, source_name) = match args.domain.as_deref() {
-        Some(p) if p.as_os_str() != "-" => (
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-            p.display().to_string(),
-        ),
-        _ => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("reading the domain XML from stdin")?;
-            (s, "<stdin>".to_string())
-        }
+/// The domain XML from FILE or stdin (`-` or none): its text and what it says.
+fn read_domain(path: Option<&Path>) -> anyhow::Result<(String, DomainFacts)> {
+    let bytes = match path {
+        Some(p) if p.as_os_str() != "-" => read_input_file(p, MAX_DOMAIN_XML_BYTES, "domain XML")?,
+        _ => read_input_stream(
+            std::io::stdin().lock(),
+            MAX_DOMAIN_XML_BYTES,
+            "domain XML",
+            "<stdin>",
+        )?,
     };
-    let scan = libvirt_patch::scan(&xml, &source_name)?;
+    let name = match path {
+        Some(p) if p.as_os_str() != "-" => p.display().to_string(),
+        _ => "<stdin>".to_string(),
+    };
+    let facts = parse_domain_xml_bytes(&bytes, &name)?;
+    // parse_domain_xml_bytes checked that it is UTF-8.
+    Ok((String::from_utf8(bytes).unwrap_or_default(), facts))
+}
+
+fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
+    let (xml, scan) = read_domain(args.domain.as_deref())?;
+    let source_name = scan.source_name.clone();
     let ctx = Context::load(
         global,
         &args.planning.options.host,
@@ -72,16 +81,16 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
     // The VM's GPUs are its PCI hostdevs that are GPUs on this host (or the --gpus subset).
     let mut gpus: Vec<Bdf> = Vec::new();
     for h in &scan.hostdevs {
-        match topo.device(&h.host) {
+        match topo.device(&h.bdf) {
             Some(d) if d.is_gpu() => {
-                if args.planning.gpus.is_empty() || args.planning.gpus.contains(&h.host) {
-                    gpus.push(h.host)
+                if args.planning.gpus.is_empty() || args.planning.gpus.contains(&h.bdf) {
+                    gpus.push(h.bdf)
                 }
             }
             Some(_) => {}
             None => tracing::warn!(
                 "{source_name}: hostdev {} is not a PCI device of {}; left alone",
-                h.host,
+                h.bdf,
                 topo.source
             ),
         }
@@ -101,7 +110,7 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
             .assignments
     };
     let version = libvirt_version(args.libvirt_version);
-    let patched = libvirt_patch::apply(&xml, &scan, &cliques, version);
+    let patched = libvirt_patch::apply(&xml, &scan, &cliques, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");
     }

@@ -196,13 +196,43 @@ struct Node {
     gpus: Vec<Bdf>,
 }
 
-/// Decides the guest tree for `gpus` with the given clique per GPU.
+/// Decides the guest tree for `gpus` with the given clique per GPU: the host devices,
+/// the guest NUMA nodes, the tree of bridges, its slots and bus numbers, then each GPU's
+/// place in it.
 pub fn decide(
     topo: &Topology,
     gpus: &[Bdf],
     cliques: &BTreeMap<Bdf, Option<u8>>,
     opts: LayoutOptions,
 ) -> Result<GuestLayout, LayoutError> {
+    let chosen = chosen_gpus(topo, gpus)?;
+    let mirror = opts.topology == GuestTopology::Mirror;
+    let numa_nodes = guest_numa_nodes(&chosen, mirror, opts.guest_numa)?;
+    let tree = Tree::build(topo, &chosen, mirror, &numa_nodes);
+    let mut builder = LayoutBuilder {
+        nodes: &tree.nodes,
+        bridges: Vec::new(),
+        ids: BTreeMap::new(),
+        next_chassis: 1,
+        counts: BTreeMap::new(),
+    };
+    builder.place_roots(&tree.roots)?;
+    let gpus_out = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, gpu)| builder.guest_gpu(topo, gpu, i, cliques))
+        .collect();
+    builder.reject_shared_ports()?;
+    Ok(GuestLayout {
+        topology: opts.topology,
+        numa_nodes,
+        bridges: builder.bridges,
+        gpus: gpus_out,
+    })
+}
+
+/// The host GPUs, sorted and once each; anything else is an error.
+fn chosen_gpus<'t>(topo: &'t Topology, gpus: &[Bdf]) -> Result<Vec<&'t Device>, LayoutError> {
     if gpus.is_empty() {
         return Err(LayoutError::NoGpus);
     }
@@ -215,16 +245,22 @@ pub fn decide(
     }
     chosen.sort_by_key(|d| d.bdf);
     chosen.dedup_by_key(|d| d.bdf);
+    Ok(chosen)
+}
 
-    let mirror = opts.topology == GuestTopology::Mirror;
-    let host_nodes: Vec<u32> = if mirror {
-        let mut n: Vec<u32> = chosen.iter().filter_map(|d| d.numa_node).collect();
-        n.sort_unstable();
-        n.dedup();
-        n
-    } else {
-        Vec::new()
-    };
+/// One guest NUMA node per host node of the GPUs (mirror layout with guest NUMA), and a
+/// check that their expanders fit on the root bus.
+fn guest_numa_nodes(
+    chosen: &[&Device],
+    mirror: bool,
+    guest_numa: bool,
+) -> Result<Vec<GuestNumaNode>, LayoutError> {
+    if !mirror {
+        return Ok(Vec::new());
+    }
+    let mut host_nodes: Vec<u32> = chosen.iter().filter_map(|d| d.numa_node).collect();
+    host_nodes.sort_unstable();
+    host_nodes.dedup();
     let max_expanders = usize::from(ROOT_PORT_FIRST_SLOT - EXPANDER_FIRST_SLOT)
         .min(usize::from(u8::MAX / EXPANDER_BUS_STRIDE) - 1);
     if host_nodes.len() > max_expanders {
@@ -233,185 +269,191 @@ pub fn decide(
             max: max_expanders,
         });
     }
-    let numa_nodes: Vec<GuestNumaNode> = if mirror && opts.guest_numa {
-        host_nodes
-            .iter()
-            .enumerate()
-            .map(|(i, &h)| GuestNumaNode {
-                id: i as u32,
-                host_node: h,
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    if !guest_numa {
+        return Ok(Vec::new());
+    }
+    Ok(host_nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| GuestNumaNode {
+            id: i as u32,
+            host_node: h,
+        })
+        .collect())
+}
 
-    let mut nodes: BTreeMap<NodeKey, Node> = BTreeMap::new();
-    let mut roots: Vec<NodeKey> = Vec::new();
-    let mut add = |nodes: &mut BTreeMap<NodeKey, Node>,
-                   key: NodeKey,
-                   kind: GuestBridgeKind,
-                   parent: Option<NodeKey>| {
-        if nodes.contains_key(&key) {
+/// The guest's bridges before placement: what each mirrors, its children and GPUs.
+struct Tree {
+    nodes: BTreeMap<NodeKey, Node>,
+    roots: Vec<NodeKey>,
+}
+
+impl Tree {
+    fn build(topo: &Topology, chosen: &[&Device], mirror: bool, numa: &[GuestNumaNode]) -> Tree {
+        let mut tree = Tree {
+            nodes: BTreeMap::new(),
+            roots: Vec::new(),
+        };
+        for gpu in chosen {
+            let expander = if mirror {
+                gpu.numa_node.map(|h| tree.expander(h, numa))
+            } else {
+                None
+            };
+            let chain = if mirror {
+                mirrored_chain(topo, gpu)
+            } else {
+                None
+            };
+            let parent = tree.chain(expander, chain, gpu.bdf);
+            if let Some(p) = tree.nodes.get_mut(&parent) {
+                p.gpus.push(gpu.bdf);
+            }
+        }
+        for n in tree.nodes.values_mut() {
+            n.children.sort();
+        }
+        tree.roots.sort();
+        tree
+    }
+
+    /// Adds `key` below `parent` (a root when `None`) unless it is there already.
+    fn add(&mut self, key: NodeKey, kind: GuestBridgeKind, parent: Option<NodeKey>) {
+        if self.nodes.contains_key(&key) {
             return;
         }
-        nodes.insert(
+        let node = Node {
             key,
-            Node {
-                key,
-                kind,
-                children: Vec::new(),
-                gpus: Vec::new(),
-            },
-        );
-        match parent {
-            Some(p) => {
-                if let Some(pn) = nodes.get_mut(&p) {
-                    pn.children.push(key);
-                }
-            }
-            None => roots.push(key),
-        }
-    };
-    let port = GuestBridgeKind::RootPort {
-        chassis: 0,
-        port: 0,
-    };
-    for gpu in &chosen {
-        let expander = if mirror {
-            gpu.numa_node.map(|h| {
-                let key = NodeKey::Expander(h);
-                let numa_node = numa_nodes.iter().find(|n| n.host_node == h).map(|n| n.id);
-                add(
-                    &mut nodes,
-                    key,
-                    GuestBridgeKind::Expander {
-                        host_node: h,
-                        numa_node,
-                    },
-                    None,
-                );
-                key
-            })
-        } else {
-            None
+            kind,
+            children: Vec::new(),
+            gpus: Vec::new(),
         };
-        let chain = if mirror {
-            mirrored_chain(topo, gpu)
-        } else {
-            None
-        };
-        let mut parent = expander;
-        match chain {
-            Some(chain) => {
-                for (bdf, kind) in chain {
-                    let key = NodeKey::HostBridge(bdf);
-                    add(&mut nodes, key, kind, parent);
-                    parent = Some(key);
-                }
-            }
-            None => {
-                let key = NodeKey::PortFor(gpu.bdf);
-                add(&mut nodes, key, port.clone(), parent);
-                parent = Some(key);
-            }
+        self.nodes.insert(key, node);
+        match parent.and_then(|p| self.nodes.get_mut(&p)) {
+            Some(pn) => pn.children.push(key),
+            None => self.roots.push(key),
         }
-        if let Some(p) = parent.and_then(|p| nodes.get_mut(&p)) {
-            p.gpus.push(gpu.bdf);
-        }
-    }
-    for n in nodes.values_mut() {
-        n.children.sort();
-    }
-    roots.sort();
-
-    // Slots on the root bus: expanders first, then root ports.
-    let mut builder = LayoutBuilder {
-        nodes: &nodes,
-        bridges: Vec::new(),
-        ids: BTreeMap::new(),
-        next_chassis: 1,
-        counts: BTreeMap::new(),
-    };
-    let (expanders, root_ports): (Vec<NodeKey>, Vec<NodeKey>) = roots
-        .iter()
-        .partition(|k| matches!(k, NodeKey::Expander(_)));
-    let max_ports = usize::from(ROOT_BUS_LAST_SLOT - ROOT_PORT_FIRST_SLOT + 1);
-    if root_ports.len() > max_ports {
-        return Err(LayoutError::RootBusFull {
-            count: root_ports.len(),
-            max: max_ports,
-        });
-    }
-    let mut bus = 0u16;
-    for (i, key) in root_ports.iter().enumerate() {
-        builder.place(*key, ROOT_BUS, ROOT_PORT_FIRST_SLOT + i as u8, &mut bus)?;
-    }
-    let mut range_start = EXPANDER_BUS_STRIDE;
-    for (i, key) in expanders.iter().enumerate() {
-        if bus >= u16::from(range_start) {
-            return Err(LayoutError::BusRangeFull {
-                bridge: ROOT_BUS.to_string(),
-                needed: usize::from(bus) + 1,
-                available: usize::from(range_start) - 1,
-            });
-        }
-        let mut exp_bus = u16::from(range_start) - 1;
-        builder.place(*key, ROOT_BUS, EXPANDER_FIRST_SLOT + i as u8, &mut exp_bus)?;
-        let used = usize::from(exp_bus - u16::from(range_start)) + 1;
-        if used > usize::from(EXPANDER_BUS_STRIDE) {
-            return Err(LayoutError::BusRangeFull {
-                bridge: builder.ids[key].clone(),
-                needed: used,
-                available: usize::from(EXPANDER_BUS_STRIDE),
-            });
-        }
-        bus = exp_bus;
-        range_start = range_start.saturating_add(EXPANDER_BUS_STRIDE);
     }
 
-    let mut gpus_out = Vec::new();
-    for (i, gpu) in chosen.iter().enumerate() {
-        let parent_key = nodes
+    /// The expander for host NUMA node `h`.
+    fn expander(&mut self, h: u32, numa: &[GuestNumaNode]) -> NodeKey {
+        let key = NodeKey::Expander(h);
+        let numa_node = numa.iter().find(|n| n.host_node == h).map(|n| n.id);
+        let kind = GuestBridgeKind::Expander {
+            host_node: h,
+            numa_node,
+        };
+        self.add(key, kind, None);
+        key
+    }
+
+    /// The bridges between `top` and the GPU `gpu`: the mirrored host chain, else a made-up
+    /// root port; returns the GPU's parent.
+    fn chain(
+        &mut self,
+        top: Option<NodeKey>,
+        chain: Option<Vec<(Bdf, GuestBridgeKind)>>,
+        gpu: Bdf,
+    ) -> NodeKey {
+        let made_up = || {
+            let port = GuestBridgeKind::RootPort {
+                chassis: 0,
+                port: 0,
+            };
+            vec![(NodeKey::PortFor(gpu), port)]
+        };
+        let links = match chain {
+            Some(chain) => chain
+                .into_iter()
+                .map(|(bdf, kind)| (NodeKey::HostBridge(bdf), kind))
+                .collect(),
+            None => made_up(),
+        };
+        let mut parent = top;
+        for (key, kind) in links {
+            self.add(key, kind, parent);
+            parent = Some(key);
+        }
+        parent.expect("a chain has at least one bridge")
+    }
+}
+
+impl LayoutBuilder<'_> {
+    /// Slots on the root bus: root ports first (from ROOT_PORT_FIRST_SLOT, numbered from
+    /// bus 1), then expanders, each with its own range of EXPANDER_BUS_STRIDE buses.
+    fn place_roots(&mut self, roots: &[NodeKey]) -> Result<(), LayoutError> {
+        let (expanders, root_ports): (Vec<NodeKey>, Vec<NodeKey>) = roots
+            .iter()
+            .partition(|k| matches!(k, NodeKey::Expander(_)));
+        let max_ports = usize::from(ROOT_BUS_LAST_SLOT - ROOT_PORT_FIRST_SLOT + 1);
+        if root_ports.len() > max_ports {
+            return Err(LayoutError::RootBusFull {
+                count: root_ports.len(),
+                max: max_ports,
+            });
+        }
+        let mut bus = 0u16;
+        for (i, key) in root_ports.iter().enumerate() {
+            self.place(*key, ROOT_BUS, ROOT_PORT_FIRST_SLOT + i as u8, &mut bus)?;
+        }
+        let mut range_start = EXPANDER_BUS_STRIDE;
+        for (i, key) in expanders.iter().enumerate() {
+            if bus >= u16::from(range_start) {
+                return Err(LayoutError::BusRangeFull {
+                    bridge: ROOT_BUS.to_string(),
+                    needed: usize::from(bus) + 1,
+                    available: usize::from(range_start) - 1,
+                });
+            }
+            let mut exp_bus = u16::from(range_start) - 1;
+            self.place(*key, ROOT_BUS, EXPANDER_FIRST_SLOT + i as u8, &mut exp_bus)?;
+            let used = usize::from(exp_bus - u16::from(range_start)) + 1;
+            if used > usize::from(EXPANDER_BUS_STRIDE) {
+                return Err(LayoutError::BusRangeFull {
+                    bridge: self.ids[key].clone(),
+                    needed: used,
+                    available: usize::from(EXPANDER_BUS_STRIDE),
+                });
+            }
+            bus = exp_bus;
+            range_start = range_start.saturating_add(EXPANDER_BUS_STRIDE);
+        }
+        Ok(())
+    }
+
+    /// The `i`-th GPU's guest address, parent bridge, NUMA node and other functions.
+    fn guest_gpu(
+        &self,
+        topo: &Topology,
+        gpu: &Device,
+        i: usize,
+        cliques: &BTreeMap<Bdf, Option<u8>>,
+    ) -> GuestGpu {
+        let parent_node = self
+            .nodes
             .values()
             .find(|n| n.gpus.contains(&gpu.bdf))
-            .map(|n| n.key)
             .expect("every chosen GPU was attached to a node above");
-        let parent = builder.ids[&parent_key].clone();
-        let parent_bridge = builder
+        let parent = self.ids[&parent_node.key].clone();
+        let parent_bridge = self
             .bridges
             .iter()
             .find(|b| b.id == parent)
             .expect("ids and bridges are built together");
-        let slot = u8::try_from(
-            nodes[&parent_key]
-                .gpus
-                .iter()
-                .position(|b| *b == gpu.bdf)
-                .unwrap_or(0),
-        )
-        .unwrap_or(0);
+        let slot = parent_node
+            .gpus
+            .iter()
+            .position(|b| *b == gpu.bdf)
+            .and_then(|p| u8::try_from(p).ok())
+            .unwrap_or(0);
         let guest = Bdf::new(0, parent_bridge.bus, slot, gpu.bdf.function);
-        let numa_node = builder.expander_of(&parent).and_then(|e| match &e.kind {
+        let numa_node = self.expander_of(&parent).and_then(|e| match &e.kind {
             GuestBridgeKind::Expander { numa_node, .. } => *numa_node,
             _ => None,
         });
         let id = format!("gpu{i}");
-        let mut functions: Vec<&Device> = topo
-            .sibling_functions(&gpu.bdf)
-            .into_iter()
-            .filter(|d| d.bridge_role().is_none())
-            .collect();
-        functions.sort_by_key(|d| d.bdf);
-        let other_functions = functions
-            .iter()
-            .map(|d| GuestFunction {
-                host: d.bdf,
-                guest: guest.with_function(d.bdf.function),
-                id: format!("{id}-fn{}", d.bdf.function),
-            })
-            .collect();
-        gpus_out.push(GuestGpu {
+        let other_functions = other_functions(topo, gpu, guest, &id);
+        GuestGpu {
             host: gpu.bdf,
             guest,
             id,
@@ -423,25 +465,41 @@ pub fn decide(
             numa_node,
             host_numa_node: gpu.numa_node,
             other_functions,
-        });
-    }
-    // Several GPUs below one port need distinct slots; a PCIe port has only device 0,
-    // so the host can't have that either: reject a tree that would need it.
-    for n in nodes.values() {
-        let port = matches!(
-            n.kind,
-            GuestBridgeKind::RootPort { .. } | GuestBridgeKind::SwitchDownstream { .. }
-        );
-        if port && n.gpus.len() > 1 {
-            return Err(LayoutError::BusFull(builder.ids[&n.key].clone()));
         }
     }
-    Ok(GuestLayout {
-        topology: opts.topology,
-        numa_nodes,
-        bridges: builder.bridges,
-        gpus: gpus_out,
-    })
+
+    /// Several GPUs below one port need distinct slots; a PCIe port has only device 0,
+    /// so the host can't have that either: reject a tree that would need it.
+    fn reject_shared_ports(&self) -> Result<(), LayoutError> {
+        for n in self.nodes.values() {
+            let port = matches!(
+                n.kind,
+                GuestBridgeKind::RootPort { .. } | GuestBridgeKind::SwitchDownstream { .. }
+            );
+            if port && n.gpus.len() > 1 {
+                return Err(LayoutError::BusFull(self.ids[&n.key].clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The GPU's other functions (audio, USB-C…), at the same guest slot.
+fn other_functions(topo: &Topology, gpu: &Device, guest: Bdf, id: &str) -> Vec<GuestFunction> {
+    let mut functions: Vec<&Device> = topo
+        .sibling_functions(&gpu.bdf)
+        .into_iter()
+        .filter(|d| d.bridge_role().is_none())
+        .collect();
+    functions.sort_by_key(|d| d.bdf);
+    functions
+        .iter()
+        .map(|d| GuestFunction {
+            host: d.bdf,
+            guest: guest.with_function(d.bdf.function),
+            id: format!("{id}-fn{}", d.bdf.function),
+        })
+        .collect()
 }
 
 /// The host's bridges above `gpu` that the guest reproduces, when they form a valid

@@ -4,59 +4,19 @@
 //! hostdev's user alias (`ua-…`); older libvirt only has `<qemu:commandline>` `-set`,
 //! which stops working once libvirt passes `-device` as JSON (QEMU ≥ 6.2).
 
-use std::fmt::{self, Write};
-use std::str::FromStr;
+use std::fmt::Write;
 
 use pci_config::Bdf;
 use quick_xml::escape::escape;
 
 use super::vm::{cpulist, VmDefinition};
 use crate::config::vm::Firmware;
-use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu, ROOT_BUS};
+use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 
-pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+pub use crate::model::domain::QEMU_NS;
 pub use vfio_p2p_contract::CLIQUE_PROPERTY;
 
-/// A libvirt version, `major.minor[.micro]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LibvirtVersion {
-    pub major: u32,
-    pub minor: u32,
-}
-
-/// The first libvirt with `<qemu:override>`.
-pub const OVERRIDE_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 2 };
-
-impl FromStr for LibvirtVersion {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("'{s}' is not a libvirt version; give MAJOR.MINOR, e.g. 9.0");
-        let mut parts = s.trim().split('.');
-        let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let minor = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        match parts.next() {
-            Some(p) if p.parse::<u32>().is_err() => return Err(bad()),
-            _ => {}
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(LibvirtVersion { major, minor })
-    }
-}
-
-impl fmt::Display for LibvirtVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-impl LibvirtVersion {
-    pub fn has_override(&self) -> bool {
-        *self >= OVERRIDE_SINCE
-    }
-}
+pub use crate::model::vmm::{LibvirtVersion, OVERRIDE_SINCE};
 
 /// Why an older libvirt gets the `-set` form; printed as a warning.
 pub fn set_form_warning(version: LibvirtVersion) -> String {
@@ -126,11 +86,36 @@ pub fn host_address(bdf: &Bdf) -> String {
 pub const VSOCK_SLOT: u8 = 0x07;
 
 pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
-    let c = vm.config;
-    let l = vm.layout;
     let mut x = String::new();
     let w = &mut x;
     let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
+    write_machine(w, vm);
+    write_cpu(w, vm);
+    let _ = writeln!(w, "  <devices>");
+    write_root_bus(w, vm);
+    write_bridges(w, vm);
+    for g in &vm.layout.gpus {
+        write_hostdevs(w, g, controller_index(vm, &g.parent));
+    }
+    if let Some(r) = vm.config.report {
+        // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
+        let _ = writeln!(
+            w,
+            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
+            r.cid,
+            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
+        );
+    }
+    let _ = writeln!(w, "    <memballoon model='none'/>");
+    let _ = writeln!(w, "  </devices>");
+    write_qemu_elements(w, vm, version);
+    let _ = writeln!(w, "</domain>");
+    x
+}
+
+/// Name, memory, vCPUs, firmware and features.
+fn write_machine(w: &mut String, vm: &VmDefinition) {
+    let c = vm.config;
     let _ = writeln!(w, "  <name>{}</name>", escape(c.name.as_str()));
     let _ = writeln!(w, "  <memory unit='MiB'>{}</memory>", c.memory_mib);
     let _ = writeln!(w, "  <vcpu placement='static'>{}</vcpu>", c.vcpus);
@@ -152,24 +137,32 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     }
     let _ = writeln!(w, "  </os>");
     let _ = writeln!(w, "  <features>\n    <acpi/>\n    <apic/>\n  </features>");
-    // host-passthrough keeps the hypervisor CPUID bit: the driver reads the clique only then.
+}
+
+/// host-passthrough keeps the hypervisor CPUID bit: the driver reads the clique only then.
+/// With guest NUMA nodes, one cell each.
+fn write_cpu(w: &mut String, vm: &VmDefinition) {
+    let l = vm.layout;
     if l.numa_nodes.is_empty() {
         let _ = writeln!(w, "  <cpu mode='host-passthrough'/>");
-    } else {
-        let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
-        for (i, n) in l.numa_nodes.iter().enumerate() {
-            let (cpus, mem) = vm.numa_share(i);
-            let _ = writeln!(
-                w,
-                "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'/>",
-                n.id,
-                cpulist(&cpus)
-            );
-        }
-        let _ = writeln!(w, "    </numa>\n  </cpu>");
+        return;
     }
-    let _ = writeln!(w, "  <devices>");
-    // No automatic USB controller or balloon: they would add root ports before ours.
+    let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
+    for (i, n) in l.numa_nodes.iter().enumerate() {
+        let (cpus, mem) = vm.numa_share(i);
+        let _ = writeln!(
+            w,
+            "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'/>",
+            n.id,
+            cpulist(&cpus)
+        );
+    }
+    let _ = writeln!(w, "    </numa>\n  </cpu>");
+}
+
+/// pcie.0 with the 64-bit hole; no automatic USB controller or balloon: they would add
+/// root ports before ours.
+fn write_root_bus(w: &mut String, vm: &VmDefinition) {
     let _ = writeln!(w, "    <controller type='usb' model='none'/>");
     let _ = writeln!(w, "    <controller type='pci' index='0' model='pcie-root'>");
     let _ = writeln!(
@@ -178,18 +171,23 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
         vm.hole64.div_ceil(1024)
     );
     let _ = writeln!(w, "    </controller>");
-    // libvirt's controller index is its bus name; children refer to the parent's index.
-    let index_of = |id: &str| -> u32 {
-        if id == ROOT_BUS {
-            0
-        } else {
-            l.bridges
-                .iter()
-                .position(|b| b.id == id)
-                .map_or(0, |p| p as u32 + 1)
-        }
-    };
-    for (i, b) in l.bridges.iter().enumerate() {
+}
+
+/// libvirt's controller index is its bus name; children refer to the parent's index.
+fn controller_index(vm: &VmDefinition, id: &str) -> u32 {
+    if id == ROOT_BUS {
+        return 0;
+    }
+    vm.layout
+        .bridges
+        .iter()
+        .position(|b| b.id == id)
+        .map_or(0, |p| p as u32 + 1)
+}
+
+/// One `<controller>` per guest bridge (expanders, root ports, switch ports).
+fn write_bridges(w: &mut String, vm: &VmDefinition) {
+    for (i, b) in vm.layout.bridges.iter().enumerate() {
         let (model, name) = match b.kind {
             GuestBridgeKind::Expander { .. } => ("pcie-expander-bus", "pxb-pcie"),
             GuestBridgeKind::RootPort { .. } => ("pcie-root-port", "pcie-root-port"),
@@ -203,50 +201,50 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
             "    <controller type='pci' index='{}' model='{model}'>\n      <model name='{name}'/>",
             i + 1
         );
-        match b.kind {
-            GuestBridgeKind::Expander { numa_node, .. } => match numa_node {
-                Some(n) => {
-                    let _ = writeln!(
-                        w,
-                        "      <target busNr='{}'>\n        <node>{n}</node>\n      </target>",
-                        b.bus
-                    );
-                }
-                None => {
-                    let _ = writeln!(w, "      <target busNr='{}'/>", b.bus);
-                }
-            },
-            GuestBridgeKind::RootPort { chassis, port }
-            | GuestBridgeKind::SwitchDownstream { chassis, port } => {
-                let _ = writeln!(w, "      <target chassis='{chassis}' port='{port:#x}'/>");
-            }
-            GuestBridgeKind::SwitchUpstream => {}
-        }
+        write_bridge_target(w, b);
         let _ = writeln!(w, "      <alias name='{}'/>", alias_for(&b.id));
         let _ = writeln!(
             w,
             "      {}\n    </controller>",
-            pci_address(&Bdf::new(0, 0, b.slot, 0), Some(index_of(&b.parent)), "")
+            pci_address(
+                &Bdf::new(0, 0, b.slot, 0),
+                Some(controller_index(vm, &b.parent)),
+                ""
+            )
         );
     }
-    for g in &l.gpus {
-        write_hostdevs(w, g, index_of(&g.parent));
-    }
-    if let Some(r) = vm.config.report {
-        // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
-        let _ = writeln!(
-            w,
-            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
-            r.cid,
-            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
-        );
-    }
-    let _ = writeln!(w, "    <memballoon model='none'/>");
-    let _ = writeln!(w, "  </devices>");
+}
 
-    let cliques = clique_entries(&l.gpus);
+fn write_bridge_target(w: &mut String, b: &GuestBridge) {
+    match b.kind {
+        GuestBridgeKind::Expander {
+            numa_node: Some(n), ..
+        } => {
+            let _ = writeln!(
+                w,
+                "      <target busNr='{}'>\n        <node>{n}</node>\n      </target>",
+                b.bus
+            );
+        }
+        GuestBridgeKind::Expander {
+            numa_node: None, ..
+        } => {
+            let _ = writeln!(w, "      <target busNr='{}'/>", b.bus);
+        }
+        GuestBridgeKind::RootPort { chassis, port }
+        | GuestBridgeKind::SwitchDownstream { chassis, port } => {
+            let _ = writeln!(w, "      <target chassis='{chassis}' port='{port:#x}'/>");
+        }
+        GuestBridgeKind::SwitchUpstream => {}
+    }
+}
+
+/// The fw_cfg expectation (and OVMF's window) in `<qemu:commandline>`, and the cliques in
+/// `<qemu:override>` (libvirt ≥ 8.2) or as `-set` arguments.
+fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersion) {
+    let cliques = clique_entries(&vm.layout.gpus);
     let mut args: Vec<String> = vec!["-fw_cfg".into(), vm.fw_cfg_expectation()];
-    if c.firmware == Firmware::Uefi {
+    if vm.config.firmware == Firmware::Uefi {
         args.push("-fw_cfg".into());
         args.push(format!(
             "name=opt/ovmf/X-PciMmio64Mb,string={}",
@@ -266,8 +264,6 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
         w.push_str(&override_devices(&cliques, "    "));
         let _ = writeln!(w, "  </qemu:override>");
     }
-    let _ = writeln!(w, "</domain>");
-    x
 }
 
 /// (alias, clique) of every GPU that has a clique.

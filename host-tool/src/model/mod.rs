@@ -3,7 +3,9 @@
 //! Host bridges → root ports → switch upstream/downstream ports → endpoints, with
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
+pub mod domain;
 mod path;
+pub mod vmm;
 
 use std::collections::BTreeMap;
 

@@ -1,14 +1,21 @@
 //! Read stage: turns a host's sysfs (live, a snapshot directory, or a flat JSON
 //! dump) into a [`HostRecord`], and `nvidia-smi` captures into an
-//! [`nvidia_smi::NvlinkMap`]. Nothing else in the crate reads these inputs.
+//! [`nvidia_smi::NvlinkMap`], libvirt domain XML into [`crate::model::domain::DomainFacts`]
+//! (`domain_xml`), and what QEMU and libvirt say of themselves into versions (`vmm`).
+//! Nothing else in the crate reads these inputs.
 
 pub mod attr;
 pub mod binding;
+pub mod domain_facts;
+pub mod domain_xml;
 pub mod flat_json;
 pub mod guest_report;
+pub mod input_file;
 pub mod nvidia_smi;
 pub mod record;
 pub mod sysfs;
+pub mod vmm;
+pub mod vmm_version;
 
 pub use binding::{devices_use, read_binding, Binding, DeviceUse, HostUser};
 pub use record::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning, Resource};
