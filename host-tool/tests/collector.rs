@@ -443,3 +443,37 @@ fn collect_wait_exits_by_the_verdict_or_on_timeout() {
     assert_eq!(wait("good", "1800000000"), Some(3));
     assert_eq!(wait("never", "0"), Some(3));
 }
+
+#[test]
+fn a_broken_plan_or_a_shared_cid_leaves_the_other_domains_served() {
+    let mut h = Harness::new(&[plan("ok", 70), plan("one", 71)], quick_limits());
+    let plans = h.dir.path().join("plans");
+    std::fs::write(plans.join("half.json"), "{\"domain\":").unwrap();
+    std::fs::write(
+        plans.join("two.json"),
+        serde_json::to_string(&plan("two", 71)).unwrap(),
+    )
+    .unwrap();
+    h.send(70, report("ok", 24.0).to_json().as_bytes());
+    thread::sleep(Duration::from_millis(100));
+    h.send(71, report("one", 24.0).to_json().as_bytes());
+    let out = h.finish();
+    assert_eq!(
+        out,
+        [
+            Handled::Stored {
+                domain: "ok".into(),
+                pass: true
+            },
+            Handled::UnknownCid(71)
+        ]
+    );
+    let (_, problems) = h.store().plans_by_cid().unwrap();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems
+        .iter()
+        .any(|p| p.contains("half.json is not a plan")));
+    assert!(problems
+        .iter()
+        .any(|p| p.contains("CID 71 is given to both")));
+}

@@ -311,6 +311,46 @@ stage_check() {
 # vm_yaml: the level-B VM for gen's --config: small enough to boot inside level A
 vm_yaml() {
     printf 'name: lab-b\nmemory_mib: %s\nvcpus: %s\nguest_topology: %s\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" "$GUEST_TOPOLOGY"
+    printf 'verify: vsock\nvsock_cid: %s\n' "$FLEET_CID"
+}
+
+# fleet (docs/fleet.md): the collector's state directory inside the chroot, and seen from here
+FLEET=/tmp/fleet
+FLEET_A=$R$FLEET
+FLEET_CID=3
+FLEET_SWAP=""
+
+# fleet_start: the collector, listening on vsock for the rest of level A's life; and the plan a
+# wrong host would have registered for the same CID (the wrong expectation, as lab-b-wrong)
+fleet_start() {
+    modprobe vhost_vsock || fail "modprobe vhost_vsock failed"
+    [ -s $FLEET_A/plans/lab-b.json ] || { fail "gen --state-dir registered no plan for lab-b"; return 1; }
+    cp $FLEET_A/plans/lab-b.json /out/fleet-plan-right.json
+    [ -s /out/expect-wrong.json ] || fail "no wrong expectation to make the wrong plan of"
+    jqr -c --slurpfile w $O/expect-wrong.json '.domain = "lab-b-wrong" | .expectation = ($w[0] | .vm = "lab-b-wrong")' \
+        < /out/fleet-plan-right.json > /out/fleet-plan-wrong.json
+    [ -s /out/fleet-plan-wrong.json ] || fail "could not make the wrong plan"
+    C timeout "$TIMEOUT_A" "$VFIO_P2P" collect --state-dir $FLEET --min-interval 0 --deadline 20 \
+        --textfile $FLEET/metrics/vfio_p2p.prom > /out/fleet-collect.log 2>&1 &
+}
+
+# fleet_arm: before each boot of level B, CID 3 is lab-b's; once lab-b's record is in, the plan
+# for CID 3 becomes lab-b-wrong's, so level B's second report is judged against the wrong plan
+fleet_arm() {
+    [ -n "$FLEET_SWAP" ] && kill "$FLEET_SWAP" 2> /dev/null
+    rm -f $FLEET_A/plans/lab-b-wrong.json
+    cp /out/fleet-plan-right.json $FLEET_A/plans/.lab-b.tmp
+    mv $FLEET_A/plans/.lab-b.tmp $FLEET_A/plans/lab-b.json
+    (
+        C timeout 400 "$VFIO_P2P" collect --wait lab-b --since "$(date +%s)" --timeout 390 --state-dir $FLEET \
+            > /out/fleet-wait.txt 2>&1
+        echo "collect --wait exit $?" >> /out/fleet-wait.txt
+        rm -f $FLEET_A/plans/lab-b.json
+        # a plan appears whole: write beside it, then rename (as gen --state-dir does)
+        cp /out/fleet-plan-wrong.json $FLEET_A/plans/.lab-b-wrong.tmp
+        mv $FLEET_A/plans/.lab-b-wrong.tmp $FLEET_A/plans/lab-b-wrong.json
+    ) &
+    FLEET_SWAP=$!
 }
 
 stage_gen() {
@@ -319,7 +359,7 @@ stage_gen() {
     vm_yaml > /out/vm-b.yaml
     vp plan --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json > /out/plan-b.json
     rc=0; vp gen qemu --config $O/vm-b.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --guest-topology "$GUEST_TOPOLOGY" \
-        --format json --expect-out $O/expect.json > /out/gen.json || rc=$?
+        --format json --expect-out $O/expect.json --state-dir $FLEET > /out/gen.json || rc=$?
     echo "== gen qemu (exit $rc)"; cat /out/gen.json
     [ $rc = 0 ] || fail "gen qemu exited $rc"
     is_json /out/gen.json || { fail "gen qemu printed no JSON (not implemented?)"; return 1; }
@@ -339,6 +379,12 @@ stage_gen() {
     jqr -e --arg f "$f" 'index($f) != null' < /out/gen.json > /dev/null || fail "no -fw_cfg $f"
     echo "== expect.json"; cat /out/expect.json
     is_json /out/expect.json || fail "--expect-out wrote no JSON"
+    # verify: vsock: the device, the port in the expectation, the plan registered for the collector
+    jqr -e --arg d "vhost-vsock-pci,guest-cid=$FLEET_CID,id=vsock0" 'index($d) != null' < /out/gen.json > /dev/null ||
+        fail "no -device vhost-vsock-pci with guest-cid $FLEET_CID"
+    jqr -e '.report.vsock_port == 7389' < /out/expect.json > /dev/null || fail "expect.json has no report port"
+    jqr -e --argjson c $FLEET_CID '.cid == $c and .expectation.vm == "lab-b"' < $FLEET_A/plans/lab-b.json > /dev/null ||
+        fail "gen --state-dir did not register lab-b with CID $FLEET_CID"
     for f in argv shell; do
         vp gen qemu --config $O/vm-b.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --format $f > /out/gen.$f &&
             grep -q x-nv-gpudirect-clique /out/gen.$f || fail "gen qemu --format $f: exit/output wrong"
@@ -396,6 +442,7 @@ b_limit() {
 run_b() {
     echo "== level B, accel $1, limit $2 s"
     [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b.log; return; }
+    fleet_arm
     b_args "$1" > /out/b-args-$1.sh
     echo "arguments from gen (as changed by the lab): $(cat /out/b-args-$1.sh)"
     eval "set -- $2 $(cat /out/b-args-$1.sh)"
@@ -429,6 +476,7 @@ stage_guest() {
     if [ "$accel" = auto ]; then
         if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
     fi
+    fleet_start
     t0=$(up)
     if [ $accel = kvm ]; then
         run_b kvm "$(b_limit "$TIMEOUT_B_KVM")"
@@ -472,6 +520,44 @@ stage_guest_wrong() {
     # exit 1 with a report, not an error without one: the mismatch was found, not a crash
     [ "$rc" = 1 ] || fail "agent expect with a wrong expectation exited '$rc', not 1"
     is_json /out/b-WRONG.json || fail "agent expect with a wrong expectation printed no JSON report"
+    [ -z "$WHY" ]
+}
+
+# fleet: level B's reports reached the collector over vsock and were judged against the plan of
+# the domain owning CID 3: PASS for the right plan, FAIL for the wrong one; the hostile sends
+# were refused and stored nothing
+stage_fleet() {
+    local rc n
+    grep -q LAB-B-DONE /out/level-b.log 2>/dev/null || { fail "level B did not run (stage guest)"; return 1; }
+    echo "== collector"; cat /out/fleet-collect.log
+    echo "== collect --wait lab-b"; cat /out/fleet-wait.txt
+    tr -d '\r' < /out/level-b.log | grep -E '^LAB-B-(STDERR SEND|HOSTILE)'
+    rc=$(b_section SEND); [ "$rc" = 0 ] || fail "agent expect --send exited '$rc'"
+    rc=$(b_section SEND2); [ "$rc" = 0 ] || fail "agent expect --send (second) exited '$rc'"
+    grep -q "^collect --wait exit 0" /out/fleet-wait.txt || fail "collect --wait lab-b did not exit 0 (PASS)"
+    vp verdicts --state-dir $FLEET --format json > /out/fleet-verdicts.json || fail "verdicts failed"
+    echo "== verdicts"; cat /out/fleet-verdicts.json
+    jqr -e --argjson c $FLEET_CID '[.[] | select(.domain == "lab-b")] | length == 1 and .[0].verdict == "PASS" and .[0].cid == $c' \
+        < /out/fleet-verdicts.json > /dev/null || fail "no PASS record for lab-b"
+    jqr -e '[.[] | select(.domain == "lab-b-wrong")] | length == 1 and .[0].verdict == "FAIL"
+            and any(.[0].problems[]; test("clique")) and any(.[0].problems[]; test("claims to be .lab-b."))' \
+        < /out/fleet-verdicts.json > /dev/null || fail "no FAIL record (clique, claimed name) for lab-b-wrong"
+    jqr -e 'length == 2' < /out/fleet-verdicts.json > /dev/null || fail "records for other domains than lab-b, lab-b-wrong"
+    # the hostile sends: each refused, nothing stored beyond the two reports
+    n=$(grep -c "refused CID $FLEET_CID" /out/fleet-collect.log)
+    [ "$n" -ge 3 ] || fail "the collector refused $n of level B's 3 hostile sends"
+    n=$(grep -c "stored " /out/fleet-collect.log)
+    [ "$n" = 2 ] || fail "the collector stored $n records, not 2"
+    for d in lab-b lab-b-wrong; do
+        n=$(ls $FLEET_A/records/$d | grep -vc '^latest.json$')
+        [ "$n" = 1 ] || fail "$d has $n boot records, not 1"
+    done
+    vp verdicts --state-dir $FLEET --format prometheus > /out/fleet-metrics.prom
+    grep -qx 'vfio_p2p_verdict_pass{domain="lab-b"} 1' /out/fleet-metrics.prom &&
+        grep -qx 'vfio_p2p_verdict_pass{domain="lab-b-wrong"} 0' /out/fleet-metrics.prom || fail "metrics lack the two verdicts"
+    cmp -s /out/fleet-metrics.prom $FLEET_A/metrics/vfio_p2p.prom || fail "the collector's textfile differs from verdicts --format prometheus"
+    cp -r $FLEET_A /out/fleet-state
+    NOTE="lab-b PASS, lab-b-wrong FAIL, $(grep -c "refused CID" /out/fleet-collect.log) refused"
     [ -z "$WHY" ]
 }
 

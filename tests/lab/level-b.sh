@@ -11,6 +11,9 @@ mount -t devtmpfs devtmpfs /dev
 dmesg -n 1   # keep kernel messages out of the JSON on the console
 FW=/sys/firmware/qemu_fw_cfg/by_name
 modprobe qemu_fw_cfg || echo "LAB-B: modprobe qemu_fw_cfg failed"
+# the guest side of virtio-vsock (stage fleet); virtio_pci first, it may be a module
+modprobe virtio_pci 2> /dev/null
+modprobe vmw_vsock_virtio_transport || echo "LAB-B: modprobe vmw_vsock_virtio_transport failed"
 
 up() { cut -d' ' -f1 /proc/uptime; }
 echo "LAB-B: kernel $(uname -r), up $(up)s"
@@ -37,6 +40,21 @@ section SCAN vfio-p2p-agent scan --format json
 section EXPECT vfio-p2p-agent expect --format json
 # must not pass: the harness moved every clique of the real expectation by one
 section WRONG vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw --format json
+# fleet (docs/fleet.md): the findings go to the host's collector over vsock (port from fw_cfg)
+section SEND vfio-p2p-agent expect --send --format json
+# level A now swaps the host's plan for this CID for a wrong one (level-a.sh fleet_arm):
+# the same findings, sent again, must be judged FAIL
+sleep 8
+section SEND2 vfio-p2p-agent expect --send --format json
+# a hostile sender on the same CID: garbage, an oversized body, a field the schema lacks
+hostile() {
+    timeout 30 socat -u - VSOCK-CONNECT:2:7389
+    echo "LAB-B-HOSTILE $1 rc=$?"
+}
+echo 'not json' | hostile garbage
+head -c 1048576 /dev/zero | hostile oversized
+echo '{"version":1,"vm":"lab-b","domain":"lab-b","boot_id":"0","agent_version":"x","measured":false,"agent_exit":0,"gpus":[]}' |
+    hostile unknown-field
 echo "LAB-B-DONE up $(up)s"
 sync
 poweroff -f

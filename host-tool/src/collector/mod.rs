@@ -97,7 +97,11 @@ impl Collector {
         let mut cache = self.plans.lock().expect("not poisoned");
         let stamp = self.store.plans_stamp();
         if cache.0.is_none() || cache.0 != stamp {
-            *cache = (stamp, self.store.plans_by_cid()?);
+            let (plans, problems) = self.store.plans_by_cid()?;
+            for p in problems {
+                tracing::warn!("{p}");
+            }
+            *cache = (stamp, plans);
         }
         Ok(cache.1.get(&cid).cloned())
     }
@@ -182,10 +186,7 @@ fn refused(cid: u32, reason: String) -> Handled {
 
 fn log(h: &Handled) {
     match h {
-        Handled::Stored { domain, pass } => tracing::info!(
-            "stored {} for {domain}",
-            if *pass { "PASS" } else { "FAIL" }
-        ),
+        Handled::Stored { domain, pass } => tracing::debug!("stored {domain}: pass {pass}"),
         Handled::UnknownCid(c) => tracing::warn!("dropped a connection from unknown CID {c}"),
         Handled::RateLimited(c) => tracing::warn!("dropped CID {c}: sent again too soon"),
         Handled::Refused { cid, reason } => tracing::warn!("refused CID {cid}: {reason}"),

@@ -100,40 +100,45 @@ impl Store {
         Ok(path)
     }
 
-    /// Every stored plan by CID. Two domains with one CID is an error naming both.
-    pub fn plans_by_cid(&self) -> anyhow::Result<HashMap<u32, DomainPlan>> {
+    /// Every stored plan by CID, and what is wrong with the others: an unreadable file, or
+    /// a CID two domains claim (neither gets it), leaves the other domains served.
+    pub fn plans_by_cid(&self) -> anyhow::Result<(HashMap<u32, DomainPlan>, Vec<String>)> {
         let dir = self.plans_dir();
         let mut out: HashMap<u32, DomainPlan> = HashMap::new();
+        let mut problems = Vec::new();
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((out, problems)),
             Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
         };
+        let mut taken: HashMap<u32, String> = HashMap::new();
         for entry in entries {
             let path = entry?.path();
-            if path.extension().is_none_or(|x| x != "json") {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if !name.ends_with(".json") || name.starts_with('.') {
                 continue;
             }
-            let text =
-                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            let plan: DomainPlan = serde_json::from_str(&text).with_context(|| {
-                format!(
-                    "{} is not a plan written by vfio-p2p gen --state-dir",
-                    path.display()
-                )
-            })?;
-            if let Some(other) = out.get(&plan.cid) {
-                bail!(
-                    "CID {} is given to both '{}' and '{}' in {}: give each VM its own vsock CID",
+            let plan = match read_plan(&path) {
+                Ok(p) => p,
+                Err(e) => {
+                    problems.push(format!("{e:#}"));
+                    continue;
+                }
+            };
+            if let Some(other) = taken.get(&plan.cid) {
+                problems.push(format!(
+                    "CID {} is given to both '{other}' and '{}' in {}: neither is served until each VM has its own vsock CID",
                     plan.cid,
-                    other.domain,
                     plan.domain,
                     dir.display()
-                );
+                ));
+                out.remove(&plan.cid);
+                continue;
             }
+            taken.insert(plan.cid, plan.domain.clone());
             out.insert(plan.cid, plan);
         }
-        Ok(out)
+        Ok((out, problems))
     }
 
     /// When the plans last changed (to reload them only then).
@@ -221,6 +226,16 @@ impl Store {
 fn is_boot_record(p: &Path) -> bool {
     let name = p.file_name().unwrap_or_default().to_string_lossy();
     name.ends_with(".json") && name != "latest.json" && !name.starts_with('.')
+}
+
+fn read_plan(path: &Path) -> anyhow::Result<DomainPlan> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a plan written by vfio-p2p gen --state-dir",
+            path.display()
+        )
+    })
 }
 
 fn read_record(path: &Path) -> anyhow::Result<Option<Record>> {

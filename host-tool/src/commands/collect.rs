@@ -12,7 +12,7 @@ use clap::Args;
 use crate::cli::GlobalArgs;
 use crate::collector::store::{Store, DEFAULT_STATE_DIR};
 use crate::collector::transport::VsockListener;
-use crate::collector::{serve, Collector, Limits};
+use crate::collector::{serve, Collector, Handled, Limits};
 use crate::decide::fleet_verdict::{BandwidthFloors, Outcome};
 
 /// Exit status of `--wait` when no record came in time.
@@ -74,7 +74,10 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
         nvlink_gbps: a.floor_nvlink,
         pcie_gbps: a.floor_pcie,
     };
-    let plans = store.plans_by_cid()?;
+    let (plans, problems) = store.plans_by_cid()?;
+    for p in problems {
+        tracing::warn!("{p}");
+    }
     let mut collector = Collector::new(store, limits, floors);
     collector.textfile = a.textfile;
     let listener = match activated_fd() {
@@ -92,7 +95,16 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
         plans.len(),
         a.state_dir.display()
     );
-    serve(&listener, Arc::new(collector), |_| {}).context("accepting vsock connections")?;
+    // refusals are logged as warnings by the collector; each stored verdict is said here
+    let said = |h: &Handled| {
+        if let Handled::Stored { domain, pass } = h {
+            eprintln!(
+                "vfio-p2p: stored {} for {domain}",
+                if *pass { "PASS" } else { "FAIL" }
+            );
+        }
+    };
+    serve(&listener, Arc::new(collector), said).context("accepting vsock connections")?;
     Ok(ExitCode::SUCCESS)
 }
 

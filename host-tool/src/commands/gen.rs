@@ -98,7 +98,7 @@ fn report_plan(
 /// Stores `plan` for the collector, refusing a CID another domain holds.
 fn register(plan: &DomainPlan, dir: &Path) -> anyhow::Result<()> {
     let store = Store::new(dir);
-    if let Some(other) = store.plans_by_cid()?.remove(&plan.cid) {
+    if let Some(other) = store.plans_by_cid()?.0.remove(&plan.cid) {
         if other.domain != plan.domain {
             bail!(
                 "vsock_cid {} is already {}'s in {}: give {} another CID",

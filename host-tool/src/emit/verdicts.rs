@@ -84,6 +84,9 @@ pub fn prometheus(records: &[Record]) -> String {
                 p.bandwidth_gbps,
                 p.latency_us,
             );
+            if p.p2p_ok.is_none() {
+                continue; // not measured (expect --send): nothing to say per pair
+            }
             x.gauge(
                 "vfio_p2p_pair_verdict_pass",
                 "1 when the pair is as planned (P2P, writes, bandwidth floor), else 0",
