@@ -7,6 +7,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pci_config::Bdf;
+use std::os::unix::fs::OpenOptionsExt;
+
 use serde::{Deserialize, Serialize};
 pub use vfio_p2p_contract::{
     Expectation, ExpectationError, ExpectedGpu, ExpectedPair, PciId, Verdict, EXPECTATION_VERSION,
@@ -22,6 +24,10 @@ pub enum ExpectError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("no expectation at {path}: the host writes it to QEMU's fw_cfg (`vfio-p2p gen`); load the guest driver with `modprobe qemu_fw_cfg`, or give a copy with --expect FILE")]
+    NoFwCfg { path: PathBuf },
+    #[error("expectation {path} is not a regular file; give the path of a file")]
+    NotAFile { path: PathBuf },
     #[error("expectation {path} is larger than {MAX_EXPECTATION_BYTES} bytes: not an expectation")]
     TooLarge { path: PathBuf },
     #[error("expectation {path} is not valid: {source}")]
@@ -33,6 +39,7 @@ pub enum ExpectError {
 
 /// Reads `file`, or the fw_cfg blob under `sysfs_root` when no file is given.
 pub fn load(file: Option<&Path>, sysfs_root: &Path) -> Result<(Expectation, PathBuf), ExpectError> {
+    let file_arg = file;
     let path = match file {
         Some(f) => f.to_path_buf(),
         None => sysfs_root.join(FW_CFG_PATH),
@@ -41,10 +48,22 @@ pub fn load(file: Option<&Path>, sysfs_root: &Path) -> Result<(Expectation, Path
         path: path.clone(),
         source,
     };
+    // O_NONBLOCK: a FIFO given as the file must not hang the agent.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path);
+    let file = match file {
+        Err(e) if file_arg.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ExpectError::NoFwCfg { path });
+        }
+        other => other.map_err(read)?,
+    };
+    if !file.metadata().map_err(read)?.is_file() {
+        return Err(ExpectError::NotAFile { path });
+    }
     let mut text = String::new();
-    std::fs::File::open(&path)
-        .map_err(read)?
-        .take(MAX_EXPECTATION_BYTES + 1)
+    file.take(MAX_EXPECTATION_BYTES + 1)
         .read_to_string(&mut text)
         .map_err(read)?;
     if text.len() as u64 > MAX_EXPECTATION_BYTES {

@@ -128,15 +128,15 @@ impl<E: Into<anyhow::Error>> From<E> for CannotRun {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    vfio_p2p_style::init_logging("RUST_LOG", "warn");
     let cli = Cli::parse();
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(CannotRun(e)) => {
-            eprintln!("vfio-p2p-agent: cannot run: {e:#}");
+            eprintln!(
+                "vfio-p2p-agent: cannot run: {}",
+                vfio_p2p_style::error_chain(e.as_ref())
+            );
             ExitCode::from(2)
         }
     }

@@ -1,6 +1,6 @@
 //! Human-readable tables of each command's result.
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
+use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
@@ -11,10 +11,7 @@ use crate::sysfs_scan::Scan;
 use crate::verify::VerifyResult;
 
 fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    t.set_header(header.iter().map(Cell::new));
-    t
+    vfio_p2p_style::table(header.iter().map(Cell::new).collect::<Vec<_>>())
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -176,9 +173,15 @@ pub fn bench(results: &[PairBench]) -> String {
         "disabled GB/s",
         "disabled 4B µs",
     ]);
+    // Keep addresses and ranges whole when the table wraps to the terminal.
+    for (column, width) in [(0, 14), (2, 11)] {
+        if let Some(c) = t.column_mut(column) {
+            c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(width)));
+        }
+    }
     for b in results {
         t.add_row(vec![
-            format!("{} → {}", b.src, b.dst),
+            format!("{}\n→ {}", b.src, b.dst),
             b.one_way_latency_us
                 .as_ref()
                 .map_or_else(|| "-".into(), |s| stat(s, 3)),

@@ -227,7 +227,10 @@ fn recorded_h200_report_is_judged_ok() {
         // 85 % of the NVLink4 limit of 450 GB/s per direction (issue 6).
         assert!(gbps >= 0.85 * 450.0, "{line}");
     }
-    assert!(text.contains("other flag places µs"), "{text}");
+    assert!(
+        text.contains("other flag places: fastest–slowest"),
+        "{text}"
+    );
 }
 
 /// Median of the probe's one-way latencies in a recorded file of several processes (µs).
@@ -338,4 +341,24 @@ fn every_option_of_report_is_explained() {
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     let quick = text.lines().find(|l| l.contains("--quick")).unwrap();
     assert!(quick.contains("short bench part"), "{quick}");
+}
+
+/// Without the fw_cfg driver the agent says how to get the expectation, once.
+#[test]
+fn expect_without_fw_cfg_names_the_way_out() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("sys/bus/pci/devices")).unwrap();
+    let out = Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["expect", "--sysfs-root"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("modprobe qemu_fw_cfg") && err.contains("--expect FILE"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file").count(), 0, "{err}");
 }

@@ -153,7 +153,15 @@ impl Context {
         nvlink: &[PathBuf],
     ) -> anyhow::Result<Context> {
         let config = host.load()?;
-        let (context, warnings) = Context::build(&load_host(global)?, config, nvlink)?;
+        let (mut context, warnings) = Context::build(&load_host(global)?, config, nvlink)?;
+        // An example recorded with its `nvidia-smi topo -m` capture shows its NVLink too.
+        let capture = global
+            .example
+            .as_deref()
+            .and_then(synth::example_nvlink_capture);
+        if let (Some((text, name)), true) = (capture, nvlink.is_empty()) {
+            context.topo.add_nvlinks(&nvidia_smi::parse(text, name)?)?;
+        }
         for w in &warnings {
             tracing::warn!("{w}");
         }
@@ -180,6 +188,17 @@ impl Context {
         } else {
             requested.to_vec()
         }
+    }
+
+    /// Fails with what to do when the host has no GPU at all (rather than asking for `--gpus`).
+    pub fn require_gpus(&self, command: &str) -> anyhow::Result<()> {
+        if self.topo.gpus().next().is_none() {
+            anyhow::bail!(
+                "no GPUs on this host ({}): nothing to {command}; `vfio-p2p topo` shows what was read, and `vfio-p2p --example hgx-h100 {command}` shows the command on an embedded 8-GPU host",
+                self.topo.source
+            );
+        }
+        Ok(())
     }
 
     /// The flags over the VM config's level (`gen`) over the host config's policy.

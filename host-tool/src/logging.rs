@@ -1,4 +1,5 @@
-//! Logging to stderr, so stdout stays clean for data (JSON, XML, argv).
+//! Logging to stderr, so stdout stays clean for data (JSON, XML, argv), as plain
+//! `warning: …` lines like every other warning the tool prints.
 
 pub fn init(verbose: u8) {
     let default = match verbose {
@@ -6,12 +7,5 @@ pub fn init(verbose: u8) {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VFIO_P2P_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .try_init();
+    vfio_p2p_style::init_logging("VFIO_P2P_LOG", default);
 }

@@ -81,7 +81,24 @@ fn nccl_fixture_for_the_gpu_check_is_current() {
         "/../tests/fixtures/nccl/h200x2-topo.xml"
     ))
     .unwrap();
-    assert_eq!(gen("flat-vm", &["nccl", "--as-is"]), want);
+    // The file checked with real NCCL on the GPU machine was made from the VM's sysfs alone
+    // (the flat-vm example now also carries its nvidia-smi capture).
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .arg("--sysfs-root")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/sysfs/h200x2-vm-sysfs.json"
+        ))
+        .args(["gen", "nccl", "--as-is"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
 #[test]

@@ -86,6 +86,7 @@ fn selected_gpus(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) 
 
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
+    ctx.require_gpus("check")?;
     let topo = &ctx.topo;
     let domain = args
         .domain_xml

@@ -117,6 +117,21 @@ pub fn hook_script(binary: &Path, sysfs_root: &Path) -> String {
     )
 }
 
+/// Why `binary` looks like a build output rather than an installed program.
+fn build_directory(binary: &Path) -> Option<&'static str> {
+    let text = binary.display().to_string();
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .ok()
+        .filter(|d| !d.is_empty());
+    if target.is_some_and(|d| text.starts_with(&d)) {
+        return Some("inside CARGO_TARGET_DIR");
+    }
+    ["/target/debug/", "/target/release/"]
+        .iter()
+        .any(|t| text.contains(t))
+        .then_some("inside a cargo target directory")
+}
+
 fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe()
         .and_then(fs::canonicalize)
@@ -133,7 +148,17 @@ fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", tmp.display()))?;
     fs::rename(&tmp, &path).with_context(|| format!("installing {}", path.display()))?;
-    println!("installed {}", path.display());
+    println!(
+        "installed {}, which runs {}",
+        path.display(),
+        binary.display()
+    );
+    if let Some(why) = build_directory(&binary) {
+        println!(
+            "warning: {} is {why}: the hook stops working when it is rebuilt, moved or cleaned; install the package (/usr/bin/vfio-p2p) or `cargo install --locked --path host-tool`, then run `hook install` from there",
+            binary.display()
+        );
+    }
     println!(
         "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see configs/README.md); defaults when absent",
         root.join(HOST_CONFIG_PATH).display()
@@ -276,6 +301,12 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_directory_binary_is_noticed() {
+        assert!(build_directory(Path::new("/src/vfio-p2p/target/release/vfio-p2p")).is_some());
+        assert!(build_directory(Path::new("/usr/bin/vfio-p2p")).is_none());
+    }
 
     #[test]
     fn script_quotes_its_paths() {

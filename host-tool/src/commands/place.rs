@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use comfy_table::Table;
 use pci_config::Bdf;
 use serde::Serialize;
 
@@ -218,8 +217,7 @@ fn write_configs(
 }
 
 fn print_table(r: &PlaceReport) {
-    let mut t = Table::new();
-    t.set_header([
+    let mut t = vfio_p2p_style::table(vec![
         "VM",
         "GPUs",
         "worst path",
@@ -255,12 +253,22 @@ fn print_table(r: &PlaceReport) {
         ]);
     }
     println!("{t}");
+    let width = vfio_p2p_style::output_width();
     for vm in &r.vms {
         if let Some(e) = &vm.plan_error {
-            println!("{}: no clique plan: {e}", vm.vm.name);
+            print!(
+                "{}",
+                vfio_p2p_style::wrap(
+                    &format!("warning: {}: no clique plan: {e}", vm.vm.name),
+                    width
+                )
+            );
         }
         for w in &vm.warnings {
-            println!("{}: {w}", vm.vm.name);
+            print!(
+                "{}",
+                vfio_p2p_style::wrap(&format!("warning: {}: {w}", vm.vm.name), width)
+            );
         }
     }
     for u in &r.unplaced {
@@ -269,7 +277,7 @@ fn print_table(r: &PlaceReport) {
             line += &format!("; accepting worst path {w} would place it (--max-path)");
         }
         line += &format!("; the most it could get now is {} GPUs", u.largest_fit);
-        println!("{line}");
+        print!("{}", vfio_p2p_style::wrap(&line, width));
     }
     if let Some(s) = &r.largest_shape {
         println!("largest shape that fits: {s}");

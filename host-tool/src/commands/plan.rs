@@ -19,18 +19,23 @@ pub struct PlanArgs {
     pub gpus: Vec<Bdf>,
     #[command(flatten)]
     pub plan: PlanOptionArgs,
+    /// List every GPU pair with the ACS control on its path (by default pairs across host
+    /// bridges or sockets without a clique are only counted).
+    #[arg(long)]
+    pub details: bool,
     #[arg(long, value_enum, default_value_t)]
     pub format: DataFormat,
 }
 
 pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
+    ctx.require_gpus("plan")?;
     let gpus = ctx.gpus(&args.gpus);
     let p = plan(&ctx.topo, &gpus, &ctx.plan_options(&args.plan, None))
         .with_context(|| format!("planning cliques on {}", ctx.topo.source))?;
     match emit::data::to_text(&p, args.format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", emit::plan::table(&p)),
+        None => print!("{}", emit::plan::table(&p, args.details)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,22 +1,33 @@
-//! Human-readable rendering of a [`CheckReport`].
+//! Human-readable rendering of a [`CheckReport`]: a table that fits the terminal, then
+//! the fixes, one per line, whose commands are never broken so they run as printed.
 
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use crate::decide::check::{CheckReport, Status};
 
-use crate::decide::check::CheckReport;
-
-/// One row per check: status, check, subject, what it saw, the fix.
+/// One row per check (status, check, subject, what it saw), then a numbered fix for each
+/// check that did not pass, then the overall status.
 pub fn table(r: &CheckReport) -> String {
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY)
-        .set_header(vec!["status", "check", "device", "saw", "fix"]);
+    let mut t = vfio_p2p_style::table(vec!["status", "check", "device", "saw", "fix"]);
+    let mut fixes = Vec::new();
     for c in &r.checks {
+        let fix_ref = match (&c.fix, c.status) {
+            (Some(fix), Status::Warn | Status::Fail) => {
+                fixes.push(fix.clone());
+                format!("[{}]", fixes.len())
+            }
+            _ => String::new(),
+        };
         t.add_row(vec![
             c.status.to_string(),
             c.check.to_string(),
             c.subject.clone().unwrap_or_default(),
             c.saw.clone(),
-            c.fix.clone().unwrap_or_default(),
+            fix_ref,
         ]);
     }
-    format!("{t}\noverall: {}\n", r.status)
+    let width = vfio_p2p_style::output_width();
+    let mut out = format!("{t}\n");
+    for (i, fix) in fixes.iter().enumerate() {
+        out += &vfio_p2p_style::wrap(&format!("fix [{}]: {fix}", i + 1), width);
+    }
+    out + &format!("overall: {}\n", r.status)
 }

@@ -1,76 +1,99 @@
-//! Human-readable rendering of a clique [`Plan`].
+//! Human-readable rendering of a clique [`Plan`]: a summary that fits a screen by
+//! default, every pair with the ACS control on its path with `--details`.
 
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use crate::decide::plan::{AcsState, Pair, Plan, Verdict};
 
-use crate::decide::plan::Plan;
-
-/// Cliques, per-GPU assignments, per-pair paths and verdicts, then warnings.
-pub fn table(p: &Plan) -> String {
-    let mut out = String::new();
-    let mut gpus = Table::new();
-    gpus.load_preset(UTF8_BORDERS_ONLY)
-        .set_header(vec!["GPU", "clique"]);
+/// Cliques, per-GPU assignments, the pairs, then what each verdict means and the warnings.
+/// Without `details`, pairs that cross host bridges or sockets (no clique by default) are
+/// counted, not listed, and the ACS path is left out.
+pub fn table(p: &Plan, details: bool) -> String {
+    let mut gpus = vfio_p2p_style::table(vec!["GPU", "clique"]);
     for (g, c) in &p.assignments {
         gpus.add_row(vec![
             g.to_string(),
             c.map_or("none".to_string(), |c| c.to_string()),
         ]);
     }
-    out += &format!(
+    let mut out = format!(
         "{} clique(s) at --p2p-level {}\n{gpus}\n",
         p.cliques.len(),
         p.p2p_level.label().to_lowercase()
     );
     if !p.pairs.is_empty() {
-        let mut pairs = Table::new();
-        pairs.load_preset(UTF8_BORDERS_ONLY).set_header(vec![
-            "GPU a",
-            "GPU b",
-            "path",
-            "clique",
-            "verdict",
-            "ACS control on path",
-        ]);
-        for pr in &p.pairs {
-            let acs = pr
-                .acs
-                .iter()
-                .map(|b| match b.control {
-                    Some(c) => format!("{} {}", b.bridge, c.names().join(" ")),
-                    None => format!("{} ({})", b.bridge, serde_label(&b.state)),
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            pairs.add_row(vec![
-                pr.a.to_string(),
-                pr.b.to_string(),
-                match pr.nvlink {
-                    Some(n) => format!("NV{n} ({})", pr.path),
-                    None => pr.path.to_string(),
-                },
-                pr.clique.map_or("-".to_string(), |c| c.to_string()),
-                pr.verdict.to_string(),
-                acs,
-            ]);
-        }
-        out += &format!("{pairs}\n");
-        let mut seen = Vec::new();
-        for pr in &p.pairs {
-            if !seen.contains(&pr.verdict) {
-                seen.push(pr.verdict);
-                out += &format!("{}: {}\n", pr.verdict, pr.explanation);
-            }
-        }
+        out += &pairs_table(p, details);
     }
+    let width = vfio_p2p_style::output_width();
     for w in &p.warnings {
-        out += &format!("warning: {w}\n");
+        out += &vfio_p2p_style::wrap(&format!("warning: {w}"), width);
     }
     out
 }
 
-fn serde_label<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+/// Pairs the summary leaves out: no clique, far apart, nothing to fix.
+fn far_apart(pr: &Pair) -> bool {
+    pr.clique.is_none() && matches!(pr.verdict, Verdict::CrossSocket | Verdict::CrossHostBridge)
+}
+
+fn pairs_table(p: &Plan, details: bool) -> String {
+    let mut header = vec!["GPU a", "GPU b", "path", "clique", "verdict"];
+    if details {
+        header.push("ACS control on path");
+    }
+    let mut pairs = vfio_p2p_style::table(header);
+    let listed: Vec<&Pair> = p
+        .pairs
+        .iter()
+        .filter(|pr| details || !far_apart(pr))
+        .collect();
+    for pr in &listed {
+        let mut row = vec![
+            pr.a.to_string(),
+            pr.b.to_string(),
+            match pr.nvlink {
+                Some(n) => format!("NV{n} ({})", pr.path),
+                None => pr.path.to_string(),
+            },
+            pr.clique.map_or("-".to_string(), |c| c.to_string()),
+            pr.verdict.to_string(),
+        ];
+        if details {
+            row.push(acs_path(pr));
+        }
+        pairs.add_row(row);
+    }
+    let mut out = if listed.is_empty() {
+        String::new()
+    } else {
+        format!("{pairs}\n")
+    };
+    let width = vfio_p2p_style::output_width();
+    let hidden = p.pairs.len() - listed.len();
+    if hidden > 0 {
+        out += &vfio_p2p_style::wrap(&format!(
+            "{hidden} pair(s) across host bridges or sockets, with no clique, not listed; --details lists every pair with the ACS control on its path"
+        ), width);
+    }
+    let mut seen = Vec::new();
+    for pr in &listed {
+        if !seen.contains(&pr.verdict) {
+            seen.push(pr.verdict);
+            out += &vfio_p2p_style::wrap(&format!("{}: {}", pr.verdict, pr.explanation), width);
+        }
+    }
+    out
+}
+
+/// The bridges on the pair's path with their ACS control bits, one per line; the same
+/// words as `topo` (`no ACS`).
+fn acs_path(pr: &Pair) -> String {
+    pr.acs
+        .iter()
+        .map(|b| match (b.control, b.state) {
+            (Some(c), _) => format!("{} {}", b.bridge, c.names().join(" ")),
+            (None, AcsState::Absent) => format!("{} no ACS", b.bridge),
+            (None, AcsState::Unknown) => format!("{} ACS unknown", b.bridge),
+            (None, AcsState::Present) => format!("{} ACS", b.bridge),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -1,7 +1,6 @@
 //! The collector's stored verdicts as a table (one line per domain) and as Prometheus text
 //! (per domain, and per domain and GPU pair) for node_exporter's textfile collector.
 
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use vfio_p2p_contract::prometheus::{pair_metrics, Exposition};
 
 use crate::decide::fleet_verdict::{LinkType, Outcome, Record};
@@ -11,8 +10,7 @@ pub fn table(records: &[Record]) -> String {
     if records.is_empty() {
         return "no verdicts stored yet\n".into();
     }
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY).set_header(vec![
+    let mut t = vfio_p2p_style::table(vec![
         "domain",
         "verdict",
         "received",

@@ -16,22 +16,20 @@
 //! Both are needed: GPU indices depend on the driver, so they are never guessed from BDF order.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pci_config::Bdf;
+
+use super::input_file::{read_input_file, InputFileError};
 
 /// The most a capture may hold; `nvidia-smi topo -m` of a 64-GPU host is about 40 KiB.
 pub const MAX_CAPTURE_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NvidiaSmiError {
-    #[error("cannot read the nvidia-smi capture {}: {err}", path.display())]
-    Read { path: PathBuf, err: std::io::Error },
-    #[error("{}: not a regular file; capture one with `nvidia-smi topo -m > FILE`", path.display())]
-    NotAFile { path: PathBuf },
-    #[error("{}: larger than {} MiB, which no nvidia-smi capture is", path.display(), MAX_CAPTURE_BYTES >> 20)]
-    TooLarge { path: PathBuf },
+    /// Missing, not a regular file (a FIFO never blocks), or over [`MAX_CAPTURE_BYTES`].
+    #[error(transparent)]
+    Input(#[from] InputFileError),
     #[error("{source_name}: no `nvidia-smi topo -m` matrix found (a header line `GPU0 GPU1 …` and rows `GPU<i> …`); capture it with `nvidia-smi topo -m > FILE` while the nvidia driver is bound")]
     NoMatrix { source_name: String },
     #[error("{source_name}: no GPU index → PCI address map found; add the output of `nvidia-smi --query-gpu=index,pci.bus_id --format=csv` (same file or another --nvlink file)")]
@@ -86,32 +84,7 @@ pub fn read_captures(files: &[PathBuf]) -> Result<NvlinkMap, NvidiaSmiError> {
 }
 
 fn read_capture(path: &Path) -> Result<String, NvidiaSmiError> {
-    let read = |err| NvidiaSmiError::Read {
-        path: path.to_path_buf(),
-        err,
-    };
-    // Checked before opening: opening a FIFO would block.
-    let meta = std::fs::metadata(path).map_err(read)?;
-    if !meta.is_file() {
-        return Err(NvidiaSmiError::NotAFile {
-            path: path.to_path_buf(),
-        });
-    }
-    let too_large = || NvidiaSmiError::TooLarge {
-        path: path.to_path_buf(),
-    };
-    if meta.len() > MAX_CAPTURE_BYTES {
-        return Err(too_large());
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .map_err(read)?
-        .take(MAX_CAPTURE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if bytes.len() as u64 > MAX_CAPTURE_BYTES {
-        return Err(too_large());
-    }
+    let bytes = read_input_file(path, MAX_CAPTURE_BYTES, "nvidia-smi capture")?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -518,10 +491,25 @@ index, pci.bus_id
         let big = std::fs::File::create(&f).unwrap();
         big.set_len(MAX_CAPTURE_BYTES + 1).unwrap();
         let e = read_captures(std::slice::from_ref(&f)).unwrap_err();
-        assert!(matches!(e, NvidiaSmiError::TooLarge { .. }), "{e}");
+        assert!(
+            matches!(e, NvidiaSmiError::Input(InputFileError::TooLarge { .. })),
+            "{e}"
+        );
         assert!(e.to_string().contains("topo.txt"), "{e}");
         let e = read_captures(&[PathBuf::from("/dev/zero")]).unwrap_err();
-        assert!(matches!(e, NvidiaSmiError::NotAFile { .. }), "{e}");
+        assert!(
+            matches!(e, NvidiaSmiError::Input(InputFileError::NotAFile { .. })),
+            "{e}"
+        );
+        // A FIFO with no writer: refused at once, not waited on.
+        let fifo = t.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let e = read_captures(&[fifo]).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         let e = read_captures(&[t.path().join("missing")]).unwrap_err();
         assert_eq!(e.to_string().matches("No such file").count(), 1, "{e}");
     }

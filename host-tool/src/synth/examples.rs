@@ -9,7 +9,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("hgx-h100", "8× H100 SXM HGX board: 2 sockets, 4 PCIe switches (2 GPUs + 2 NICs each), 4 NVSwitches"),
     ("dual-socket-pcie", "dual-socket server, 8× L40S PCIe: per socket a top switch with two leaf switches of 2 GPUs"),
     ("lab", "the nested-VM lab's level A (tests/lab): a switch with 2 bochs-display stand-ins, one on its own root port, one behind a pxb-pcie host bridge on NUMA node 1"),
-    ("flat-vm", "the real sysfs of a VM with 2 passed-through NVLink H200s on a flat root bus (no IOMMU)"),
+    ("flat-vm", "the real sysfs of a VM with 2 passed-through H200s on a flat root bus (no IOMMU), with its nvidia-smi capture: NV18 between them"),
 ];
 
 /// `--example list`: one line per example, name and description.
@@ -22,6 +22,16 @@ pub fn example_list() -> String {
 }
 
 const H200X2_VM_SYSFS: &str = include_str!("../../../tests/fixtures/sysfs/h200x2-vm-sysfs.json");
+/// `nvidia-smi topo -m` (and the index → bus id map) captured in that VM.
+const H200X2_VM_TOPO_M: &str = include_str!("../../../tests/fixtures/nvidia-smi/h200x2-topo-m.txt");
+
+/// The NVLink capture recorded with an example, and its name for messages.
+pub fn example_nvlink_capture(name: &str) -> Option<(&'static str, &'static str)> {
+    match name {
+        "flat-vm" => Some((H200X2_VM_TOPO_M, "example flat-vm (h200x2-topo-m.txt)")),
+        _ => None,
+    }
+}
 
 /// The embedded example `name`, or an error listing the names.
 pub fn example(name: &str) -> Result<HostRecord, String> {
@@ -88,7 +98,7 @@ fn hgx_h100() -> HostRecord {
 fn dual_socket_pcie() -> HostRecord {
     let mut b = HostBuilder::new("example dual-socket-pcie");
     b.numa_node(0, "0-31,64-95").numa_node(1, "32-63,96-127");
-    b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda2 amd_iommu=on iommu=pt");
+    b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda2 intel_iommu=on iommu=pt");
     for (bus, numa) in [(0x00u8, 0u32), (0x80, 1)] {
         let hb = b.host_bridge(0, bus);
         let rp = b.root_port(hb, Some(numa), Some(ACS_ISOLATING));

@@ -13,7 +13,7 @@ use pci_config::{AcsFlags, Bdf};
 
 use crate::read::{DeviceRecord, HostBridgeId, HostRecord, Resource};
 
-pub use examples::{example, example_list, EXAMPLES};
+pub use examples::{example, example_list, example_nvlink_capture, EXAMPLES};
 
 /// ACS control bits Linux requires for isolation (`REQ_ACS_FLAGS`): SV RR CR UF.
 pub const ACS_ISOLATING: u16 = AcsFlags::SV | AcsFlags::RR | AcsFlags::CR | AcsFlags::UF;

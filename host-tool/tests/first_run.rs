@@ -1,0 +1,116 @@
+//! What a new operator meets first (issue 16): the examples tell the truth, a host with no
+//! GPU says so, summaries fit the screen, and messages come in one style.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn vfio_p2p() -> Command {
+    let mut c = Command::cargo_bin("vfio-p2p").unwrap();
+    c.env("COLUMNS", "120");
+    c
+}
+
+/// Widest line of `text`, in characters.
+fn widest(text: &[u8]) -> usize {
+    String::from_utf8_lossy(text)
+        .lines()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn flat_vm_shows_the_nvlink_of_its_capture() {
+    vfio_p2p()
+        .args(["--example", "flat-vm", "topo"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("GPU0    X   NV18"));
+    vfio_p2p()
+        .args(["--example", "flat-vm", "plan"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("NV18 (PHB)"))
+        .stdout(predicate::str::contains("nvlink"));
+}
+
+#[test]
+fn the_dual_socket_example_boots_like_an_intel_host() {
+    let out = vfio_p2p()
+        .args(["--example", "dual-socket-pcie", "topo", "--format", "json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("amd_iommu"),
+        "Intel root ports with amd_iommu=on"
+    );
+}
+
+#[test]
+fn a_host_without_gpus_says_so() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("sys/bus/pci/devices")).unwrap();
+    for cmd in ["check", "plan"] {
+        vfio_p2p()
+            .arg("--sysfs-root")
+            .arg(root.path())
+            .arg(cmd)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("no GPUs on this host"))
+            .stderr(predicate::str::contains("--gpus").not());
+    }
+}
+
+#[test]
+fn summaries_fit_120_columns() {
+    let gpus = "0000:07:00.0,0000:08:00.0,0000:0a:00.0,0000:0b:00.0";
+    for args in [
+        vec!["plan"],
+        vec!["check", "--gpus", gpus],
+        vec!["place", "--shape", "2x4"],
+    ] {
+        let out = vfio_p2p()
+            .args(["--example", "dual-socket-pcie"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            widest(&out.stdout) <= 120,
+            "{args:?}: {}",
+            widest(&out.stdout)
+        );
+    }
+    let summary = vfio_p2p()
+        .args(["--example", "dual-socket-pcie", "plan"])
+        .output()
+        .unwrap();
+    let details = vfio_p2p()
+        .args(["--example", "dual-socket-pcie", "plan", "--details"])
+        .output()
+        .unwrap();
+    let lines = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).lines().count();
+    assert!(lines(&summary) < 50, "{}", lines(&summary));
+    assert!(lines(&details) > 3 * lines(&summary));
+    assert!(String::from_utf8_lossy(&details.stdout).contains("no ACS"));
+    assert!(!String::from_utf8_lossy(&details.stdout).contains("(absent)"));
+}
+
+#[test]
+fn warnings_are_plain_lines_not_log_records() {
+    vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "qemu",
+            "--gpus",
+            "0000:07:00.0,0000:87:00.0",
+        ])
+        .assert()
+        .success()
+        .stderr(predicate::str::starts_with("warning: "))
+        .stderr(predicate::str::contains("WARN").not())
+        .stderr(predicate::str::contains("vfio_p2p::").not());
+}
