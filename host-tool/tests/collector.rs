@@ -477,3 +477,50 @@ fn a_broken_plan_or_a_shared_cid_leaves_the_other_domains_served() {
         .iter()
         .any(|p| p.contains("CID 71 is given to both")));
 }
+
+#[test]
+fn collect_serves_a_cloud_hypervisor_socket_with_its_cid() {
+    let dir = tempfile::tempdir().unwrap();
+    Store::new(dir.path()).put_plan(&plan("ch-vm", 5)).unwrap();
+    let sock = dir.path().join("ch-vm.sock_7389");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("vfio-p2p"))
+        .arg("collect")
+        .arg("--state-dir")
+        .arg(dir.path())
+        .arg("--unix-socket")
+        .arg(format!("{}=5", sock.display()))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut connected = None;
+    for _ in 0..100 {
+        if let Ok(s) = UnixStream::connect(&sock) {
+            connected = Some(s);
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let mut s = connected.expect("collect listens on the socket");
+    // the body claims another name: the socket's CID decides
+    s.write_all(report("someone-else", 24.0).to_json().as_bytes())
+        .unwrap();
+    drop(s);
+    let store = Store::new(dir.path());
+    let mut record = None;
+    for _ in 0..100 {
+        record = store.latest("ch-vm").unwrap();
+        if record.is_some() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = record.expect("a record for ch-vm");
+    assert_eq!((r.cid, r.verdict), (5, Outcome::Fail));
+    assert!(
+        r.problems[0].contains("claims to be 'someone-else'"),
+        "{:?}",
+        r.problems
+    );
+}

@@ -1,5 +1,6 @@
 //! Where reports come from: a [`Listener`] yields connections with the peer's CID as the
-//! host assigned it. [`VsockListener`] is the real one (AF_VSOCK through libc);
+//! host assigned it. [`VsockListener`] is the real one (AF_VSOCK through libc),
+//! [`UnixCidListener`] serves Cloud Hypervisor's hybrid vsock;
 //! [`ChannelListener`] hands over Unix socket pairs with a CID chosen by the caller, so
 //! the collector's limits are tested without vsock.
 
@@ -137,6 +138,44 @@ impl ReportStream for VsockStream {
             )
         })
         .map(drop)
+    }
+}
+
+/// A Unix socket standing for one VM's vsock: Cloud Hypervisor's hybrid vsock hands a
+/// guest's connection to CID 2 port P to the host as a connection on `SOCKET_P`, so every
+/// connection here comes from the one VM whose socket it is, with that VM's CID.
+pub struct UnixCidListener {
+    listener: std::os::unix::net::UnixListener,
+    cid: u32,
+}
+
+impl UnixCidListener {
+    /// Listens at `path` (a stale socket file there is replaced) for the VM with `cid`.
+    pub fn bind(path: &std::path::Path, cid: u32) -> io::Result<Self> {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_socket()
+        }) {
+            std::fs::remove_file(path)?;
+        }
+        Ok(UnixCidListener {
+            listener: std::os::unix::net::UnixListener::bind(path)?,
+            cid,
+        })
+    }
+}
+
+impl Listener for UnixCidListener {
+    type Stream = UnixStream;
+
+    fn accept(&self) -> io::Result<Option<(UnixStream, u32)>> {
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => return Ok(Some((s, self.cid))),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::cli::GlobalArgs;
 use crate::collector::store::{Store, DEFAULT_STATE_DIR};
-use crate::collector::transport::VsockListener;
+use crate::collector::transport::{UnixCidListener, VsockListener};
 use crate::collector::{serve, Collector, Handled, Limits};
 use crate::decide::fleet_verdict::{BandwidthFloors, Outcome};
 
@@ -35,6 +35,10 @@ pub struct CollectArgs {
     /// `--wait` takes records received at or after this Unix time (default: now).
     #[arg(long, value_name = "UNIX_TIME", requires = "wait")]
     pub since: Option<u64>,
+    /// Serve Cloud Hypervisor VMs' hybrid vsock instead of AF_VSOCK: PATH is the VM's
+    /// `--vsock socket=` path with `_PORT` appended, CID its vsock CID (repeatable).
+    #[arg(long, value_name = "PATH=CID", value_parser = unix_socket_arg)]
+    pub unix_socket: Vec<(PathBuf, u32)>,
     /// After each record, write every domain's verdicts here (Prometheus text, atomically).
     #[arg(long, value_name = "FILE")]
     pub textfile: Option<PathBuf>,
@@ -80,6 +84,10 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
     }
     let mut collector = Collector::new(store, limits, floors);
     collector.textfile = a.textfile;
+    let collector = Arc::new(collector);
+    if !a.unix_socket.is_empty() {
+        return serve_unix(&a.unix_socket, collector, plans.len(), &a.state_dir);
+    }
     let listener = match activated_fd() {
         // SAFETY: systemd passed fd 3 as our one listening socket (LISTEN_PID is us).
         Some(fd) => unsafe { VsockListener::from_raw(fd) },
@@ -95,16 +103,54 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
         plans.len(),
         a.state_dir.display()
     );
-    // refusals are logged as warnings by the collector; each stored verdict is said here
-    let said = |h: &Handled| {
-        if let Handled::Stored { domain, pass } = h {
-            eprintln!(
-                "vfio-p2p: stored {} for {domain}",
-                if *pass { "PASS" } else { "FAIL" }
-            );
-        }
-    };
-    serve(&listener, Arc::new(collector), said).context("accepting vsock connections")?;
+    serve(&listener, collector, said).context("accepting vsock connections")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Says each stored verdict (refusals are logged as warnings by the collector).
+fn said(h: &Handled) {
+    if let Handled::Stored { domain, pass } = h {
+        eprintln!(
+            "vfio-p2p: stored {} for {domain}",
+            if *pass { "PASS" } else { "FAIL" }
+        );
+    }
+}
+
+fn unix_socket_arg(s: &str) -> Result<(PathBuf, u32), String> {
+    let (path, cid) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("'{s}': give PATH=CID, e.g. /run/vfio-p2p/vsock/vm0.sock_7389=3"))?;
+    let cid = cid
+        .parse()
+        .map_err(|_| format!("'{cid}' in '{s}' is not a CID"))?;
+    Ok((PathBuf::from(path), cid))
+}
+
+/// One thread per Cloud Hypervisor socket, all judging into one state directory.
+fn serve_unix(
+    sockets: &[(PathBuf, u32)],
+    collector: Arc<Collector>,
+    planned: usize,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let mut threads = Vec::new();
+    for (path, cid) in sockets {
+        let l = UnixCidListener::bind(path, *cid)
+            .with_context(|| format!("listening on {} for CID {cid}", path.display()))?;
+        let (c, p) = (collector.clone(), path.clone());
+        threads.push(std::thread::spawn(move || {
+            serve(&l, c, said).with_context(|| format!("accepting on {}", p.display()))
+        }));
+    }
+    eprintln!(
+        "vfio-p2p: collecting reports for {planned} planned domain(s) from {} socket(s) into {}",
+        sockets.len(),
+        state_dir.display()
+    );
+    for t in threads {
+        t.join().expect("a listener thread does not panic")?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
