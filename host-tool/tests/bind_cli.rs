@@ -14,8 +14,8 @@ use vfio_p2p::synth::example;
 use vfio_p2p::vfio_bind::sim::write_tree;
 use vfio_p2p::vfio_bind::BindLock;
 
-const GPU: &str = "0000:07:00.0";
-const AUDIO: &str = "0000:07:00.1";
+const GPU: &str = "0000:05:00.0";
+const AUDIO: &str = "0000:05:00.1";
 
 fn host_tree() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -115,12 +115,12 @@ fn an_injected_failure_names_the_device_and_file() {
 fn refusals_name_the_problem() {
     let t = host_tree();
     cmd(t.path())
-        .args(["bind", "0000:06:00.0"])
+        .args(["bind", "0000:04:00.0"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("0000:06:00.0 is a PCI bridge"));
+        .stderr(predicate::str::contains("0000:04:00.0 is a PCI bridge"));
     cmd(t.path())
-        .args(["bind", "0000:07:00.0/../x"])
+        .args(["bind", "0000:05:00.0/../x"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("is not a PCI address"));
@@ -172,15 +172,15 @@ fn dry_runs_work_on_the_examples() {
             "dual-socket-pcie",
             "bind",
             "--dry-run",
-            "07:00.0",
+            "05:00.0",
         ])
         .assert()
         .success()
         .stdout(predicate::str::contains(
-            "0000:07:00.0  nvidia → (dry run)  (named)",
+            "0000:05:00.0  nvidia → (dry run)  (named)",
         ))
         .stdout(predicate::str::contains(
-            "echo vfio-pci > /sys/bus/pci/devices/0000:07:00.1/driver_override",
+            "echo vfio-pci > /sys/bus/pci/devices/0000:05:00.1/driver_override",
         ));
     Command::cargo_bin("vfio-p2p")
         .unwrap()

@@ -65,7 +65,7 @@ fn a_host_without_gpus_says_so() {
 
 #[test]
 fn summaries_fit_120_columns() {
-    let gpus = "0000:07:00.0,0000:08:00.0,0000:0a:00.0,0000:0b:00.0";
+    let gpus = "0000:05:00.0,0000:06:00.0,0000:09:00.0,0000:0a:00.0";
     for args in [
         vec!["plan"],
         vec!["check", "--gpus", gpus],
@@ -106,7 +106,7 @@ fn warnings_are_plain_lines_not_log_records() {
             "gen",
             "qemu",
             "--gpus",
-            "0000:07:00.0,0000:87:00.0",
+            "0000:05:00.0,0000:85:00.0",
         ])
         .assert()
         .success()

@@ -123,7 +123,7 @@ fn expectation_file() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(v["version"], 1);
     assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
-    assert_eq!(v["gpus"][0]["host_bdf"], "0000:07:00.0");
+    assert_eq!(v["gpus"][0]["host_bdf"], "0000:05:00.0");
     assert_eq!(v["gpus"][0]["guest_bdf"], "0000:25:00.0");
     assert_eq!(v["gpus"][0]["clique"], 0);
     assert_eq!(v["pairs"].as_array().unwrap().len(), 28);

@@ -90,9 +90,9 @@ fn plan_pairs(gpus: &str) -> serde_json::Value {
 
 #[test]
 fn lspci_and_nvidia_smi_addresses_are_taken_and_normalised() {
-    let canonical = plan_pairs("0000:07:00.0,0000:08:00.0");
-    assert_eq!(plan_pairs("07:00.0,08:00.0"), canonical);
-    assert_eq!(plan_pairs("00000000:07:00.0,00000000:08:00.0"), canonical);
+    let canonical = plan_pairs("0000:05:00.0,0000:06:00.0");
+    assert_eq!(plan_pairs("05:00.0,06:00.0"), canonical);
+    assert_eq!(plan_pairs("00000000:05:00.0,00000000:06:00.0"), canonical);
     for junk in [
         "7:00.0",
         "0000:07:00",
@@ -112,11 +112,11 @@ fn lspci_and_nvidia_smi_addresses_are_taken_and_normalised() {
             "dual-socket-pcie",
             "bind",
             "--dry-run",
-            "00000000:07:00.0",
+            "00000000:05:00.0",
         ])
         .assert()
         .success()
-        .stdout(contains("0000:07:00.0  nvidia"));
+        .stdout(contains("0000:05:00.0  nvidia"));
     // Like --gpus, bind takes a comma list too.
     vfio_p2p()
         .args([
@@ -124,9 +124,9 @@ fn lspci_and_nvidia_smi_addresses_are_taken_and_normalised() {
             "dual-socket-pcie",
             "bind",
             "--dry-run",
-            "07:00.0,08:00.0",
+            "05:00.0,06:00.0",
         ])
         .assert()
         .success()
-        .stdout(contains("0000:07:00.0  nvidia").and(contains("0000:08:00.0  nvidia")));
+        .stdout(contains("0000:05:00.0  nvidia").and(contains("0000:06:00.0  nvidia")));
 }

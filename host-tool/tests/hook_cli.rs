@@ -105,10 +105,10 @@ fn a_correct_domain_starts_quietly_and_fast() {
     set_policy(t.path(), "hook_policy: deny\n");
     let xml = domain(
         &[
-            gpu(0x07, "ua-gpu0", Some(0)),
-            gpu(0x0a, "ua-gpu1", Some(0)),
-            gpu(0x87, "ua-gpu2", Some(1)),
-            gpu(0x88, "ua-gpu3", Some(1)),
+            gpu(0x05, "ua-gpu0", Some(0)),
+            gpu(0x09, "ua-gpu1", Some(0)),
+            gpu(0x85, "ua-gpu2", Some(1)),
+            gpu(0x86, "ua-gpu3", Some(1)),
         ],
         "",
     );
@@ -124,14 +124,14 @@ fn a_correct_domain_starts_quietly_and_fast() {
 fn a_missing_clique_warns_by_default_and_denies_on_request() {
     let t = host_tree();
     let xml = domain(
-        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", None)],
+        &[gpu(0x05, "ua-gpu0", Some(0)), gpu(0x06, "ua-gpu1", None)],
         "",
     );
     hook(t.path(), "prepare", "begin", &xml)
         .success()
         .stdout("")
         .stderr(predicate::str::contains(
-            "vfio-p2p hook: vm1: warning: 0000:08:00.0 has no x-nv-gpudirect-clique but reaches 0000:07:00.0 over PCIe P2P (plan: clique 0)",
+            "vfio-p2p hook: vm1: warning: 0000:06:00.0 has no x-nv-gpudirect-clique but reaches 0000:05:00.0 over PCIe P2P (plan: clique 0)",
         ))
         .stderr(predicate::str::contains("vfio-p2p libvirt patch"));
     set_policy(t.path(), "hook_policy: deny\n");
@@ -148,7 +148,7 @@ fn a_missing_clique_warns_by_default_and_denies_on_request() {
         "one line for libvirt's error: {err}"
     );
     assert!(
-        err.starts_with("vfio-p2p hook: vm1: 0000:08:00.0 has no x-nv-gpudirect-clique"),
+        err.starts_with("vfio-p2p hook: vm1: 0000:06:00.0 has no x-nv-gpudirect-clique"),
         "{err}"
     );
 }
@@ -158,13 +158,13 @@ fn a_clique_across_sockets_is_denied() {
     let t = host_tree();
     set_policy(t.path(), "hook_policy: deny\n");
     let xml = domain(
-        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x87, "ua-gpu1", Some(0))],
+        &[gpu(0x05, "ua-gpu0", Some(0)), gpu(0x85, "ua-gpu1", Some(0))],
         "",
     );
     hook(t.path(), "prepare", "begin", &xml)
         .code(1)
         .stderr(predicate::str::contains(
-            "0000:07:00.0 and 0000:87:00.0 share clique 0 but their host path is SYS",
+            "0000:05:00.0 and 0000:85:00.0 share clique 0 but their host path is SYS",
         ))
         .stderr(predicate::str::contains("put them in different cliques"));
     // Allowed when the operator raises the level (and the path then is what they accept).
@@ -176,7 +176,7 @@ fn a_clique_across_sockets_is_denied() {
 fn a_hidden_hypervisor_is_denied() {
     let t = host_tree();
     set_policy(t.path(), "hook_policy: deny\n");
-    let gpus = [gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", Some(0))];
+    let gpus = [gpu(0x05, "ua-gpu0", Some(0)), gpu(0x06, "ua-gpu1", Some(0))];
     hook(
         t.path(),
         "prepare",
@@ -201,13 +201,13 @@ fn commandline_cliques_and_bad_values_are_read() {
     let t = host_tree();
     set_policy(t.path(), "hook_policy: deny\n");
     let set = "  <qemu:commandline><qemu:arg value='-set'/><qemu:arg value='device.ua-gpu1.x-nv-gpudirect-clique=0'/></qemu:commandline>\n";
-    let gpus = [gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", None)];
+    let gpus = [gpu(0x05, "ua-gpu0", Some(0)), gpu(0x06, "ua-gpu1", None)];
     hook(t.path(), "prepare", "begin", &domain(&gpus, set))
         .success()
         .stderr("");
     let gpus = [
-        gpu(0x07, "ua-gpu0", Some(0)),
-        gpu(0x08, "ua-gpu1", Some(16)),
+        gpu(0x05, "ua-gpu0", Some(0)),
+        gpu(0x06, "ua-gpu1", Some(16)),
     ];
     hook(t.path(), "prepare", "begin", &domain(&gpus, ""))
         .code(1)
@@ -231,7 +231,7 @@ fn bad_input_is_a_clear_error() {
         t.path(),
         "prepare",
         "begin",
-        &domain(&[gpu(0x07, "a", None)], ""),
+        &domain(&[gpu(0x05, "a", None)], ""),
     )
     .code(2)
     .stderr(predicate::str::contains("etc/vfio-p2p/host.yaml:2:"))
@@ -283,7 +283,7 @@ fn a_left_over_hook_yaml_is_refused_with_the_move_to_make() {
     let t = host_tree();
     fs::create_dir_all(t.path().join("etc/vfio-p2p")).unwrap();
     fs::write(t.path().join("etc/vfio-p2p/hook.yaml"), "policy: deny\n").unwrap();
-    let xml = domain(&[gpu(0x07, "ua-gpu0", Some(0))], "");
+    let xml = domain(&[gpu(0x05, "ua-gpu0", Some(0))], "");
     // With or without a host.yaml beside it: its policy would silently stop applying.
     for host_yaml in [None, Some("hook_policy: warn\n")] {
         if let Some(y) = host_yaml {
@@ -307,12 +307,12 @@ fn a_left_over_hook_yaml_is_refused_with_the_move_to_make() {
 fn a_reserved_gpu_or_its_group_is_always_refused() {
     let t = host_tree();
     let xml = domain(
-        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x08, "ua-gpu1", Some(0))],
+        &[gpu(0x05, "ua-gpu0", Some(0)), gpu(0x06, "ua-gpu1", Some(0))],
         "",
     );
     // Even under `warn`: the start would take a device away from the host.
-    set_policy(t.path(), "hook_policy: warn\nreserved: [0000:08:00.0]\n");
-    let reason = "0000:08:00.0 is reserved for the host (host.yaml `reserved:`)";
+    set_policy(t.path(), "hook_policy: warn\nreserved: [0000:06:00.0]\n");
+    let reason = "0000:06:00.0 is reserved for the host (host.yaml `reserved:`)";
     let out = hook(t.path(), "prepare", "begin", &xml)
         .code(1)
         .get_output()
@@ -325,14 +325,14 @@ fn a_reserved_gpu_or_its_group_is_always_refused() {
         "{err}"
     );
     // The GPU's audio function is in its IOMMU group: passing the GPU would take it too.
-    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:08:00.1]\n");
+    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:06:00.1]\n");
     hook(t.path(), "prepare", "begin", &xml)
         .code(1)
         .stderr(predicate::str::contains(
-            "0000:08:00.0 shares its IOMMU group with 0000:08:00.1, which is reserved for the host",
+            "0000:06:00.0 shares its IOMMU group with 0000:06:00.1, which is reserved for the host",
         ));
     // A reserved device the domain does not ask for changes nothing.
-    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:87:00.0]\n");
+    set_policy(t.path(), "hook_policy: deny\nreserved: [0000:85:00.0]\n");
     hook(t.path(), "prepare", "begin", &xml)
         .success()
         .stderr("");
@@ -342,7 +342,7 @@ fn a_reserved_gpu_or_its_group_is_always_refused() {
 fn nvlink_from_the_host_config_lets_a_clique_cross_sockets() {
     let t = host_tree();
     let xml = domain(
-        &[gpu(0x07, "ua-gpu0", Some(0)), gpu(0x87, "ua-gpu1", Some(0))],
+        &[gpu(0x05, "ua-gpu0", Some(0)), gpu(0x85, "ua-gpu1", Some(0))],
         "",
     );
     set_policy(t.path(), "hook_policy: deny\n");
@@ -355,7 +355,7 @@ fn nvlink_from_the_host_config_lets_a_clique_cross_sockets() {
         "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n\
          GPU0\t X \tNV12\t0-15\t0\n\
          GPU1\tNV12\t X \t16-31\t1\n\n\
-         index, pci.bus_id\n0, 00000000:07:00.0\n1, 00000000:87:00.0\n",
+         index, pci.bus_id\n0, 00000000:05:00.0\n1, 00000000:85:00.0\n",
     )
     .unwrap();
     set_policy(
@@ -377,31 +377,31 @@ fn nvlink_from_the_host_config_lets_a_clique_cross_sockets() {
 #[test]
 fn unmanaged_hostdevs_are_bound_and_released() {
     let t = host_tree();
-    let mut g = gpu(0x07, "ua-gpu0", None);
+    let mut g = gpu(0x05, "ua-gpu0", None);
     g.managed = false;
     // Plain files do not rebind, so the bind fails its read-back, is rolled back, and the
     // start is refused whatever the policy (the VM could not use the device).
     hook(t.path(), "prepare", "begin", &domain(&[g], ""))
         .code(1)
         .stderr(predicate::str::contains(
-            "vfio-p2p hook: vm1: binding its managed='no' hostdevs: 0000:07:00.0: after writing /sys/bus/pci/drivers_probe",
+            "vfio-p2p hook: vm1: binding its managed='no' hostdevs: 0000:05:00.0: after writing /sys/bus/pci/drivers_probe",
         ));
     // Already on vfio-pci: nothing to write, nothing recorded, release restores nothing.
-    let dev = t.path().join("sys/bus/pci/devices/0000:07:00.0");
+    let dev = t.path().join("sys/bus/pci/devices/0000:05:00.0");
     fs::remove_file(dev.join("driver")).unwrap();
     std::os::unix::fs::symlink(
         t.path().join("sys/bus/pci/drivers/vfio-pci"),
         dev.join("driver"),
     )
     .unwrap();
-    let dev1 = t.path().join("sys/bus/pci/devices/0000:07:00.1");
+    let dev1 = t.path().join("sys/bus/pci/devices/0000:05:00.1");
     fs::remove_file(dev1.join("driver")).unwrap();
     std::os::unix::fs::symlink(
         t.path().join("sys/bus/pci/drivers/vfio-pci"),
         dev1.join("driver"),
     )
     .unwrap();
-    let mut g = gpu(0x07, "ua-gpu0", None);
+    let mut g = gpu(0x05, "ua-gpu0", None);
     g.managed = false;
     hook(t.path(), "prepare", "begin", &domain(&[g], ""))
         .success()
@@ -490,7 +490,7 @@ fn generated(gpus: &str, libvirt_version: &str) -> String {
 fn generated_domains_pass_and_broken_ones_are_caught() {
     let t = host_tree();
     set_policy(t.path(), "hook_policy: deny\n");
-    let gpus = "0000:07:00.0,0000:0a:00.0,0000:87:00.0";
+    let gpus = "0000:05:00.0,0000:09:00.0,0000:85:00.0";
     for version in ["9.0", "8.0"] {
         let xml = generated(gpus, version);
         hook(t.path(), "prepare", "begin", &xml)
@@ -506,7 +506,7 @@ fn generated_domains_pass_and_broken_ones_are_caught() {
     hook(t.path(), "prepare", "begin", &dropped)
         .code(1)
         .stderr(predicate::str::contains(
-            "0000:0a:00.0 has no x-nv-gpudirect-clique",
+            "0000:09:00.0 has no x-nv-gpudirect-clique",
         ));
     let hidden = xml.replace(
         "<features>",
@@ -525,14 +525,14 @@ fn generated_domains_pass_and_broken_ones_are_caught() {
     hook(t.path(), "prepare", "begin", &joined)
         .code(1)
         .stderr(predicate::str::contains(
-            "0000:07:00.0 and 0000:87:00.0 share clique 0 but their host path is SYS",
+            "0000:05:00.0 and 0000:85:00.0 share clique 0 but their host path is SYS",
         ));
 }
 
 #[test]
 fn release_gives_back_only_what_prepare_recorded_for_that_guest() {
     let t = host_tree();
-    let gpu = "0000:07:00.0";
+    let gpu = "0000:05:00.0";
     let dev = t.path().join("sys/bus/pci/devices").join(gpu);
     fs::remove_file(dev.join("driver")).unwrap();
     std::os::unix::fs::symlink(
@@ -576,9 +576,9 @@ fn release_gives_back_only_what_prepare_recorded_for_that_guest() {
 /// would bind, changing nothing.
 #[test]
 fn a_dry_run_of_the_hook_works_on_an_example() {
-    let mut a = gpu(0x07, "ua-gpu0", Some(0));
+    let mut a = gpu(0x05, "ua-gpu0", Some(0));
     a.managed = false;
-    let b = gpu(0x08, "ua-gpu1", Some(0));
+    let b = gpu(0x06, "ua-gpu1", Some(0));
     let xml = domain(&[a, b], "");
     Command::cargo_bin("vfio-p2p")
         .unwrap()
@@ -588,12 +588,12 @@ fn a_dry_run_of_the_hook_works_on_an_example() {
         .assert()
         .success()
         .stdout(predicate::str::contains(
-            "0000:07:00.0  nvidia → (dry run)  (named)",
+            "0000:05:00.0  nvidia → (dry run)  (named)",
         ))
         .stdout(predicate::str::contains(
-            "echo vfio-pci > /sys/bus/pci/devices/0000:07:00.0/driver_override",
+            "echo vfio-pci > /sys/bus/pci/devices/0000:05:00.0/driver_override",
         ))
-        .stdout(predicate::str::contains("0000:08:00.0").not());
+        .stdout(predicate::str::contains("0000:06:00.0").not());
     Command::cargo_bin("vfio-p2p")
         .unwrap()
         .args(["--example", "dual-socket-pcie", "hook", "run", "--dry-run"])

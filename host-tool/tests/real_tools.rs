@@ -222,10 +222,10 @@ fn patched_domain_validates_and_carries_cliques() {
     assert_eq!(
         got,
         vec![
-            ("ua-gpu-0000-07-00-0".to_string(), Some(0)),
+            ("ua-gpu-0000-05-00-0".to_string(), Some(0)),
             ("ua-second".to_string(), Some(0)),
             // Alone on its socket: no peer, no clique.
-            ("ua-gpu-0000-87-00-0".to_string(), None),
+            ("ua-gpu-0000-85-00-0".to_string(), None),
         ]
     );
 }

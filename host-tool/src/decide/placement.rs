@@ -622,19 +622,19 @@ mod tests {
         assert_eq!(
             p.vms[0].gpus,
             bdfs(&[
-                "0000:07:00.0",
-                "0000:08:00.0",
-                "0000:0a:00.0",
-                "0000:0b:00.0"
+                "0000:05:00.0",
+                "0000:06:00.0",
+                "0000:09:00.0",
+                "0000:0a:00.0"
             ])
         );
         assert_eq!(
             p.vms[1].gpus,
             bdfs(&[
-                "0000:87:00.0",
-                "0000:88:00.0",
-                "0000:8a:00.0",
-                "0000:8b:00.0"
+                "0000:85:00.0",
+                "0000:86:00.0",
+                "0000:89:00.0",
+                "0000:8a:00.0"
             ])
         );
         for vm in &p.vms {
@@ -654,10 +654,10 @@ mod tests {
         assert_eq!(
             pairs,
             vec![
-                bdfs(&["0000:07:00.0", "0000:08:00.0"]),
-                bdfs(&["0000:0a:00.0", "0000:0b:00.0"]),
-                bdfs(&["0000:87:00.0", "0000:88:00.0"]),
-                bdfs(&["0000:8a:00.0", "0000:8b:00.0"]),
+                bdfs(&["0000:05:00.0", "0000:06:00.0"]),
+                bdfs(&["0000:09:00.0", "0000:0a:00.0"]),
+                bdfs(&["0000:85:00.0", "0000:86:00.0"]),
+                bdfs(&["0000:89:00.0", "0000:8a:00.0"]),
             ]
         );
         assert!(p
@@ -740,7 +740,7 @@ mod tests {
     fn taken_gpus_are_skipped_and_the_shortfall_explained() {
         let t = topo("dual-socket-pcie");
         let options = PlacementOptions {
-            unavailable: bdfs(&["0000:07:00.0"]).into_iter().collect(),
+            unavailable: bdfs(&["0000:05:00.0"]).into_iter().collect(),
             max_path: None,
         };
         let p = place(&t, &shape(2, 4), &options).unwrap();
@@ -750,7 +750,7 @@ mod tests {
         assert_eq!(u.name, "vm1");
         assert_eq!(u.reason, "needs 4 GPUs, 3 are free");
         assert_eq!(u.largest_fit, 3);
-        assert!(!p.free.contains(&"0000:07:00.0".parse().unwrap()));
+        assert!(!p.free.contains(&"0000:05:00.0".parse().unwrap()));
         assert_eq!(
             largest_shape(&PlacementHost::new(&t, &options).unwrap(), 2, 4, None),
             Some((2, 3))
@@ -762,12 +762,12 @@ mod tests {
         // The audio function shares the GPU's IOMMU group: the GPU is not free.
         let t = topo("dual-socket-pcie");
         let options = PlacementOptions {
-            unavailable: bdfs(&["0000:07:00.1"]).into_iter().collect(),
+            unavailable: bdfs(&["0000:05:00.1"]).into_iter().collect(),
             max_path: None,
         };
         let p = place(&t, &shape(1, 8), &options).unwrap();
         assert_eq!(p.unplaced[0].reason, "needs 8 GPUs, 7 are free");
-        assert!(!p.free.contains(&"0000:07:00.0".parse().unwrap()));
+        assert!(!p.free.contains(&"0000:05:00.0".parse().unwrap()));
     }
 
     #[test]

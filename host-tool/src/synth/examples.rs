@@ -102,9 +102,11 @@ fn dual_socket_pcie() -> HostRecord {
     for (bus, numa) in [(0x00u8, 0u32), (0x80, 1)] {
         let hb = b.host_bridge(0, bus);
         let rp = b.root_port(hb, Some(numa), Some(ACS_ISOLATING));
-        let (_, top) = b.switch(rp, 3, Some(ACS_ISOLATING));
-        for leaf_port in &top[..2] {
-            let (_, leaf) = b.switch(*leaf_port, 2, Some(ACS_ISOLATING));
+        // Depth first, as the kernel numbers buses: each top port's bus range holds its leaf.
+        let top_usp = b.switch_upstream(rp);
+        for _ in 0..2 {
+            let leaf_port = b.downstream_port(top_usp, Some(ACS_ISOLATING));
+            let (_, leaf) = b.switch(leaf_port, 2, Some(ACS_ISOLATING));
             let mut gpu = EndpointSpec::gpu(L40S.0, L40S.1, 64);
             gpu.link = (4, 16);
             gpu.msix_at_c8 = false;
@@ -119,8 +121,9 @@ fn dual_socket_pcie() -> HostRecord {
                 b.endpoint(Attach::Below(d), 1, &audio, None);
             }
         }
+        let nic_port = b.downstream_port(top_usp, Some(ACS_ISOLATING));
         b.endpoint(
-            Attach::Below(top[2]),
+            Attach::Below(nic_port),
             0,
             &EndpointSpec::nic(CX7.0, CX7.1),
             None,
@@ -203,4 +206,47 @@ fn lab() -> HostRecord {
     let rp3 = root_port(&mut b, hb1, Some(1));
     b.endpoint(Attach::Below(rp3), 0, &standin, None);
     b.build()
+}
+
+#[cfg(test)]
+mod bus_range_tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// Every device's bus lies in each ancestor bridge's [secondary, subordinate], and
+    /// the ranges of bridges on one bus do not overlap: the tree a kernel would number.
+    #[test]
+    fn every_example_has_real_bus_ranges() {
+        for (name, _) in EXAMPLES {
+            let host = example(name).unwrap();
+            let range = |bdf: &pci_config::Bdf| -> Option<(u8, u8)> {
+                let d = host.devices.iter().find(|d| d.bdf == *bdf)?;
+                Some((*d.config.get(0x19)?, *d.config.get(0x1a)?))
+            };
+            for d in &host.devices {
+                for a in &d.ancestors {
+                    if let Some((sec, sub)) = range(a) {
+                        assert!(
+                            (sec..=sub).contains(&d.bdf.bus),
+                            "{name}: {} outside {a}'s buses {sec:02x}..{sub:02x}",
+                            d.bdf
+                        );
+                    }
+                }
+            }
+            let mut by_bus: BTreeMap<(u16, u8), Vec<(u8, u8)>> = BTreeMap::new();
+            for d in host.devices.iter().filter(|d| d.class >> 8 == 0x0604) {
+                if let Some(r) = range(&d.bdf) {
+                    by_bus.entry((d.bdf.domain, d.bdf.bus)).or_default().push(r);
+                }
+            }
+            for ranges in by_bus.values_mut() {
+                ranges.sort();
+                for w in ranges.windows(2) {
+                    assert!(w[0].1 < w[1].0, "{name}: bus ranges {w:?} overlap");
+                }
+            }
+        }
+    }
 }

@@ -217,12 +217,24 @@ impl HostBuilder {
     }
 
     /// A PCIe switch below `port`: its upstream port and `downstream` downstream ports.
+    /// Their buses are numbered now: to nest switches with bus ranges a kernel would give
+    /// (depth first), add the downstream ports one by one with [`Self::downstream_port`].
     pub fn switch(&mut self, port: Bdf, downstream: usize, acs: Option<u16>) -> (Bdf, Vec<Bdf>) {
-        let usp = self.bridge(Attach::Below(port), 0x5, 0x1000, 0xc030, None, None);
+        let usp = self.switch_upstream(port);
         let dsps = (0..downstream)
-            .map(|_| self.bridge(Attach::Below(usp), 0x6, 0x1000, 0xc030, acs, None))
+            .map(|_| self.downstream_port(usp, acs))
             .collect();
         (usp, dsps)
+    }
+
+    /// A switch's upstream port below `port`, without downstream ports yet.
+    pub fn switch_upstream(&mut self, port: Bdf) -> Bdf {
+        self.bridge(Attach::Below(port), 0x5, 0x1000, 0xc030, None, None)
+    }
+
+    /// One more downstream port of the switch whose upstream port is `usp`.
+    pub fn downstream_port(&mut self, usp: Bdf, acs: Option<u16>) -> Bdf {
+        self.bridge(Attach::Below(usp), 0x6, 0x1000, 0xc030, acs, None)
     }
 
     /// An endpoint (function `function` of the next slot, or of the last slot if > 0).
@@ -386,9 +398,29 @@ impl HostBuilder {
 
     pub fn build(mut self) -> HostRecord {
         self.fix_multifunction();
+        self.fix_subordinate_buses();
         self.host.devices.sort_by_key(|d| d.bdf);
         self.assign_iommu_groups();
         self.host
+    }
+}
+
+impl HostBuilder {
+    /// Each bridge's subordinate bus (config 0x1a): the highest bus below it, as the kernel
+    /// programs it, so nested switches have real bus ranges.
+    fn fix_subordinate_buses(&mut self) {
+        let mut highest: BTreeMap<Bdf, u8> = BTreeMap::new();
+        for d in &self.host.devices {
+            for a in &d.ancestors {
+                let h = highest.entry(*a).or_insert(0);
+                *h = (*h).max(d.bdf.bus);
+            }
+        }
+        for d in &mut self.host.devices {
+            if let (Some(h), Some(sub)) = (highest.get(&d.bdf), d.config.get_mut(0x1a)) {
+                *sub = (*sub).max(*h);
+            }
+        }
     }
 }
 
