@@ -94,15 +94,31 @@ struct Harness {
 
 impl Harness {
     fn new(plans: &[DomainPlan], limits: Limits) -> Self {
+        Self::with_textfile(plans, limits, false, |_| {})
+    }
+
+    /// With `textfile`, the collector keeps `DIR/metrics/vfio_p2p.prom`; `before` fills the
+    /// store before the collector starts.
+    fn with_textfile(
+        plans: &[DomainPlan],
+        limits: Limits,
+        textfile: bool,
+        before: impl FnOnce(&Store),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
+        before(&store);
         for p in plans {
             store.put_plan(p).unwrap();
         }
         let (tx, rx) = channel();
         let handled = Arc::new(Mutex::new(Vec::new()));
         let h = handled.clone();
-        let collector = Arc::new(Collector::new(store, limits, BandwidthFloors::default()));
+        let mut collector = Collector::new(store, limits, BandwidthFloors::default());
+        if textfile {
+            collector.textfile = Some(dir.path().join("metrics/vfio_p2p.prom"));
+        }
+        let collector = Arc::new(collector);
         let server = thread::spawn(move || {
             let l = ChannelListener::new(rx);
             serve(&l, collector, move |x| h.lock().unwrap().push(x.clone())).unwrap();
@@ -522,5 +538,26 @@ fn collect_serves_a_cloud_hypervisor_socket_with_its_cid() {
         r.problems[0].contains("claims to be 'someone-else'"),
         "{:?}",
         r.problems
+    );
+}
+
+#[test]
+fn the_textfile_holds_every_domain_including_those_stored_before_the_start() {
+    let floors = BandwidthFloors::default();
+    let old = judge(&plan("old", 81), &report("old", 1.0), floors, 1);
+    let plans = [plan("new", 80), plan("old", 81)];
+    let mut h = Harness::with_textfile(&plans, quick_limits(), true, |s| {
+        s.put_record(&old).unwrap()
+    });
+    h.send(80, report("new", 24.0).to_json().as_bytes());
+    h.finish();
+    let text = std::fs::read_to_string(h.dir.path().join("metrics/vfio_p2p.prom")).unwrap();
+    assert!(
+        text.contains("vfio_p2p_verdict_pass{domain=\"new\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("vfio_p2p_verdict_pass{domain=\"old\"} 0\n"),
+        "{text}"
     );
 }

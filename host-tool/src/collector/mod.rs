@@ -8,16 +8,16 @@
 pub mod store;
 pub mod transport;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::decide::fleet_verdict::{judge, BandwidthFloors, DomainPlan};
+use crate::decide::fleet_verdict::{judge, BandwidthFloors, DomainPlan, Record};
 use crate::read::guest_report::{read_report, ReportStream};
 use store::{valid_boot_id, Store};
 use transport::Listener;
@@ -72,12 +72,19 @@ pub struct Collector {
     pub store: Store,
     pub limits: Limits,
     pub floors: BandwidthFloors,
-    /// Written after every stored record: the Prometheus text of all verdicts.
+    /// The Prometheus text of every domain's latest verdict, rewritten at most once per
+    /// [`TEXTFILE_INTERVAL`] while records come in (from memory: no re-reading the store).
     pub textfile: Option<PathBuf>,
     pub counters: Counters,
     plans: Mutex<(Option<SystemTime>, HashMap<u32, DomainPlan>)>,
     last_seen: Mutex<HashMap<u32, Instant>>,
+    /// Every domain's latest record, for the textfile (loaded from the store on first use).
+    latest: Mutex<Option<BTreeMap<String, Record>>>,
+    textfile_dirty: AtomicBool,
 }
+
+/// How often the textfile is rewritten at most.
+pub const TEXTFILE_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Collector {
     pub fn new(store: Store, limits: Limits, floors: BandwidthFloors) -> Self {
@@ -89,6 +96,8 @@ impl Collector {
             counters: Counters::default(),
             plans: Mutex::new((None, HashMap::new())),
             last_seen: Mutex::new(HashMap::new()),
+            latest: Mutex::new(None),
+            textfile_dirty: AtomicBool::new(false),
         }
     }
 
@@ -145,26 +154,49 @@ impl Collector {
         if let Err(e) = self.store.put_record(&record) {
             return refused(cid, format!("{e:#}"));
         }
-        self.write_textfile();
-        Handled::Stored {
-            domain: record.domain,
+        let stored = Handled::Stored {
+            domain: record.domain.clone(),
             pass: record.problems.is_empty(),
-        }
+        };
+        self.remember(Some(record));
+        stored
     }
 
-    fn write_textfile(&self) {
+    /// Notes `record` (or, with `None`, just the store's records) for the next textfile.
+    fn remember(&self, record: Option<Record>) {
+        if self.textfile.is_none() {
+            return;
+        }
+        let mut latest = self.latest.lock().expect("not poisoned");
+        let map = latest.get_or_insert_with(|| {
+            let stored = self.store.latest_records().unwrap_or_else(|e| {
+                tracing::warn!("{e:#}");
+                Vec::new()
+            });
+            stored.into_iter().map(|r| (r.domain.clone(), r)).collect()
+        });
+        if let Some(r) = record {
+            map.insert(r.domain.clone(), r);
+        }
+        self.textfile_dirty.store(true, Ordering::Release);
+    }
+
+    /// Rewrites the textfile (atomically) if a record came in since the last time.
+    fn flush_textfile(&self) {
         let Some(path) = &self.textfile else { return };
+        if !self.textfile_dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let records: Vec<Record> = {
+            let latest = self.latest.lock().expect("not poisoned");
+            latest.iter().flat_map(|m| m.values().cloned()).collect()
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
         }
-        let text = self
-            .store
-            .latest_records()
-            .map(|r| crate::emit::verdicts::prometheus(&r));
-        match text.map(|t| store::write_atomic(path, t.as_bytes())) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("writing {}: {e}", path.display()),
-            Err(e) => tracing::warn!("{e:#}"),
+        let text = crate::emit::verdicts::prometheus(&records);
+        if let Err(e) = store::write_atomic(path, text.as_bytes()) {
+            tracing::warn!("writing {}: {e}", path.display());
         }
     }
 
@@ -210,6 +242,16 @@ pub fn serve<L: Listener>(
             std::thread::spawn(move || work(&rx, &c, &*f))
         })
         .collect();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let flusher = {
+        let c = collector.clone();
+        c.remember(None);
+        std::thread::spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(TEXTFILE_INTERVAL) {
+                c.flush_textfile();
+            }
+        })
+    };
     let result = loop {
         match listener.accept() {
             Ok(Some((stream, cid))) => match tx.try_send((stream, cid)) {
@@ -229,6 +271,9 @@ pub fn serve<L: Listener>(
     for w in workers {
         let _ = w.join();
     }
+    drop(stop);
+    let _ = flusher.join();
+    collector.flush_textfile();
     result
 }
 
