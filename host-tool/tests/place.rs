@@ -256,3 +256,20 @@ fn bad_input_is_refused_with_the_fix() {
     let err = place_error(&["--vm", "a=1", "--vm", "a=2"]);
     assert!(err.contains("'a' is given twice"), "{err}");
 }
+
+/// Counts no host can hold are refused at once, naming the limit (issue 15: `1x4294967296`
+/// aborted allocating 34 GB, `100000x1` ran for minutes).
+#[test]
+fn impossible_counts_are_refused_at_once() {
+    for args in [
+        &["--shape", "1x4294967296"][..],
+        &["--shape", "100000x1"][..],
+        &["--vm", "big=4294967296"][..],
+    ] {
+        let err = place_error(args);
+        assert!(
+            err.contains("this host") && err.contains("8"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -298,10 +298,25 @@ fn print_table(r: &PlaceReport) {
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     let Context { host, topo } = Context::load(global, &args.host, &[])?;
+    let host_gpus = topo.gpus().count();
     let requests = match args.shape {
-        Some((count, gpus)) => placement::shape(count, gpus),
+        Some((count, gpus)) => {
+            // Refused before anything is allocated: 1x4294967296 used to abort allocating 34 GB.
+            anyhow::ensure!(
+                count <= host_gpus && gpus <= host_gpus,
+                "--shape {count}x{gpus} asks for more than this host's {host_gpus} GPUs can hold (at most {host_gpus} VMs, each at most {host_gpus} GPUs); `vfio-p2p topo` lists them"
+            );
+            placement::shape(count, gpus)
+        }
         None => args.vm.clone(),
     };
+    if let Some(r) = requests.iter().find(|r| r.gpus > host_gpus) {
+        anyhow::bail!(
+            "--vm {}={} asks for more GPUs than this host has ({host_gpus}); `vfio-p2p topo` lists them",
+            r.name,
+            r.gpus
+        );
+    }
     let options = PlacementOptions {
         unavailable: args.taken.iter().chain(&host.reserved).copied().collect(),
         max_path: args.max_path,

@@ -163,6 +163,10 @@ pub struct Topology {
     /// NVLink count between GPU pairs (key ordered low, high), when known.
     pub nvlinks: BTreeMap<(Bdf, Bdf), u8>,
     pub warnings: Vec<ReadWarning>,
+    /// Each device's bridges from its root port down, computed once: pair paths of a
+    /// host with n GPUs ask for them n² times.
+    #[serde(skip)]
+    chains: BTreeMap<Bdf, Vec<Bdf>>,
 }
 
 impl Topology {
@@ -189,7 +193,7 @@ impl Topology {
                 hb.numa_node = d.numa_node;
             }
         }
-        Topology {
+        let mut topo = Topology {
             source: host.source.clone(),
             host_bridges: host_bridges.into_values().collect(),
             devices,
@@ -198,7 +202,27 @@ impl Topology {
             kernel_cmdline: host.kernel_cmdline.clone(),
             nvlinks: BTreeMap::new(),
             warnings: host.warnings.clone(),
-        }
+            chains: BTreeMap::new(),
+        };
+        topo.chains = topo
+            .devices
+            .keys()
+            .map(|b| (*b, topo.ancestors(b).iter().map(|d| d.bdf).collect()))
+            .collect();
+        topo
+    }
+
+    /// The bridges above `bdf`, root port first (what [`Self::ancestors`] walks), cached.
+    pub fn chain(&self, bdf: &Bdf) -> &[Bdf] {
+        self.chains.get(bdf).map_or(&[], Vec::as_slice)
+    }
+
+    /// The NUMA node of host bridge `id` (`host_bridges` is sorted by id).
+    pub fn host_bridge_numa(&self, id: HostBridgeId) -> Option<u32> {
+        self.host_bridges
+            .binary_search_by_key(&id, |h| h.id)
+            .ok()
+            .and_then(|i| self.host_bridges[i].numa_node)
     }
 
     pub fn device(&self, bdf: &Bdf) -> Option<&Device> {

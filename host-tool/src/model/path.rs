@@ -6,7 +6,7 @@ use std::str::FromStr;
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::{BridgeRole, Topology};
+use super::{BridgeRole, HostBridgeId, Topology};
 
 /// How two GPUs are connected over PCIe, best first (the order matters:
 /// "no worse than `Pxb`" is `kind <= PathKind::Pxb`).
@@ -116,8 +116,7 @@ impl Topology {
                 nvlink: None,
             };
         }
-        let chain_a: Vec<Bdf> = self.ancestors(a).iter().map(|d| d.bdf).collect();
-        let chain_b: Vec<Bdf> = self.ancestors(b).iter().map(|d| d.bdf).collect();
+        let (chain_a, chain_b) = (self.chain(a), self.chain(b));
         let (hb_a, hb_b) = (
             self.devices.get(a).map(|d| d.host_bridge),
             self.devices.get(b).map(|d| d.host_bridge),
@@ -132,12 +131,7 @@ impl Topology {
             }
         };
         if hb_a != hb_b {
-            let numa = |hb| {
-                self.host_bridges
-                    .iter()
-                    .find(|h| Some(h.id) == hb)
-                    .and_then(|h| h.numa_node)
-            };
+            let numa = |hb: Option<HostBridgeId>| hb.and_then(|h| self.host_bridge_numa(h));
             let same_node = numa(hb_a) == numa(hb_b);
             return through_host(if same_node {
                 PathKind::Node
@@ -147,7 +141,7 @@ impl Topology {
         }
         let common = chain_a
             .iter()
-            .zip(&chain_b)
+            .zip(chain_b)
             .take_while(|(x, y)| x == y)
             .count();
         if common == 0 {
