@@ -121,6 +121,8 @@ pub enum ExpectationError {
     Json(#[from] serde_json::Error),
     #[error("format version {found}; this build reads version {EXPECTATION_VERSION}")]
     Version { found: u32 },
+    #[error("{what} {bdf} is listed twice; each GPU and pair appears once")]
+    Duplicate { what: &'static str, bdf: String },
 }
 
 impl Expectation {
@@ -152,7 +154,33 @@ impl Expectation {
         if version != EXPECTATION_VERSION {
             return Err(ExpectationError::Version { found: version });
         }
-        Ok(serde_json::from_str(text)?)
+        let e: Expectation = serde_json::from_str(text)?;
+        e.refuse_duplicates()?;
+        Ok(e)
+    }
+
+    /// One entry per guest GPU and per unordered pair: a document listing one twice (or
+    /// 100,000 times) is not one the host wrote.
+    fn refuse_duplicates(&self) -> Result<(), ExpectationError> {
+        let mut gpus = std::collections::BTreeSet::new();
+        for g in &self.gpus {
+            if !gpus.insert(g.guest_bdf) {
+                return Err(ExpectationError::Duplicate {
+                    what: "GPU",
+                    bdf: g.guest_bdf.to_string(),
+                });
+            }
+        }
+        let mut pairs = std::collections::BTreeSet::new();
+        for p in &self.pairs {
+            if !pairs.insert((p.a.min(p.b), p.a.max(p.b))) {
+                return Err(ExpectationError::Duplicate {
+                    what: "pair",
+                    bdf: format!("{} {}", p.a, p.b),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The pair of `a` and `b`, in either order.
@@ -171,6 +199,23 @@ impl Expectation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duplicated_entries_are_refused() {
+        let mut e = Expectation::new("vm");
+        let g = ExpectedGpu {
+            host_bdf: "0000:41:00.0".parse().unwrap(),
+            guest_bdf: "0000:01:00.0".parse().unwrap(),
+            clique: None,
+            vendor: PciId(0x10de),
+            device: PciId(0x2330),
+        };
+        e.gpus = vec![g.clone(), g];
+        let err = Expectation::from_json(&e.to_json())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPU 0000:01:00.0 is listed twice"), "{err}");
+    }
 
     #[test]
     fn fw_cfg_path_is_below_by_name() {

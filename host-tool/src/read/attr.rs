@@ -14,12 +14,19 @@ pub fn hex_u16(text: &str) -> Option<u16> {
     hex_u32(text).and_then(|v| u16::try_from(v).ok())
 }
 
-/// `numa_node`: `-1` means "no NUMA information", which is not an error.
+/// Linux's most NUMA nodes (`MAX_NUMNODES` with the largest `NODES_SHIFT`, 10).
+pub const MAX_NUMA_NODES: i64 = 1024;
+
+/// `numa_node`: `-1` means "no NUMA information", which is not an error; a node number
+/// the kernel cannot have (4294967295, say) is.
 pub fn numa_node(text: &str) -> Result<Option<u32>, String> {
     match text.trim().parse::<i64>() {
         Ok(-1) => Ok(None),
-        Ok(n) if (0..=u32::MAX as i64).contains(&n) => Ok(Some(n as u32)),
-        _ => Err(format!("unexpected content {:?}", text.trim())),
+        Ok(n) if (0..MAX_NUMA_NODES).contains(&n) => Ok(Some(n as u32)),
+        _ => Err(format!(
+            "unexpected content {:?} (a node number below {MAX_NUMA_NODES}, or -1)",
+            text.trim()
+        )),
     }
 }
 
