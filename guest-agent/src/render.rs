@@ -55,6 +55,9 @@ pub fn scan(s: &Scan) -> String {
     } else {
         format!("{t}\n")
     };
+    for w in &s.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
     if let Some(n) = &s.note {
         out.push_str(&format!("note: {n}\n"));
     }

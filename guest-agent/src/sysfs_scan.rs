@@ -57,6 +57,9 @@ pub struct Scan {
     pub gpus: Vec<GpuScan>,
     /// Said once when config space was truncated for lack of privilege.
     pub note: Option<String>,
+    /// Devices that could not be read, and why; the scan goes on without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl Scan {
@@ -70,10 +73,34 @@ impl Scan {
     }
 }
 
+/// The most read of any sysfs file here: config space is 4096 bytes, an attribute a page.
+const MAX_SYSFS_FILE: u64 = 4096;
+
+/// A sysfs file, read as the kernel serves them: a regular file, opened without blocking
+/// (a FIFO planted there cannot hang the agent), at most [`MAX_SYSFS_FILE`] bytes (a huge
+/// or sparse file is cut there, which is all config space can hold).
+fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_SYSFS_FILE).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 fn read_attr(dir: &Path, name: &str) -> Option<String> {
-    fs::read_to_string(dir.join(name))
+    read_sysfs_file(&dir.join(name))
         .ok()
-        .map(|s| s.trim().to_string())
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .filter(|s| !s.is_empty())
 }
 
@@ -89,6 +116,7 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
         source,
     })?;
     let mut gpus = Vec::new();
+    let mut warnings = Vec::new();
     for entry in entries.flatten() {
         let Some(bdf) = entry
             .file_name()
@@ -97,8 +125,11 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
         else {
             continue;
         };
-        if let Some(gpu) = scan_device(&entry.path(), bdf)? {
-            gpus.push(gpu);
+        // One unreadable device is a warning, as in the host tool: the others still count.
+        match scan_device(&entry.path(), bdf) {
+            Ok(Some(gpu)) => gpus.push(gpu),
+            Ok(None) => {}
+            Err(e) => warnings.push(format!("{bdf}: {e}; left out")),
         }
     }
     gpus.sort_by_key(|g| g.bdf);
@@ -113,12 +144,13 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
         sysfs_root: root.display().to_string(),
         gpus,
         note,
+        warnings,
     })
 }
 
 fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
     let config_path = dir.join("config");
-    let config = fs::read(&config_path).map_err(|source| ScanError::Read {
+    let config = read_sysfs_file(&config_path).map_err(|source| ScanError::Read {
         path: config_path,
         source,
     })?;

@@ -362,3 +362,66 @@ fn expect_without_fw_cfg_names_the_way_out() {
     );
     assert_eq!(err.matches("No such file").count(), 0, "{err}");
 }
+
+/// Issue 15: a FIFO as one device's `config` hung the agent and one bad device aborted the
+/// whole scan; a 1 GB sparse `config` was read whole. Now: a warning for that device, the
+/// rest is listed, and config space is read up to its 4096 bytes.
+#[test]
+fn one_bad_device_is_a_warning_and_special_files_never_block() {
+    let root = tempfile::tempdir().unwrap();
+    let devices = root.path().join("sys/bus/pci/devices");
+    for (bdf, config) in [
+        ("0000:00:06.0", "plain"),
+        ("0000:00:07.0", "fifo"),
+        ("0000:00:08.0", "sparse"),
+    ] {
+        let dir = devices.join(bdf);
+        fs::create_dir_all(&dir).unwrap();
+        for (name, value) in [
+            ("vendor", "0x10de"),
+            ("device", "0x2335"),
+            ("class", "0x030200"),
+        ] {
+            fs::write(dir.join(name), value).unwrap();
+        }
+        let path = dir.join("config");
+        match config {
+            "plain" => fs::write(&path, [0u8; 64]).unwrap(),
+            "fifo" => {
+                let ok = std::process::Command::new("mkfifo")
+                    .arg(&path)
+                    .status()
+                    .unwrap();
+                assert!(ok.success());
+            }
+            _ => fs::File::create(&path).unwrap().set_len(1 << 30).unwrap(),
+        }
+    }
+    let out = Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["--format", "json", "scan", "--sysfs-root"])
+        .arg(root.path())
+        .timeout(std::time::Duration::from_secs(20))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = v["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["bdf"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["0000:00:06.0", "0000:00:08.0"]);
+    assert_eq!(v["gpus"][1]["config_bytes"], 4096);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("0000:00:07.0") && warnings.contains("not a regular file"),
+        "{warnings}"
+    );
+}

@@ -53,6 +53,7 @@ fn guest_as_planned(e: &Expectation) -> Scan {
             })
             .collect(),
         note: None,
+        warnings: Vec::new(),
     }
 }
 
