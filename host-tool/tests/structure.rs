@@ -239,7 +239,7 @@ fn without_literals(line: &str) -> String {
                 // A char literal ('{', '\''), or a lifetime ('a), which is kept.
                 let rest: String = chars.clone().take(3).collect();
                 if rest.starts_with('\\') {
-                    while let Some(s) = chars.next() {
+                    for s in chars.by_ref() {
                         if s == '\'' {
                             break;
                         }
