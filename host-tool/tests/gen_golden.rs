@@ -81,16 +81,11 @@ fn nccl_fixture_for_the_gpu_check_is_current() {
         "/../tests/fixtures/nccl/h200x2-topo.xml"
     ))
     .unwrap();
-    // The file checked with real NCCL on the GPU machine was made from the VM's sysfs alone
-    // (the flat-vm example now also carries its nvidia-smi capture).
+    // The file for the GPU check: the VM's sysfs, its nvidia-smi capture and its CPU
+    // (the flat-vm example), described where the GPUs are.
     let out = Command::cargo_bin("vfio-p2p")
         .unwrap()
-        .arg("--sysfs-root")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/sysfs/h200x2-vm-sysfs.json"
-        ))
-        .args(["gen", "nccl", "--as-is"])
+        .args(["--example", "flat-vm", "gen", "nccl", "--as-is"])
         .output()
         .unwrap();
     assert!(

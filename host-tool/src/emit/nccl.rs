@@ -6,8 +6,22 @@
 //! mirrored layout as nested `<pci>` bridges, and GPUs of one clique that the guest tree
 //! does not already join below a switch grouped under a made-up bridge (domain `ffff`,
 //! as cloud providers do), so NCCL finds them `PIX`/`PXB` apart and uses P2P.
-//! Attributes left out (`<gpu>` details, CPU vendor/model) are filled by NCCL from the
-//! guest; `<nvlink>` entries are written only where NVLink is known.
+//!
+//! Attributes follow NCCL 2.28.9's own dump (`NCCL_TOPO_DUMP_FILE`; NVIDIA/nccl
+//! src/graph/xml.cc `ncclTopoGetXmlFromCpu`, `ncclTopoGetXmlFromGpu`, read back by
+//! src/graph/topo.cc `ncclTopoAddCpu`, `ncclTopoAddNvLinks`), in its order:
+//! - `<cpu>`: `numaid`, `affinity`, `arch`, `vendor`, `familyid`, `modelid` (NCCL 2.28.9
+//!   refuses a file without `arch`); `host_hash` is left to NCCL (its hash of the running
+//!   host, 0 when absent, which only matters across hosts);
+//! - GPU `<pci>`: `busid`, `class`, `vendor`, `device`, `link_speed`, `link_width`,
+//!   `subsystem_vendor`, `subsystem_device`;
+//! - `<nvlink>` as NVML reports the far end: on an NVSwitch board one element to the
+//!   switch fabric (`target="fffffff:ff:ff.0"`, NVML's address for a switch the guest
+//!   cannot see, `tclass="0x068000"`, `count` = the GPU's links; NCCL joins every switch
+//!   into one node), else one per peer GPU (`tclass` = the peer's class).
+//!
+//! Left to NCCL, which fills them on every run: `<gpu>`'s `dev`, `sm`, `rank`, `gdr`
+//! (its device index, compute capability, rank in the communicator) and `<nic>` nodes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -16,11 +30,16 @@ use pci_config::{Bdf, LinkSpeed};
 
 use super::vm::VmDefinition;
 use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu};
-use crate::model::Topology;
+use crate::decide::nvlink::{nvlink_targets, NvlinkTarget};
+use crate::model::{CpuArch, CpuIdentity, Topology};
 
 /// Domain of the made-up bridges: never a real guest PCI domain.
 const FAKE_DOMAIN: u16 = 0xffff;
 const CLASS_BRIDGE: &str = "0x060400";
+/// NVML's PCI address of an NVLink's far end that is an NVSwitch outside the VM, as
+/// NCCL 2.28.9 writes it in its dump.
+const SWITCH_FABRIC_TARGET: &str = "fffffff:ff:ff.0";
+const CLASS_NVSWITCH: &str = "0x068000";
 
 #[derive(Debug, Clone)]
 enum Node {
@@ -67,9 +86,12 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
             .numa_nodes
             .iter()
             .position(|n| n.id == numa)
-            .map(|i| format!(" affinity=\"{}\"", cpumask(&vm.numa_share(i).0)))
+            .map(|i| cpumask(vm.numa_share(i).0))
+            .or_else(|| machine_affinity(vm, topo, numa))
+            .map(|mask| format!(" affinity=\"{mask}\""))
             .unwrap_or_default();
-        let _ = writeln!(x, "  <cpu numaid=\"{numa}\"{affinity}>");
+        let cpu = topo.cpu.as_ref().map(cpu_attrs).unwrap_or_default();
+        let _ = writeln!(x, "  <cpu numaid=\"{numa}\"{affinity}{cpu}>");
         for n in &top {
             write_node(&mut x, n, vm, topo, 2);
         }
@@ -180,41 +202,119 @@ fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, dept
         }
         Node::Gpu(i) => {
             let g = &gpus[*i];
+            let subsystem = topo
+                .device(&g.host)
+                .and_then(|d| d.subsystem)
+                .map(|(v, d)| {
+                    format!(" subsystem_vendor=\"{v:#06x}\" subsystem_device=\"{d:#06x}\"")
+                })
+                .unwrap_or_default();
             let attrs = format!(
-                "busid=\"{}\" class=\"{:#08x}\" vendor=\"{:#06x}\" device=\"{:#06x}\"{}",
+                "busid=\"{}\" class=\"{:#08x}\" vendor=\"{:#06x}\" device=\"{:#06x}\"{}{subsystem}",
                 g.guest,
                 g.class,
                 g.vendor,
                 g.device,
                 link_attrs(Some(g), topo)
             );
-            let links: Vec<(Bdf, u8)> = gpus
-                .iter()
-                .filter(|p| p.host != g.host)
-                .filter_map(|p| topo.nvlink(&g.host, &p.host).map(|n| (p.guest, n)))
-                .collect();
+            let peers: Vec<Bdf> = gpus.iter().map(|p| p.host).collect();
+            let links = nvlink_targets(topo, &g.host, &peers);
             if links.is_empty() {
                 let _ = writeln!(x, "{pad}<pci {attrs}/>");
-            } else {
-                let _ = writeln!(x, "{pad}<pci {attrs}>\n{pad}  <gpu>");
-                for (target, count) in links {
-                    let _ = writeln!(
-                        x,
-                        "{pad}    <nvlink target=\"{target}\" count=\"{count}\" tclass=\"{:#08x}\"/>",
-                        g.class
-                    );
-                }
-                let _ = writeln!(x, "{pad}  </gpu>\n{pad}</pci>");
+                return;
             }
+            let _ = writeln!(x, "{pad}<pci {attrs}>\n{pad}  <gpu>");
+            for link in links {
+                let (target, count, tclass) = match link {
+                    NvlinkTarget::Fabric { links } => (
+                        SWITCH_FABRIC_TARGET.to_string(),
+                        links,
+                        CLASS_NVSWITCH.to_string(),
+                    ),
+                    NvlinkTarget::Gpu { peer, links } => {
+                        let Some(p) = gpus.iter().find(|p| p.host == peer) else {
+                            continue;
+                        };
+                        (p.guest.to_string(), links, format!("{:#08x}", p.class))
+                    }
+                };
+                let _ = writeln!(
+                    x,
+                    "{pad}    <nvlink target=\"{target}\" count=\"{count}\" tclass=\"{tclass}\"/>"
+                );
+            }
+            let _ = writeln!(x, "{pad}  </gpu>\n{pad}</pci>");
         }
     }
 }
 
+/// The CPU's `arch`, `vendor`, `familyid`, `modelid` as NCCL writes them.
+fn cpu_attrs(cpu: &CpuIdentity) -> String {
+    let mut s = format!(" arch=\"{}\"", cpu.arch.nccl_name());
+    // NCCL reads vendor, family and model on x86 only.
+    if cpu.arch != CpuArch::X86_64 {
+        return s;
+    }
+    if let Some(v) = &cpu.vendor {
+        let _ = write!(s, " vendor=\"{v}\"");
+    }
+    if let (Some(f), Some(m)) = (cpu.family, cpu.model) {
+        let _ = write!(s, " familyid=\"{}\" modelid=\"{m}\"", nccl_family_id(f));
+    }
+    s
+}
+
+/// NCCL's `familyid` from Linux's `cpu family`. Both start from CPUID leaf 1, but Linux
+/// adds the extended family when the base family is 0xf (arch/x86/lib/cpu.c
+/// `x86_family`), while NCCL shifts it left by 4 and adds it always (xml.cc
+/// `familyId = cpuid1.familyId + (cpuid1.extFamilyId << 4)`): the same 6 for Intel, 175
+/// instead of 25 for AMD Zen 3/4. The model agrees: both add extended model << 4
+/// (Linux from family 6 on; below that the extended model is 0).
+fn nccl_family_id(linux_family: u32) -> u32 {
+    if linux_family >= 0xf {
+        0xf + ((linux_family - 0xf) << 4)
+    } else {
+        linux_family
+    }
+}
+
+/// `--as-is` (every GPU at its host address, no guest NUMA nodes): the CPUs of NUMA
+/// node `numa` on the machine read, else those local to its GPUs (a VM whose GPUs have
+/// no NUMA node: NCCL then writes node 0 with all CPUs, as in its dump).
+fn machine_affinity(vm: &VmDefinition, topo: &Topology, numa: u32) -> Option<String> {
+    let l = vm.layout;
+    if !l.numa_nodes.is_empty() || l.gpus.iter().any(|g| g.guest != g.host) {
+        return None;
+    }
+    let list = topo.numa_nodes.get(&numa).cloned().or_else(|| {
+        l.gpus
+            .iter()
+            .filter(|g| g.numa_node.unwrap_or(0) == numa)
+            .find_map(|g| topo.device(&g.host)?.local_cpulist.clone())
+    })?;
+    cpulist_cpus(&list).map(cpumask)
+}
+
+/// The CPUs of a kernel cpulist (`0-31,64-95`), at most 65,536.
+fn cpulist_cpus(list: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        if a > b || b >= 1 << 16 {
+            return None;
+        }
+        cpus.extend(a..=b);
+    }
+    Some(cpus)
+}
+
 /// A CPU set as the kernel prints `cpumap`: 32-bit hex words, most significant first.
-fn cpumask(cpus: &std::ops::Range<u32>) -> String {
-    let words = (cpus.end.max(1) as usize).div_ceil(32);
+fn cpumask(cpus: impl IntoIterator<Item = u32>) -> String {
+    let cpus: Vec<u32> = cpus.into_iter().collect();
+    let words = (cpus.iter().max().map_or(1, |m| m + 1) as usize).div_ceil(32);
     let mut w = vec![0u32; words];
-    for c in cpus.clone() {
+    for c in cpus {
         w[(c / 32) as usize] |= 1 << (c % 32);
     }
     w.iter()
@@ -229,9 +329,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nccl_family_ids() {
+        assert_eq!(nccl_family_id(6), 6);
+        assert_eq!(nccl_family_id(0xf), 0xf);
+        // AMD Zen 3/4: base 0xf + extended 0xa → Linux 25, NCCL 15 + 160.
+        assert_eq!(nccl_family_id(25), 175);
+        // Zen 5: extended 0xb.
+        assert_eq!(nccl_family_id(26), 191);
+    }
+
+    #[test]
     fn cpumask_words() {
-        assert_eq!(cpumask(&(0..4)), "0000000f");
-        assert_eq!(cpumask(&(32..40)), "000000ff,00000000");
-        assert_eq!(cpumask(&(30..34)), "00000003,c0000000");
+        assert_eq!(cpumask(0..4), "0000000f");
+        assert_eq!(cpumask(32..40), "000000ff,00000000");
+        assert_eq!(cpumask(30..34), "00000003,c0000000");
+        assert_eq!(cpumask(cpulist_cpus("0-31").unwrap()), "ffffffff");
+        assert_eq!(
+            cpumask(cpulist_cpus("0-1,64").unwrap()),
+            "00000001,00000000,00000003"
+        );
+        assert_eq!(cpulist_cpus("3-1"), None);
+        assert_eq!(cpulist_cpus("x"), None);
     }
 }

@@ -4,6 +4,7 @@
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
 pub mod domain;
+pub mod nvidia_parts;
 mod path;
 pub mod vmm;
 
@@ -15,6 +16,8 @@ use serde::Serialize;
 use crate::read::nvidia_smi::NvlinkMap;
 use crate::read::{DeviceRecord, HostRecord, ReadWarning, Resource};
 
+/// The CPU as read from `proc/cpuinfo`: the same type in every stage.
+pub use crate::read::cpuinfo::{CpuArch, CpuIdentity};
 /// A host bridge (PCI domain and root bus) as read: the same type in every stage.
 pub use crate::read::HostBridgeId;
 pub use path::{GpuPath, PathKind};
@@ -95,6 +98,9 @@ pub struct Device {
     pub acs: Option<AcsCapability>,
     pub ats: Option<AtsCapability>,
     pub reset_methods: Option<Vec<String>>,
+    /// Subsystem vendor and device (sysfs, else config space 0x2c of a type-0 header).
+    #[serde(skip)]
+    pub subsystem: Option<(u16, u16)>,
     /// Config space bytes as read (length tells how much was visible).
     #[serde(skip)]
     pub config: Vec<u8>,
@@ -160,6 +166,7 @@ pub struct Topology {
     pub numa_nodes: BTreeMap<u32, String>,
     pub iommu_groups: BTreeMap<u32, Vec<Bdf>>,
     pub kernel_cmdline: Option<String>,
+    pub cpu: Option<CpuIdentity>,
     /// NVLink count between GPU pairs (key ordered low, high), when known.
     pub nvlinks: BTreeMap<(Bdf, Bdf), u8>,
     pub warnings: Vec<ReadWarning>,
@@ -200,6 +207,7 @@ impl Topology {
             numa_nodes: host.numa_nodes.clone(),
             iommu_groups,
             kernel_cmdline: host.kernel_cmdline.clone(),
+            cpu: host.cpu.clone(),
             nvlinks: BTreeMap::new(),
             warnings: host.warnings.clone(),
             chains: BTreeMap::new(),
@@ -325,7 +333,10 @@ fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bd
             None if parent.is_none() => BridgeRole::RootPort,
             None => BridgeRole::PciBridge,
         }),
-        _ if r.class >> 8 == CLASS_OTHER_BRIDGE && r.vendor == VENDOR_NVIDIA => {
+        _ if r.vendor == VENDOR_NVIDIA
+            && (r.class >> 8 == CLASS_OTHER_BRIDGE
+                || nvidia_parts::nvswitch_gen(r.device).is_some()) =>
+        {
             DeviceKind::NvSwitch
         }
         _ => DeviceKind::Other,
@@ -379,8 +390,18 @@ fn build_device(r: &DeviceRecord) -> Device {
         acs: cfg.acs(),
         ats: cfg.ats(),
         reset_methods: r.reset_method.clone(),
+        subsystem: subsystem(r),
         config: r.config.clone(),
     }
+}
+
+fn subsystem(r: &DeviceRecord) -> Option<(u16, u16)> {
+    if let (Some(v), Some(d)) = (r.subsystem_vendor, r.subsystem_device) {
+        return Some((v, d));
+    }
+    let c = &r.config;
+    let word = |at: usize| u16::from_le_bytes([c[at], c[at + 1]]);
+    (c.len() >= 0x30 && c[0x0e] & 0x7f == 0).then(|| (word(0x2c), word(0x2e)))
 }
 
 /// Without config space (non-root), bridge roles follow from the tree shape:

@@ -6,6 +6,7 @@
 
 pub mod attr;
 pub mod binding;
+pub mod cpuinfo;
 pub mod domain_facts;
 pub mod domain_xml;
 pub mod flat_json;

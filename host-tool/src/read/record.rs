@@ -170,6 +170,9 @@ pub struct HostRecord {
     /// Kernel command line, when readable (`proc/cmdline`).
     #[serde(default)]
     pub kernel_cmdline: Option<String>,
+    /// The CPU, when known (`proc/cpuinfo`, read by `read::cpuinfo`).
+    #[serde(default)]
+    pub cpu: Option<super::cpuinfo::CpuIdentity>,
     #[serde(default)]
     pub warnings: Vec<ReadWarning>,
 }

@@ -87,6 +87,14 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
     host.kernel_cmdline = fs::read_to_string(root.join("proc/cmdline"))
         .ok()
         .map(|s| s.trim().to_string());
+    match super::cpuinfo::read(&root.join("proc/cpuinfo")) {
+        Ok(cpu) => host.cpu = cpu,
+        Err(message) => host.warnings.push(ReadWarning {
+            device: None,
+            file: Some(root.join("proc/cpuinfo").display().to_string()),
+            message,
+        }),
+    }
     Ok(host)
 }
 

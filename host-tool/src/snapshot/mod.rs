@@ -12,6 +12,7 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
+use crate::read::cpuinfo::{CpuArch, CpuIdentity};
 use crate::read::{DeviceRecord, HostRecord};
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,9 @@ impl TreeWriter<'_> {
         }
         if let Some(cmdline) = &host.kernel_cmdline {
             self.file("proc/cmdline", format!("{cmdline}\n").as_bytes())?;
+        }
+        if let Some(cpu) = &host.cpu {
+            self.file("proc/cpuinfo", cpuinfo_text(cpu).as_bytes())?;
         }
         Ok(())
     }
@@ -182,6 +186,26 @@ impl TreeWriter<'_> {
     }
 }
 
+/// The lines of `/proc/cpuinfo` that `read::cpuinfo` keeps, in the kernel's format (the
+/// first processor only: a snapshot keeps what the reader keeps).
+fn cpuinfo_text(cpu: &CpuIdentity) -> String {
+    let mut t = String::from("processor\t: 0\n");
+    match cpu.arch {
+        CpuArch::X86_64 => {
+            let _ = writeln!(t, "vendor_id\t: {}", cpu.vendor.as_deref().unwrap_or(""));
+            if let Some(f) = cpu.family {
+                let _ = writeln!(t, "cpu family\t: {f}");
+            }
+            if let Some(m) = cpu.model {
+                let _ = writeln!(t, "model\t\t: {m}");
+            }
+        }
+        CpuArch::Arm64 => t.push_str("CPU implementer\t: (not kept)\n"),
+        CpuArch::Ppc64 => t.push_str("cpu\t\t: POWER (model not kept)\n"),
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +223,7 @@ mod tests {
         }
         assert_eq!(back.numa_nodes, host.numa_nodes, "{what}");
         assert_eq!(back.kernel_cmdline, host.kernel_cmdline, "{what}");
+        assert_eq!(back.cpu, host.cpu, "{what}");
         back
     }
 

@@ -39,7 +39,14 @@ pub fn example(name: &str) -> Result<HostRecord, String> {
         "hgx-h100" => Ok(hgx_h100()),
         "dual-socket-pcie" => Ok(dual_socket_pcie()),
         "lab" => Ok(lab()),
-        "flat-vm" => flat_json::parse(H200X2_VM_SYSFS, "example flat-vm (h200x2-vm-sysfs.json)"),
+        "flat-vm" => {
+            let mut host =
+                flat_json::parse(H200X2_VM_SYSFS, "example flat-vm (h200x2-vm-sysfs.json)")?;
+            // The VM's CPU as NCCL 2.28.9 recorded it there (tests/fixtures/nccl/h200x2-nccl-dump.xml:
+            // GenuineIntel, family 6, model 207, an Emerald Rapids Xeon).
+            host.cpu = Some(super::x86_cpu("GenuineIntel", 6, 207));
+            Ok(host)
+        }
         _ => Err(format!(
             "no example named '{name}'; available: {}",
             EXAMPLES
@@ -60,6 +67,8 @@ fn hgx_h100() -> HostRecord {
     let mut b = HostBuilder::new("example hgx-h100");
     b.numa_node(0, "0-55,112-167")
         .numa_node(1, "56-111,168-223");
+    // Sapphire Rapids Xeon (family 6, model 143), as on HGX H100 servers.
+    b.x86_cpu("GenuineIntel", 6, 143);
     b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 intel_iommu=on iommu=pt");
     let nvsw_hb = b.host_bridge(0, 0x00);
     let rp = b.root_port(nvsw_hb, Some(0), Some(ACS_ISOLATING));
@@ -98,6 +107,8 @@ fn hgx_h100() -> HostRecord {
 fn dual_socket_pcie() -> HostRecord {
     let mut b = HostBuilder::new("example dual-socket-pcie");
     b.numa_node(0, "0-31,64-95").numa_node(1, "32-63,96-127");
+    // EPYC Genoa (family 25, model 17).
+    b.x86_cpu("AuthenticAMD", 25, 17);
     b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda2 intel_iommu=on iommu=pt");
     for (bus, numa) in [(0x00u8, 0u32), (0x80, 1)] {
         let hb = b.host_bridge(0, bus);

@@ -66,6 +66,16 @@ impl EndpointSpec {
     }
 }
 
+/// An x86-64 CPU as `/proc/cpuinfo` prints it (`cpu family`, `model`).
+pub fn x86_cpu(vendor: &str, family: u32, model: u32) -> crate::read::cpuinfo::CpuIdentity {
+    crate::read::cpuinfo::CpuIdentity {
+        arch: crate::read::cpuinfo::CpuArch::X86_64,
+        vendor: Some(vendor.to_string()),
+        family: Some(family),
+        model: Some(model),
+    }
+}
+
 /// Builds a [`HostRecord`] one bridge and endpoint at a time.
 #[derive(Debug)]
 pub struct HostBuilder {
@@ -97,6 +107,12 @@ impl HostBuilder {
 
     pub fn numa_node(&mut self, id: u32, cpulist: &str) -> &mut Self {
         self.host.numa_nodes.insert(id, cpulist.to_string());
+        self
+    }
+
+    /// An x86-64 CPU as `/proc/cpuinfo` prints it.
+    pub fn x86_cpu(&mut self, vendor: &str, family: u32, model: u32) -> &mut Self {
+        self.host.cpu = Some(x86_cpu(vendor, family, model));
         self
     }
 
