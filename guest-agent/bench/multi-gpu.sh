@@ -19,19 +19,26 @@ PROBE=${PROBE:-$here/p2p_lat.cu}
 OUT=${OUT:-/tmp/vfio-p2p-multi-gpu}
 mkdir -p "$OUT"
 sum=$OUT/summary.txt
-secs() { local t0 t1; t0=$(date +%s.%N); "$@"; local rc=$?; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" -v rc=$rc 'BEGIN{printf "%.2f s (exit %d)", b-a, rc}'; }
+# secs OUT ERR CMD…: runs CMD with stdout to OUT and stderr to ERR, prints its wall time
+# (the time goes to the caller's stdout, never into OUT: report.json stays pure JSON).
+secs() {
+    local out=$1 err=$2 t0 t1 rc; shift 2
+    t0=$(date +%s.%N); "$@" >"$out" 2>"$err"; rc=$?; t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" -v rc=$rc 'BEGIN{printf "%.2f s (exit %d)", b-a, rc}'
+}
 
 { nvidia-smi topo -m; echo; nvidia-smi --query-gpu=index,pci.bus_id --format=csv; } >"$OUT/topo-m.txt" 2>&1
 n=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 {
     echo "gpus: $n"; nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader
-    echo "vfio-p2p topo: $(secs "$VFIO_P2P" topo >"$OUT/topo.txt" 2>&1)"
-    echo "vfio-p2p plan --nvlink: $(secs "$VFIO_P2P" plan --nvlink "$OUT/topo-m.txt" >>"$OUT/topo.txt" 2>&1)"
+    echo "vfio-p2p topo: $(secs "$OUT/topo.txt" "$OUT/topo.txt.err" "$VFIO_P2P" topo)"
+    echo "vfio-p2p plan --nvlink: $(secs "$OUT/plan.txt" "$OUT/plan.txt.err" "$VFIO_P2P" plan --nvlink "$OUT/topo-m.txt")"
+    cat "$OUT/topo.txt.err" "$OUT/plan.txt" "$OUT/plan.txt.err" >>"$OUT/topo.txt"; rm -f "$OUT"/topo.txt.err "$OUT"/plan.txt*
     snap=$(mktemp -d)/snapshot
-    echo "vfio-p2p snapshot: $(secs "$VFIO_P2P" snapshot -o "$snap" 2>&1)"
+    echo "vfio-p2p snapshot: $(secs /dev/stdout /dev/stdout "$VFIO_P2P" snapshot -o "$snap")"
     tar -C "$(dirname "$snap")" -czf "$OUT/snapshot.tar.gz" snapshot
-    echo "agent report --quick: $(secs "$AGENT" report --quick --format json >"$OUT/report-quick.json" 2>"$OUT/report-quick.err")"
-    echo "agent report: $(secs "$AGENT" report --format json >"$OUT/report.json" 2>"$OUT/report.err")"
+    echo "agent report --quick: $(secs "$OUT/report-quick.json" "$OUT/report-quick.err" "$AGENT" report --quick --format json)"
+    echo "agent report: $(secs "$OUT/report.json" "$OUT/report.err" "$AGENT" report --format json)"
     echo "--- agent summary (re-judged from report.json)"
     "$AGENT" report --from "$OUT/report.json" 2>&1 | tail -n "$((n * (n - 1) + 8))"
 } >"$sum" 2>&1

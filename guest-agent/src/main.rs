@@ -193,7 +193,10 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             from,
             send,
         } => {
-            let baseline = baseline.as_deref().map(load_report).transpose()?;
+            let baseline = baseline
+                .as_deref()
+                .map(|p| load_report(p, "baseline"))
+                .transpose()?;
             match from {
                 Some(path) => report_from_file(f, path, baseline.as_ref()),
                 None => run_report(f, sysfs, expect, *quick, baseline.as_ref(), send),
@@ -279,7 +282,7 @@ fn run_verify_command(
 
 /// `report --from FILE`: judges and prints a saved report (no GPU needed).
 fn report_from_file(f: Format, path: &Path, baseline: Option<&Report>) -> Result<u8, CannotRun> {
-    let mut r = load_report(path)?;
+    let mut r = load_report(path, "report")?;
     r.baseline = baseline.map(|b| r.compare_with(b));
     r.judge();
     emit(f, &r, render::report)?;
@@ -381,11 +384,18 @@ fn optional_expectation(args: &ExpectArgs, root: &Path) -> Result<Option<(Expect
     }
 }
 
-fn load_report(path: &Path) -> Result<Report> {
+/// A saved report; `what` names its role in errors (`report` for `--from`, `baseline`
+/// for `--baseline`).
+fn load_report(path: &Path, what: &str) -> Result<Report> {
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading baseline {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("baseline {} is not a report of this agent", path.display()))
+        .with_context(|| format!("reading {what} {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{what} {} is not a report of this agent (`vfio-p2p-agent report --format json` \
+             output, nothing else in the file)",
+            path.display()
+        )
+    })
 }
 
 fn open_gpus() -> Result<Vec<Gpu>> {

@@ -14,6 +14,15 @@ fn table(header: &[&str]) -> Table {
     vfio_p2p_style::table(header.iter().map(Cell::new).collect::<Vec<_>>())
 }
 
+/// A line of prose wrapped to the output width (as the tables are), with its newline.
+fn fit(text: &str) -> String {
+    let mut s = vfio_p2p_style::wrap(text, vfio_p2p_style::output_width());
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
 fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map_or_else(|| "-".into(), T::to_string)
 }
@@ -202,14 +211,15 @@ pub fn bench(results: &[PairBench]) -> String {
         ]);
     }
     let plan = results.first().map(|b| b.plan);
-    format!(
-        "{t}\nmedian of {} samples each ({} for the one-way latency, its flags placed like \
+    let note = format!(
+        "median of {} samples each ({} for the one-way latency, its flags placed like \
          the reference probe's), ± half the spread; other flag places: fastest–slowest of \
-         one round at each of {}; GB/s = 10^9 bytes/s\n",
+         one round at each of {}; GB/s = 10^9 bytes/s",
         plan.map_or(0, |p| p.samples),
         plan.map_or(0, |p| p.pingpong_samples),
         plan.map_or(0, |p| p.pingpong_positions)
-    )
+    );
+    format!("{t}\n{}", fit(&note))
 }
 
 pub fn report(r: &Report) -> String {
@@ -244,7 +254,7 @@ pub fn report(r: &Report) -> String {
         out.push_str(&bench(&b));
     }
     for p in &r.pairs {
-        out.push_str(&format!("{} → {}: {}\n", p.src, p.dst, p.summary));
+        out.push_str(&fit(&format!("{} → {}: {}", p.src, p.dst, p.summary)));
     }
     out.push_str(&format!("took {:.1} s\n", r.elapsed_s));
     out

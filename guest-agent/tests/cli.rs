@@ -325,7 +325,9 @@ fn lost_writes_fail_the_report() {
     let t = tempfile::tempdir().unwrap();
     let file = t.path().join("broken.json");
     fs::write(&file, r.to_string()).unwrap();
+    // Wide enough that the verdict stays on one line (prose wraps to the width).
     agent()
+        .env("COLUMNS", "300")
         .args(["report", "--from"])
         .arg(&file)
         .assert()

@@ -189,6 +189,15 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         expectation_source,
         hole64,
     };
+    if args.target == GenTarget::Nccl && topo.cpu.is_none() {
+        tracing::warn!(
+            "the CPU of {} is unknown (no proc/cpuinfo there): the NCCL file's <cpu> has no arch, \
+             vendor, familyid, modelid, and NCCL 2.28.9 refuses such a file where its own detection \
+             does not fill them (\"Attribute arch of node cpu not found\"); generate it from a sysfs \
+             root that has proc/cpuinfo (a live root '/' or a `vfio-p2p snapshot` directory)",
+            topo.source
+        );
+    }
     let format = args.format.unwrap_or_default();
     let text = match args.target {
         GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
