@@ -34,6 +34,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 mod guest_report;
+pub mod nvidia_parts;
 mod pci_id;
 pub mod prometheus;
 

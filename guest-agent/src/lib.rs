@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cuda;
 pub mod expect;
 pub mod kernels;
+pub mod nccl_topo;
 pub mod nvml;
 pub mod peers;
 pub mod render;

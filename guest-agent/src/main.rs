@@ -18,7 +18,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{render, send, sysfs_scan, verify};
+use vfio_p2p_agent::{nccl_topo, render, send, sysfs_scan, verify};
 
 #[derive(Parser)]
 #[command(
@@ -98,7 +98,16 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
-    /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair.
+    /// Check the NCCL topology file (default: $NCCL_TOPO_FILE) against the GPUs this
+    /// guest sees: every GPU and NVLink in it, and what NCCL would get wrong (no CUDA needed).
+    NcclTopo {
+        /// The file NCCL is given.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+    },
+    /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
+    /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
     Report {
         #[command(flatten)]
         sysfs: SysfsArgs,
@@ -172,6 +181,21 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             send,
         } => run_expect(f, sysfs, expect, send),
         Command::Peers { sysfs, expect } => run_peers(f, sysfs, expect),
+        Command::NcclTopo { file, sysfs } => {
+            let path = match file {
+                Some(p) => p.clone(),
+                None => nccl_topo_env().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no file given and NCCL_TOPO_FILE is not set: name the NCCL topology \
+                         file (vfio-p2p-agent nccl-topo FILE)"
+                    )
+                })?,
+            };
+            let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+            let check = nccl_topo::check_file(&path, &scan).map_err(anyhow::Error::msg)?;
+            emit(f, &check, render::nccl_topo)?;
+            Ok(u8::from(!check.ok()))
+        }
         Command::Verify { sysfs, expect, mib } => run_verify_command(f, sysfs, expect, *mib),
         Command::Bench { quick } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
@@ -331,8 +355,10 @@ fn run_report(
         gpus: gpus.iter().map(GpuInfo::from).collect(),
         pairs: reports,
         baseline: None,
+        nccl_topo: None,
         elapsed_s: 0.0,
     };
+    r.nccl_topo = report_nccl_topo(r.scan.as_ref());
     r.baseline = baseline.map(|b| r.compare_with(b));
     r.judge();
     r.elapsed_s = started.elapsed().as_secs_f64();
@@ -396,6 +422,27 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
             path.display()
         )
     })
+}
+
+/// `$NCCL_TOPO_FILE`, when set and not empty.
+fn nccl_topo_env() -> Option<PathBuf> {
+    std::env::var_os("NCCL_TOPO_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `report`'s NCCL part: the file NCCL_TOPO_FILE names, checked; a file that cannot be
+/// read is a problem of the check, not a reason to skip the measurements.
+fn report_nccl_topo(scan: Option<&sysfs_scan::Scan>) -> Option<nccl_topo::NcclTopoCheck> {
+    let path = nccl_topo_env()?;
+    let scan = scan?;
+    Some(
+        nccl_topo::check_file(&path, scan).unwrap_or_else(|e| nccl_topo::NcclTopoCheck {
+            file: path.display().to_string(),
+            gpus: Vec::new(),
+            problems: vec![format!("NCCL_TOPO_FILE cannot be used: {e}")],
+        }),
+    )
 }
 
 fn open_gpus() -> Result<Vec<Gpu>> {

@@ -4,6 +4,7 @@ use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
+use crate::nccl_topo::NcclTopoCheck;
 use crate::peers::PeerCheck;
 use crate::report::Report;
 use crate::stats::Stat;
@@ -253,9 +254,49 @@ pub fn report(r: &Report) -> String {
     if !b.is_empty() {
         out.push_str(&bench(&b));
     }
+    if let Some(c) = &r.nccl_topo {
+        out.push_str(&nccl_topo(c));
+    }
     for p in &r.pairs {
         out.push_str(&fit(&format!("{} → {}: {}", p.src, p.dst, p.summary)));
     }
     out.push_str(&format!("took {:.1} s\n", r.elapsed_s));
+    out
+}
+
+pub fn nccl_topo(c: &NcclTopoCheck) -> String {
+    let mut t = table(&["GPU in the NCCL file", "device", "in this guest", "NVLinks"]);
+    for g in &c.gpus {
+        let links = if g.nvlinks.is_empty() {
+            "-".to_string()
+        } else {
+            g.nvlinks
+                .iter()
+                .map(|l| {
+                    let to = if l.tclass.to_ascii_lowercase().starts_with("0x068") {
+                        "NVSwitch fabric".to_string()
+                    } else {
+                        l.target.clone()
+                    };
+                    format!("{} to {to}", l.count)
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        t.add_row(vec![
+            g.busid.clone(),
+            opt(&g.device),
+            if g.in_guest { "yes" } else { "NO" }.to_string(),
+            links,
+        ]);
+    }
+    let mut out = fit(&format!("NCCL topology file {}:", c.file));
+    out.push_str(&format!("{t}\n"));
+    if c.ok() {
+        out.push_str(&fit("every GPU and NVLink in it matches this guest"));
+    }
+    for p in &c.problems {
+        out.push_str(&fit(&format!("problem: {p}")));
+    }
     out
 }

@@ -62,6 +62,9 @@ pub struct Report {
     pub gpus: Vec<GpuInfo>,
     pub pairs: Vec<PairReport>,
     pub baseline: Option<Vec<BaselineRatio>>,
+    /// The NCCL topology file NCCL_TOPO_FILE names, checked against the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_topo: Option<crate::nccl_topo::NcclTopoCheck>,
     pub elapsed_s: f64,
 }
 
@@ -70,7 +73,8 @@ impl Report {
     pub fn exit_code(&self) -> i32 {
         let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
-        if gpus_ok && pairs_ok {
+        let nccl_ok = self.nccl_topo.as_ref().is_none_or(|c| c.ok());
+        if gpus_ok && pairs_ok && nccl_ok {
             0
         } else {
             1

@@ -427,3 +427,75 @@ fn one_bad_device_is_a_warning_and_special_files_never_block() {
         "{warnings}"
     );
 }
+
+const NCCL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/nccl");
+
+#[test]
+fn nccl_topo_accepts_ours_and_nccls_own_dump_on_the_h200_vm() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    // The file `vfio-p2p gen nccl` writes for this VM, named as an argument.
+    agent()
+        .args([
+            "nccl-topo",
+            &format!("{NCCL_DIR}/h200x2-topo.xml"),
+            "--sysfs-root",
+        ])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stdout(contains("every GPU and NVLink in it matches this guest"))
+        .stdout(contains("18 to NVSwitch fabric"));
+    // NCCL's own dump of the same VM, through NCCL_TOPO_FILE.
+    agent()
+        .env("NCCL_TOPO_FILE", format!("{NCCL_DIR}/h200x2-nccl-dump.xml"))
+        .args(["--format", "json", "nccl-topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stdout(contains("\"problems\": []"));
+}
+
+#[test]
+fn nccl_topo_says_what_nccl_would_get_wrong() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    // What gen nccl wrote before issue 17: no arch, GPU-to-GPU links, one GPU moved.
+    let old = fs::read_to_string(format!("{NCCL_DIR}/h200x2-nccl-dump.xml"))
+        .unwrap()
+        .replace(" arch=\"x86_64\"", "")
+        .replace(
+            "target=\"fffffff:ff:ff.0\" count=\"18\" tclass=\"0x068000\"",
+            "target=\"0000:00:07.0\" count=\"126\" tclass=\"0x030200\"",
+        )
+        .replace("busid=\"0000:00:07.0\"", "busid=\"0000:00:09.0\"");
+    let file = t.path().join("old.xml");
+    fs::write(&file, old).unwrap();
+    agent()
+        .env("COLUMNS", "300")
+        .arg("nccl-topo")
+        .arg(&file)
+        .arg("--sysfs-root")
+        .arg(t.path())
+        .assert()
+        .code(1)
+        .stdout(contains("has no arch: NCCL 2.28.9 stops"))
+        .stdout(contains("NCCL assumes 7.0× the NVLink bandwidth"))
+        .stdout(contains(
+            "GPU 0000:00:09.0 is in the file but not in this guest",
+        ))
+        .stdout(contains(
+            "GPU 0000:00:07.0 is in this guest but not in the file",
+        ))
+        .stdout(contains("NCCL drops that link"));
+}
+
+#[test]
+fn nccl_topo_without_a_file_names_the_way_out() {
+    agent()
+        .env_remove("NCCL_TOPO_FILE")
+        .arg("nccl-topo")
+        .assert()
+        .code(2)
+        .stderr(contains("NCCL_TOPO_FILE is not set"));
+}

@@ -4,7 +4,6 @@
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
 pub mod domain;
-pub mod nvidia_parts;
 mod path;
 pub mod vmm;
 
@@ -21,6 +20,8 @@ pub use crate::read::cpuinfo::{CpuArch, CpuIdentity};
 /// A host bridge (PCI domain and root bus) as read: the same type in every stage.
 pub use crate::read::HostBridgeId;
 pub use path::{GpuPath, PathKind};
+/// NVIDIA GPU and NVSwitch parts (shared with the agent).
+pub use vfio_p2p_contract::nvidia_parts;
 
 pub const VENDOR_NVIDIA: u16 = 0x10de;
 /// Server BMC display controllers (ASPEED AST, Matrox G200): VGA for the console,

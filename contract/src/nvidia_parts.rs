@@ -1,5 +1,6 @@
 //! NVIDIA parts known without a capture: NVSwitch chips by PCI device ID, and the SXM
-//! GPUs that carry NVLink with how many links each has and on which boards.
+//! GPUs that carry NVLink with how many links each has and on which boards. Shared: the
+//! host tool plans and writes NCCL files with it, the agent checks NCCL files with it.
 //!
 //! Sources: pci.ids (github.com/pciutils/pciids, 2026-08-22) for the GPU names; the
 //! NVSwitch driver's own ID lists (NVIDIA/open-gpu-kernel-modules,
