@@ -12,6 +12,7 @@ pub mod nvml;
 pub mod peers;
 pub mod render;
 pub mod report;
+pub mod schedule;
 pub mod send;
 pub mod stats;
 pub mod sysfs_scan;

@@ -331,17 +331,22 @@ fn run_report(
         (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
         _ => None,
     };
+    let mut phases = report::Phases::default();
+    phases.lap("scan and expectation", started);
     let gpus = open_gpus()?;
     let nvml = Nvml::open();
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
     let modules = load_modules(&gpus)?;
+    phases.lap("CUDA setup (contexts, peer access, modules)", started);
     let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
     let words = if quick { 2 << 20 } else { 16 << 20 };
     run_verify(&gpus, &modules, &mut reports, words)?;
+    phases.lap("verify (one-way writes checked)", started);
     let plan = if quick { Plan::QUICK } else { Plan::FULL };
     run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
+    phases.lap("bench (latency, bandwidth)", started);
     let mut r = Report {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         host: HostInfo {
@@ -356,9 +361,13 @@ fn run_report(
         pairs: reports,
         baseline: None,
         nccl_topo: None,
+        schedule: None,
+        phases: None,
         elapsed_s: 0.0,
     };
     r.nccl_topo = report_nccl_topo(r.scan.as_ref());
+    r.schedule = r.eight_gpu_estimate(&phases);
+    r.phases = Some(phases);
     r.baseline = baseline.map(|b| r.compare_with(b));
     r.judge();
     r.elapsed_s = started.elapsed().as_secs_f64();

@@ -257,6 +257,21 @@ pub fn report(r: &Report) -> String {
     if let Some(c) = &r.nccl_topo {
         out.push_str(&nccl_topo(c));
     }
+    if let Some(p) = &r.phases {
+        out.push_str(&fit(&format!("time: {}", p.line())));
+    }
+    if let Some(e) = &r.schedule {
+        out.push_str(&fit(&format!(
+            "pairs measured one at a time; on this fabric 8 GPUs go {}: {} round(s) of {} \
+             pair(s), estimated {:.1} s ({:.2} s setup per GPU, {:.2} s per pair as measured here)",
+            e.fabric.describe(),
+            e.rounds,
+            e.pairs_per_round,
+            e.total_s,
+            e.setup_s_per_gpu,
+            e.pair_s
+        )));
+    }
     for p in &r.pairs {
         out.push_str(&fit(&format!("{} → {}: {}", p.src, p.dst, p.summary)));
     }

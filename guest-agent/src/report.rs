@@ -65,10 +65,77 @@ pub struct Report {
     /// The NCCL topology file NCCL_TOPO_FILE names, checked against the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl_topo: Option<crate::nccl_topo::NcclTopoCheck>,
+    /// How the pairs were measured and what 8 GPUs would take (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::schedule::Estimate>,
+    /// Where the time went (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
     pub elapsed_s: f64,
 }
 
+/// Seconds per phase of a run, in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases(pub Vec<(String, f64)>);
+
+impl Phases {
+    /// Ends phase `name` now; `started` is the run's start.
+    pub fn lap(&mut self, name: &str, started: std::time::Instant) {
+        let so_far: f64 = self.0.iter().map(|(_, s)| s).sum();
+        self.0
+            .push((name.to_string(), started.elapsed().as_secs_f64() - so_far));
+    }
+
+    /// `name 0.12 s, …`
+    pub fn line(&self) -> String {
+        self.0
+            .iter()
+            .map(|(n, s)| format!("{n} {s:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 impl Report {
+    /// What 8 GPUs of this kind would take, from this run's phases: the pairs' time
+    /// (verify and bench) per measured ordered pair, and the setup per GPU.
+    pub fn eight_gpu_estimate(&self, phases: &Phases) -> Option<crate::schedule::Estimate> {
+        let measured = self.pairs.iter().filter(|p| p.bench.is_some()).count();
+        if measured == 0 || self.gpus.len() < 2 {
+            return None;
+        }
+        let sum = |pick: &dyn Fn(&str) -> bool| -> f64 {
+            phases
+                .0
+                .iter()
+                .filter(|(n, _)| pick(n))
+                .map(|(_, s)| s)
+                .sum()
+        };
+        let setup = sum(&|n| !n.starts_with("verify") && !n.starts_with("bench"));
+        let pairs = sum(&|n| n.starts_with("verify") || n.starts_with("bench"));
+        let links: Vec<u32> = self
+            .pairs
+            .iter()
+            .map(|p| p.peer.link.as_ref().map_or(0, |l| l.nvlinks))
+            .collect();
+        let per_gpu = self
+            .scan
+            .as_ref()
+            .and_then(|s| s.gpus.first())
+            .and_then(|g| u16::from_str_radix(g.device.trim_start_matches("0x"), 16).ok())
+            .and_then(vfio_p2p_contract::nvidia_parts::gpu_part)
+            .and_then(|p| p.links);
+        let fabric = crate::schedule::fabric(&links, per_gpu);
+        Some(crate::schedule::estimate(
+            8,
+            fabric,
+            self.gpus.len(),
+            setup,
+            pairs / measured as f64,
+        ))
+    }
+
     /// Exit status: 0 all as expected, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0);

@@ -51,3 +51,37 @@ fn a_report_with_a_timing_line_after_it_is_called_a_report() {
         .code(2)
         .stderr(contains("baseline ").and(contains("is not a report of this agent")));
 }
+
+#[test]
+fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
+    use vfio_p2p_agent::report::{Phases, Report};
+    use vfio_p2p_agent::schedule::Fabric;
+    let mut r: Report = serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
+    // Phases of a 2-GPU run: 1.0 s setup, 6.0 s for the two ordered pairs.
+    let phases = Phases(vec![
+        ("scan and expectation".into(), 0.2),
+        ("CUDA setup (contexts, peer access, modules)".into(), 0.8),
+        ("verify (one-way writes checked)".into(), 1.0),
+        ("bench (latency, bandwidth)".into(), 5.0),
+    ]);
+    let e = r.eight_gpu_estimate(&phases).unwrap();
+    // NV18 between H200s: all 18 links to the peer → the NVSwitch fabric.
+    assert_eq!(e.fabric, Fabric::NonBlocking);
+    assert_eq!((e.rounds, e.pairs_per_round), (14, 4));
+    assert!((e.total_s - (0.5 * 8.0 + 3.0 * 14.0)).abs() < 1e-9, "{e:?}");
+    r.schedule = Some(e);
+    r.phases = Some(phases);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    std::fs::write(&path, serde_json::to_string(&r).unwrap()).unwrap();
+    Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .env("COLUMNS", "300")
+        .arg("report")
+        .arg("--from")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 14 round(s) of 4 pair(s), estimated 46.0 s"))
+        .stdout(contains("time: scan and expectation 0.20 s"));
+}
