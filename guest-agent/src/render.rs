@@ -212,11 +212,19 @@ pub fn bench(results: &[PairBench]) -> String {
         ]);
     }
     let plan = results.first().map(|b| b.plan);
+    let samples = match plan {
+        Some(p) if p.target_spread_permille > 0 && p.min_samples < p.samples => format!(
+            "{}–{} samples each (stopping once within {:.1} %)",
+            p.min_samples,
+            p.samples,
+            f64::from(p.target_spread_permille) / 10.0
+        ),
+        _ => format!("{} samples each", plan.map_or(0, |p| p.samples)),
+    };
     let note = format!(
-        "median of {} samples each ({} for the one-way latency, its flags placed like \
+        "median of {samples} ({} for the one-way latency, its flags placed like \
          the reference probe's), ± half the spread; other flag places: fastest–slowest of \
          one round at each of {}; GB/s = 10^9 bytes/s",
-        plan.map_or(0, |p| p.samples),
         plan.map_or(0, |p| p.pingpong_samples),
         plan.map_or(0, |p| p.pingpong_positions)
     );
