@@ -77,18 +77,23 @@ fn runtime_only(path: &str, attr: &str) -> bool {
         || path.contains("/nic")
 }
 
-fn ours() -> String {
+/// `vfio-p2p ARGS`'s output, which must succeed.
+fn vfio_p2p(args: &[&str]) -> String {
     let out = Command::cargo_bin("vfio-p2p")
         .unwrap()
-        .args(["--example", "flat-vm", "gen", "nccl", "--as-is"])
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+fn ours() -> String {
+    vfio_p2p(&["--example", "flat-vm", "gen", "nccl", "--as-is"])
 }
 
 #[test]
@@ -135,13 +140,7 @@ fn the_comparison_sees_a_difference() {
 
 #[test]
 fn hgx_h100_has_one_switch_link_per_gpu() {
-    let out = Command::cargo_bin("vfio-p2p")
-        .unwrap()
-        .args(["--example", "hgx-h100", "gen", "nccl"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let xml = String::from_utf8(out.stdout).unwrap();
+    let xml = vfio_p2p(&["--example", "hgx-h100", "gen", "nccl"]);
     let e = elements(&xml);
     let gpus: Vec<&String> = e.keys().filter(|p| p.ends_with("/gpu")).collect();
     assert_eq!(gpus.len(), 8);
@@ -174,20 +173,17 @@ fn gpu_to_gpu_links_name_the_peer_and_its_class() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("topo-m.txt");
     std::fs::write(&path, capture).unwrap();
-    let out = Command::cargo_bin("vfio-p2p")
-        .unwrap()
-        .arg("--sysfs-root")
-        .arg(format!("{root}/sysfs/h200x2-vm-sysfs.json"))
-        .args(["gen", "nccl", "--as-is", "--nvlink"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let e = elements(&String::from_utf8(out.stdout).unwrap());
+    let sysfs = format!("{root}/sysfs/h200x2-vm-sysfs.json");
+    let path = path.to_str().unwrap();
+    let e = elements(&vfio_p2p(&[
+        "--sysfs-root",
+        &sysfs,
+        "gen",
+        "nccl",
+        "--as-is",
+        "--nvlink",
+        path,
+    ]));
     let link = &e["system/cpu[0]/pci[0000:00:06.0]/gpu/nvlink[0000:00:07.0]"];
     assert_eq!(link[1], ("count".to_string(), "6".to_string()));
     assert_eq!(link[2], ("tclass".to_string(), "0x030200".to_string()));
