@@ -29,6 +29,9 @@ struct Cli {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
     format: Format,
+    /// `report`: also print the time of each phase on stderr as it ends (any format).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -223,7 +226,14 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                 .transpose()?;
             match from {
                 Some(path) => report_from_file(f, path, baseline.as_ref()),
-                None => run_report(f, sysfs, expect, *quick, baseline.as_ref(), send),
+                None => run_report(
+                    f,
+                    sysfs,
+                    expect,
+                    (*quick, cli.verbose),
+                    baseline.as_ref(),
+                    send,
+                ),
             }
         }
     }
@@ -320,7 +330,7 @@ fn run_report(
     f: Format,
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
-    quick: bool,
+    (quick, verbose): (bool, bool),
     baseline: Option<&Report>,
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
@@ -331,7 +341,10 @@ fn run_report(
         (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
         _ => None,
     };
-    let mut phases = report::Phases::default();
+    let mut phases = report::Phases {
+        verbose,
+        ..Default::default()
+    };
     phases.lap("scan and expectation", started);
     let gpus = open_gpus()?;
     let nvml = Nvml::open();

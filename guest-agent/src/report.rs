@@ -76,19 +76,28 @@ pub struct Report {
 
 /// Seconds per phase of a run, in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Phases(pub Vec<(String, f64)>);
+#[serde(transparent)]
+pub struct Phases {
+    pub laps: Vec<(String, f64)>,
+    /// `-v`: each phase is also printed on stderr as it ends.
+    #[serde(skip)]
+    pub verbose: bool,
+}
 
 impl Phases {
     /// Ends phase `name` now; `started` is the run's start.
     pub fn lap(&mut self, name: &str, started: std::time::Instant) {
-        let so_far: f64 = self.0.iter().map(|(_, s)| s).sum();
-        self.0
-            .push((name.to_string(), started.elapsed().as_secs_f64() - so_far));
+        let so_far: f64 = self.laps.iter().map(|(_, s)| s).sum();
+        let s = started.elapsed().as_secs_f64() - so_far;
+        if self.verbose {
+            eprintln!("vfio-p2p-agent: {name}: {s:.3} s");
+        }
+        self.laps.push((name.to_string(), s));
     }
 
     /// `name 0.12 s, …`
     pub fn line(&self) -> String {
-        self.0
+        self.laps
             .iter()
             .map(|(n, s)| format!("{n} {s:.2} s"))
             .collect::<Vec<_>>()
@@ -106,7 +115,7 @@ impl Report {
         }
         let sum = |pick: &dyn Fn(&str) -> bool| -> f64 {
             phases
-                .0
+                .laps
                 .iter()
                 .filter(|(n, _)| pick(n))
                 .map(|(_, s)| s)

@@ -58,12 +58,15 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
     use vfio_p2p_agent::schedule::Fabric;
     let mut r: Report = serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
     // Phases of a 2-GPU run: 1.0 s setup, 6.0 s for the two ordered pairs.
-    let phases = Phases(vec![
-        ("scan and expectation".into(), 0.2),
-        ("CUDA setup (contexts, peer access, modules)".into(), 0.8),
-        ("verify (one-way writes checked)".into(), 1.0),
-        ("bench (latency, bandwidth)".into(), 5.0),
-    ]);
+    let phases = Phases {
+        verbose: false,
+        laps: vec![
+            ("scan and expectation".into(), 0.2),
+            ("CUDA setup (contexts, peer access, modules)".into(), 0.8),
+            ("verify (one-way writes checked)".into(), 1.0),
+            ("bench (latency, bandwidth)".into(), 5.0),
+        ],
+    };
     let e = r.eight_gpu_estimate(&phases).unwrap();
     // NV18 between H200s: all 18 links to the peer → the NVSwitch fabric.
     assert_eq!(e.fabric, Fabric::NonBlocking);
