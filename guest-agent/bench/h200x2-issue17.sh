@@ -97,7 +97,8 @@ NCCL_TOPO_FILE=$work/gen-nccl.xml step 60 report-with-nccl-topo.json "$AGENT" re
 
 # 4. Cross-process peer access (issue 17 item 6), when this agent has it.
 if "$AGENT" --help 2>/dev/null | grep -q cross-process; then
-    step 120 cross-process.txt "$AGENT" cross-process
+    step 180 cross-process.txt env COLUMNS=120 "$AGENT" cross-process
+    step 180 cross-process.json "$AGENT" cross-process --format json
 else
     echo "this agent has no cross-process check (issue 17 item 6 not implemented yet)" >"$work/cross-process.txt"
 fi
@@ -133,6 +134,12 @@ for name in ("nccl-allreduce-generated.txt", "nccl-allreduce-fixture.txt"):
     print(f"{name}: rc {wall(name)[0]} {verdict}")
 for name in ("nccl-topo-generated.txt", "nccl-topo-nccl-dump.txt", "nccl-topo-fixture.txt"):
     print(f"{name}: rc {wall(name)[0]}")
+try:
+    for r in json.load(open(f"{work}/cross-process.json")):
+        print(f"cross-process {r['src']}->{r['dst']} {r['kind']}: write {r.get('write')} "
+              f"GB/s {r.get('write_gbps')} error {r.get('error')}")
+except Exception as e:
+    print(f"cross-process: no JSON ({e}); see cross-process.txt")
 PY
 cp "$work/summary.txt" "$OUT/summary.txt"
 tar -C "$work" --exclude=p2pBandwidthLatencyTest --exclude=p2p_lat -czf "$OUT/issue17.tar.gz" .

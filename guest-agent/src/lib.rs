@@ -4,6 +4,7 @@
 //! the path is.
 
 pub mod bench;
+pub mod cross_process;
 pub mod cuda;
 pub mod expect;
 pub mod kernels;

@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
+use vfio_p2p_agent::cross_process::{self, HandleKind};
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
@@ -109,6 +110,32 @@ enum Command {
         #[command(flatten)]
         sysfs: SysfsArgs,
     },
+    /// Peer access between processes, as NCCL uses it: per ordered pair and handle kind,
+    /// a child process owns memory on the destination GPU, another writes into it from the
+    /// source GPU through CUDA IPC, and the owner checks every word.
+    CrossProcess {
+        /// Handle kinds: posix-fd (cuMemExportToShareableHandle, NCCL's P2P/CUMEM), legacy
+        /// (cuIpcGetMemHandle, cudaIpc*MemHandle), or both.
+        #[arg(long, default_value = "both", value_parser = ["posix-fd", "legacy", "both"])]
+        handle: String,
+        /// Size of the checked buffer, in MiB.
+        #[arg(long, default_value_t = 64)]
+        mib: usize,
+    },
+    /// One side of `cross-process` (started by it, not by hand).
+    #[command(hide = true)]
+    CrossProcessChild {
+        #[arg(value_parser = ["owner", "writer"])]
+        role: String,
+        #[arg(long)]
+        gpu: pci_config::Bdf,
+        #[arg(long, value_parser = ["posix-fd", "legacy"])]
+        kind: String,
+        #[arg(long)]
+        mib: usize,
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
     Report {
@@ -184,6 +211,17 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             send,
         } => run_expect(f, sysfs, expect, send),
         Command::Peers { sysfs, expect } => run_peers(f, sysfs, expect),
+        Command::CrossProcess { handle, mib } => run_cross_process(f, handle, *mib),
+        Command::CrossProcessChild {
+            role,
+            gpu,
+            kind,
+            mib,
+            socket,
+        } => {
+            cross_process::run_child(role, *gpu, kind, *mib, socket).map_err(anyhow::Error::msg)?;
+            Ok(0)
+        }
         Command::NcclTopo { file, sysfs } => {
             let path = match file {
                 Some(p) => p.clone(),
@@ -444,6 +482,33 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
             path.display()
         )
     })
+}
+
+/// `cross-process`: both handle kinds (or one) for every ordered pair, a pair at a time.
+fn run_cross_process(f: Format, handle: &str, mib: usize) -> Result<u8, CannotRun> {
+    let kinds: Vec<HandleKind> = match HandleKind::parse(handle) {
+        Some(k) => vec![k],
+        None => HandleKind::ALL.to_vec(),
+    };
+    let gpus: Vec<pci_config::Bdf> = open_gpus()?.iter().map(|g| g.bus_id).collect();
+    let exe = std::env::current_exe().context("finding this program to start its children")?;
+    let mut results = Vec::new();
+    for &src in &gpus {
+        for &dst in gpus.iter().filter(|d| **d != src) {
+            for &kind in &kinds {
+                let r = cross_process::run_pair(
+                    &exe,
+                    (src, dst),
+                    kind,
+                    mib,
+                    std::time::Duration::from_secs(60),
+                );
+                results.push(r);
+            }
+        }
+    }
+    emit(f, &results, |r| render::cross_process(r))?;
+    Ok(u8::from(!results.iter().all(|r| r.ok())))
 }
 
 /// `$NCCL_TOPO_FILE`, when set and not empty.

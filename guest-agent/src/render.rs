@@ -323,3 +323,30 @@ pub fn nccl_topo(c: &NcclTopoCheck) -> String {
     }
     out
 }
+
+pub fn cross_process(results: &[crate::cross_process::CrossProcessResult]) -> String {
+    let mut t = table(&[
+        "src → dst",
+        "handle",
+        "words",
+        "one-way writes",
+        "write GB/s",
+    ]);
+    for r in results {
+        let writes = match (&r.write, &r.error) {
+            (_, Some(e)) => format!("FAILED: {e}"),
+            (Some(c), None) if c.ok() => "ok, checked on dst".to_string(),
+            (Some(c), None) => format!("{} BAD (first {})", c.bad_words, c.first_bad.unwrap_or(0)),
+            (None, None) => "-".to_string(),
+        };
+        t.add_row(vec![
+            format!("{} → {}", r.src, r.dst),
+            r.kind.name().to_string(),
+            r.words.to_string(),
+            writes,
+            r.write_gbps
+                .map_or_else(|| "-".into(), |g| format!("{g:.1}")),
+        ]);
+    }
+    format!("{t}\n")
+}

@@ -111,6 +111,19 @@ fn check_on(
     buf: &DeviceBuffer<'_>,
     seed: u32,
 ) -> Result<WriteCheck, CudaError> {
+    check_words(gpu, module, stream, buf.ptr(), buf.bytes() as u64 / 4, seed)
+}
+
+/// Runs the `check` kernel on `gpu` over `words` words at `ptr` (memory `gpu` owns):
+/// how many do not hold the pattern of `seed`.
+pub fn check_words(
+    gpu: &Gpu,
+    module: &Module<'_>,
+    stream: &Stream<'_>,
+    ptr: u64,
+    words: u64,
+    seed: u32,
+) -> Result<WriteCheck, CudaError> {
     let counters = DeviceBuffer::new(gpu, 16)?;
     counters.upload(&[0u64, u64::MAX])?;
     module.launch(
@@ -119,8 +132,8 @@ fn check_on(
         BLOCK,
         stream,
         &[
-            Param::U64(buf.ptr()),
-            Param::U64(buf.bytes() as u64 / 4),
+            Param::U64(ptr),
+            Param::U64(words),
             Param::U32(seed),
             Param::U64(counters.ptr()),
             Param::U64(counters.ptr() + 8),
@@ -133,4 +146,23 @@ fn check_on(
         bad_words: out[0],
         first_bad: (out[0] > 0).then_some(out[1]),
     })
+}
+
+/// Writes the pattern of `seed` into `words` words at `ptr` by a kernel on `gpu` (the
+/// memory may be another GPU's, mapped here).
+pub fn fill_words(
+    gpu: &Gpu,
+    module: &Module<'_>,
+    stream: &Stream<'_>,
+    ptr: u64,
+    words: u64,
+    seed: u32,
+) -> Result<(), CudaError> {
+    module.launch(
+        Kernel::Fill,
+        grid(gpu),
+        BLOCK,
+        stream,
+        &[Param::U64(ptr), Param::U64(words), Param::U32(seed)],
+    )
 }

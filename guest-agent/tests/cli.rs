@@ -193,6 +193,19 @@ fn cuda_commands_without_libcuda_exit_2() {
         &["verify"],
         &["bench", "--quick"],
         &["report", "--quick"],
+        &["cross-process"],
+        &[
+            "cross-process-child",
+            "owner",
+            "--gpu",
+            "0000:00:07.0",
+            "--kind",
+            "legacy",
+            "--mib",
+            "1",
+            "--socket",
+            "/nonexistent/s",
+        ],
     ] {
         agent()
             .args(cmd)

@@ -4,6 +4,7 @@
 
 mod driver;
 mod gpu;
+pub mod ipc;
 mod memory;
 mod module;
 pub mod peers;
