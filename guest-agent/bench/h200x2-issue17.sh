@@ -9,7 +9,7 @@
 #      `nvidia-smi topo -m`, NCCL's own dump of the same GPUs (NCCL_TOPO_DUMP_FILE), the
 #      agent's `nccl-topo` on both and on the committed fixture, and an NCCL all-reduce
 #      with the generated file (host-tool/tests/gpu/nccl-topo-check.sh);
-#   4. the agent's cross-process section when the agent has one (it says so when not).
+#   4. the agent's cross-process check, alone and as `report --cross-process` (both handle kinds).
 # Idempotent (a fresh work directory each run), every step under `timeout`, < 8 min.
 #
 # Inputs (defaults in brackets; the repository is the script's ../..):
@@ -99,6 +99,7 @@ NCCL_TOPO_FILE=$work/gen-nccl.xml step 60 report-with-nccl-topo.json "$AGENT" re
 if "$AGENT" --help 2>/dev/null | grep -q cross-process; then
     step 180 cross-process.txt env COLUMNS=120 "$AGENT" cross-process
     step 180 cross-process.json "$AGENT" cross-process --format json
+    step 180 report-cross-process.json "$AGENT" report --cross-process --format json
 else
     echo "this agent has no cross-process check (issue 17 item 6 not implemented yet)" >"$work/cross-process.txt"
 fi

@@ -361,6 +361,31 @@ pub fn run_child(
     }
 }
 
+/// Every ordered pair of `gpus` with every kind of `kinds`, one pair at a time, through
+/// children of this binary (`exe`), each pair at most 60 s.
+pub fn run_all(
+    exe: &Path,
+    gpus: &[Bdf],
+    kinds: &[HandleKind],
+    mib: usize,
+) -> Vec<CrossProcessResult> {
+    let mut results = Vec::new();
+    for &src in gpus {
+        for &dst in gpus.iter().filter(|d| **d != src) {
+            for &kind in kinds {
+                results.push(run_pair(
+                    exe,
+                    (src, dst),
+                    kind,
+                    mib,
+                    Duration::from_secs(60),
+                ));
+            }
+        }
+    }
+    results
+}
+
 /// Runs the owner and writer children of this binary (`exe`) for `src` → `dst` and
 /// `kind`, each at most `limit`.
 pub fn run_pair(

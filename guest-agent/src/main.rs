@@ -149,6 +149,9 @@ enum Command {
         /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.
         #[arg(long)]
         baseline: Option<PathBuf>,
+        /// Also check peer access across processes (`cross-process`, both handle kinds).
+        #[arg(long)]
+        cross_process: bool,
         /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
         #[arg(long, conflicts_with_all = ["quick", "expect", "send"])]
         from: Option<PathBuf>,
@@ -255,6 +258,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             expect,
             quick,
             baseline,
+            cross_process,
             from,
             send,
         } => {
@@ -268,7 +272,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     f,
                     sysfs,
                     expect,
-                    (*quick, cli.verbose),
+                    (*quick, cli.verbose, *cross_process),
                     baseline.as_ref(),
                     send,
                 ),
@@ -368,7 +372,7 @@ fn run_report(
     f: Format,
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
-    (quick, verbose): (bool, bool),
+    (quick, verbose, across): (bool, bool, bool),
     baseline: Option<&Report>,
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
@@ -398,6 +402,15 @@ fn run_report(
     let plan = if quick { Plan::QUICK } else { Plan::FULL };
     run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
     phases.lap("bench (latency, bandwidth)", started);
+    let cross = if across {
+        let exe = std::env::current_exe().context("finding this program to start its children")?;
+        let bdfs: Vec<_> = gpus.iter().map(|g| g.bus_id).collect();
+        let r = cross_process::run_all(&exe, &bdfs, &HandleKind::ALL, 64);
+        phases.lap("cross-process (children per pair)", started);
+        Some(r)
+    } else {
+        None
+    };
     let mut r = Report {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         host: HostInfo {
@@ -414,6 +427,7 @@ fn run_report(
         nccl_topo: None,
         schedule: None,
         phases: None,
+        cross_process: cross,
         elapsed_s: 0.0,
     };
     r.nccl_topo = report_nccl_topo(r.scan.as_ref());
@@ -492,21 +506,7 @@ fn run_cross_process(f: Format, handle: &str, mib: usize) -> Result<u8, CannotRu
     };
     let gpus: Vec<pci_config::Bdf> = open_gpus()?.iter().map(|g| g.bus_id).collect();
     let exe = std::env::current_exe().context("finding this program to start its children")?;
-    let mut results = Vec::new();
-    for &src in &gpus {
-        for &dst in gpus.iter().filter(|d| **d != src) {
-            for &kind in &kinds {
-                let r = cross_process::run_pair(
-                    &exe,
-                    (src, dst),
-                    kind,
-                    mib,
-                    std::time::Duration::from_secs(60),
-                );
-                results.push(r);
-            }
-        }
-    }
+    let results = cross_process::run_all(&exe, &gpus, &kinds, mib);
     emit(f, &results, |r| render::cross_process(r))?;
     Ok(u8::from(!results.iter().all(|r| r.ok())))
 }

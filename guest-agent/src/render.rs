@@ -265,6 +265,9 @@ pub fn report(r: &Report) -> String {
     if let Some(c) = &r.nccl_topo {
         out.push_str(&nccl_topo(c));
     }
+    if let Some(x) = &r.cross_process {
+        out.push_str(&cross_process(x));
+    }
     if let Some(p) = &r.phases {
         out.push_str(&fit(&format!("time: {}", p.line())));
     }

@@ -68,6 +68,9 @@ pub struct Report {
     /// How the pairs were measured and what 8 GPUs would take (absent in older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<crate::schedule::Estimate>,
+    /// Peer access across processes (`report --cross-process`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_process: Option<Vec<crate::cross_process::CrossProcessResult>>,
     /// Where the time went (absent in older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,
@@ -121,7 +124,9 @@ impl Report {
                 .map(|(_, s)| s)
                 .sum()
         };
-        let setup = sum(&|n| !n.starts_with("verify") && !n.starts_with("bench"));
+        let setup = sum(&|n| {
+            !n.starts_with("verify") && !n.starts_with("bench") && !n.starts_with("cross")
+        });
         let pairs = sum(&|n| n.starts_with("verify") || n.starts_with("bench"));
         let links: Vec<u32> = self
             .pairs
@@ -150,7 +155,11 @@ impl Report {
         let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
         let nccl_ok = self.nccl_topo.as_ref().is_none_or(|c| c.ok());
-        if gpus_ok && pairs_ok && nccl_ok {
+        let across_ok = self
+            .cross_process
+            .as_ref()
+            .is_none_or(|v| v.iter().all(|r| r.ok()));
+        if gpus_ok && pairs_ok && nccl_ok && across_ok {
             0
         } else {
             1

@@ -88,3 +88,34 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
         .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 14 round(s) of 4 pair(s), estimated 46.0 s"))
         .stdout(contains("time: scan and expectation 0.20 s"));
 }
+
+#[test]
+fn a_cross_process_section_is_shown_and_judged() {
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
+    let result = |kind: &str, bad: u64| {
+        serde_json::json!({"src": "0000:00:06.0", "dst": "0000:00:07.0", "kind": kind,
+            "words": 16777216u64, "write": {"bad_words": bad, "first_bad": if bad > 0 { Some(0) } else { None }},
+            "write_gbps": 350.0, "error": null})
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    r["cross_process"] = serde_json::json!([result("posix_fd", 0), result("legacy", 0)]);
+    std::fs::write(&path, r.to_string()).unwrap();
+    let run = || {
+        Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .env("COLUMNS", "200")
+            .arg("report")
+            .arg("--from")
+            .arg(&path)
+            .assert()
+    };
+    run()
+        .success()
+        .stdout(contains("posix-fd"))
+        .stdout(contains("ok, checked on dst"));
+    r["cross_process"] = serde_json::json!([result("posix_fd", 0), result("legacy", 7)]);
+    std::fs::write(&path, r.to_string()).unwrap();
+    run().code(1).stdout(contains("7 BAD (first 0)"));
+}
