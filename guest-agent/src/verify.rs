@@ -62,34 +62,14 @@ pub fn verify_pair(
     let n = words as u64;
 
     let seed_kernel = 0x5eed_0001;
-    src_mod.launch(
-        Kernel::Fill,
-        grid(src),
-        BLOCK,
-        &src_stream,
-        &[
-            Param::U64(target.ptr()),
-            Param::U64(n),
-            Param::U32(seed_kernel),
-        ],
-    )?;
+    fill_words(src, src_mod, &src_stream, target.ptr(), n, seed_kernel)?;
     src_stream.synchronize()?;
     let kernel_write = check_on(dst, dst_mod, &dst_stream, &target, seed_kernel)?;
 
     let seed_ce = 0x5eed_0002;
     target.fill_u32(POISON)?;
     let staging = DeviceBuffer::new(src, words * 4)?;
-    src_mod.launch(
-        Kernel::Fill,
-        grid(src),
-        BLOCK,
-        &src_stream,
-        &[
-            Param::U64(staging.ptr()),
-            Param::U64(n),
-            Param::U32(seed_ce),
-        ],
-    )?;
+    fill_words(src, src_mod, &src_stream, staging.ptr(), n, seed_ce)?;
     src_stream.copy_peer(&target, &staging, words * 4)?;
     src_stream.synchronize()?;
     let ce_copy = check_on(dst, dst_mod, &dst_stream, &target, seed_ce)?;
