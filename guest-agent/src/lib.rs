@@ -4,6 +4,7 @@
 //! the path is.
 
 pub mod bench;
+pub mod cli;
 pub mod cuda;
 pub mod expect;
 pub mod kernels;
@@ -15,3 +16,5 @@ pub mod send;
 pub mod stats;
 pub mod sysfs_scan;
 pub mod verify;
+
+pub use cli::command;

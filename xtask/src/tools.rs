@@ -1,0 +1,108 @@
+//! The tools `dist` drives, and installing the missing ones.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use crate::AgentTarget;
+
+/// `cargo` run in the workspace root with one target directory, so that cargo-deb and
+/// cargo-zigbuild find what the other built.
+pub struct Cargo {
+    root: PathBuf,
+    target: PathBuf,
+}
+
+impl Cargo {
+    pub fn new(root: &Path, target: &Path) -> Self {
+        Cargo {
+            root: root.to_path_buf(),
+            target: target.to_path_buf(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        c.args(args)
+            .current_dir(&self.root)
+            .env("CARGO_TARGET_DIR", &self.target);
+        c
+    }
+
+    /// Runs `cargo ARGS`, echoing the command line; a failure names it.
+    pub fn run(&self, args: &[&str]) -> Result<()> {
+        run(self.command(args), &format!("cargo {}", args.join(" ")))
+    }
+
+    /// `cargo ARGS` with extra environment variables.
+    pub fn run_with_env(&self, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+        let mut command = self.command(args);
+        command.envs(env.iter().copied());
+        run(command, &format!("cargo {}", args.join(" ")))
+    }
+
+    /// Whether `cargo ARGS` runs and succeeds (a subcommand is installed).
+    fn works(&self, args: &[&str]) -> bool {
+        quietly_succeeds(&mut self.command(args))
+    }
+}
+
+fn run(mut command: Command, shown: &str) -> Result<()> {
+    eprintln!("+ {shown}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting `{shown}`"))?;
+    if !status.success() {
+        bail!("`{shown}` failed ({status})");
+    }
+    Ok(())
+}
+
+fn quietly_succeeds(command: &mut Command) -> bool {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn python() -> &'static str {
+    if quietly_succeeds(Command::new("python3").arg("--version")) {
+        "python3"
+    } else {
+        "python"
+    }
+}
+
+/// Installs what `dist` needs and this machine lacks: cargo-deb (crates.io), zig and
+/// cargo-zigbuild (the Python package index), the agent's Rust targets (rustup).
+pub fn ensure(cargo: &Cargo, targets: &[AgentTarget]) -> Result<()> {
+    if !cargo.works(&["deb", "--version"]) {
+        run(
+            cargo.command(&["install", "--locked", "cargo-deb"]),
+            "cargo install --locked cargo-deb",
+        )?;
+    }
+    let py = python();
+    let zig = quietly_succeeds(Command::new("zig").arg("version"))
+        || quietly_succeeds(Command::new(py).args(["-m", "ziglang", "version"]));
+    if !zig || !cargo.works(&["zigbuild", "--version"]) {
+        let mut pip = Command::new(py);
+        pip.args(["-m", "pip", "install", "ziglang", "cargo-zigbuild"]);
+        run(pip, &format!("{py} -m pip install ziglang cargo-zigbuild"))?;
+    }
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("running `rustup target list --installed` (the agent is cross-built through rustup's targets)")?;
+    let installed = String::from_utf8_lossy(&installed.stdout);
+    for t in targets {
+        if !installed.lines().any(|l| l.trim() == t.triple) {
+            let mut add = Command::new("rustup");
+            add.args(["target", "add", t.triple]);
+            run(add, &format!("rustup target add {}", t.triple))?;
+        }
+    }
+    Ok(())
+}
