@@ -87,7 +87,7 @@ pub fn ensure(cargo: &Cargo, targets: &[AgentTarget]) -> Result<()> {
     let py = python();
     let zig = quietly_succeeds(Command::new("zig").arg("version"))
         || quietly_succeeds(Command::new(py).args(["-m", "ziglang", "version"]));
-    if !zig || !cargo.works(&["zigbuild", "--version"]) {
+    if !zig || !cargo.works(&["zigbuild", "--help"]) {
         let mut pip = Command::new(py);
         pip.args(["-m", "pip", "install", "ziglang", "cargo-zigbuild"]);
         run(pip, &format!("{py} -m pip install ziglang cargo-zigbuild"))?;
