@@ -11,16 +11,34 @@ use sha2::{Digest, Sha256};
 /// `NAME.tar.gz` holding `NAME/`: the agent binary, its README and licences, man pages and
 /// completions, for guests without dpkg. Entries are sorted, owned by root and dated 0,
 /// so the same build gives the same bytes.
-pub fn agent_tarball(root: &Path, release: &Path, gen: &Path, out: &Path, name: &str) -> Result<()> {
+pub fn agent_tarball(
+    root: &Path,
+    release: &Path,
+    gen: &Path,
+    out: &Path,
+    name: &str,
+) -> Result<()> {
     let mut entries: Vec<(PathBuf, String, u32)> = vec![
-        (release.join("vfio-p2p-agent"), "vfio-p2p-agent".into(), 0o755),
-        (root.join("guest-agent/README.md"), "README.md".into(), 0o644),
+        (
+            release.join("vfio-p2p-agent"),
+            "vfio-p2p-agent".into(),
+            0o755,
+        ),
+        (
+            root.join("guest-agent/README.md"),
+            "README.md".into(),
+            0o644,
+        ),
         (root.join("LICENSE-APACHE"), "LICENSE-APACHE".into(), 0o644),
         (root.join("LICENSE-BSD"), "LICENSE-BSD".into(), 0o644),
     ];
     for sub in ["man", "completions"] {
         for file in sorted_files(&gen.join(sub))? {
-            let file_name = file.file_name().unwrap_or_default().to_string_lossy().to_string();
+            let file_name = file
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
             entries.push((file, format!("{sub}/{file_name}"), 0o644));
         }
     }
@@ -60,7 +78,11 @@ pub fn sorted_files(dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn sha256sums(dist: &Path) -> Result<()> {
     let mut sums = String::new();
     for file in sorted_files(dist)? {
-        let name = file.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let name = file
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
         if name == "SHA256SUMS" {
             continue;
         }

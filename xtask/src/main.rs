@@ -102,7 +102,14 @@ fn dist() -> Result<()> {
     let host_gen = target.join("release/gen/vfio-p2p");
     manpages::write(vfio_p2p::command(), &host_gen)?;
     let host_deb = dist.join(format!("vfio-p2p_{VERSION}_amd64.deb"));
-    cargo.run(&["deb", "--locked", "-p", "vfio-p2p", "-o", path_str(&host_deb)?])?;
+    cargo.run(&[
+        "deb",
+        "--locked",
+        "-p",
+        "vfio-p2p",
+        "-o",
+        path_str(&host_deb)?,
+    ])?;
 
     for t in &AGENT_TARGETS {
         let release = target.join(t.triple).join("release");
@@ -113,14 +120,15 @@ fn dist() -> Result<()> {
         cargo.run_with_env(
             &[("CARGO_PROFILE_RELEASE_STRIP", "symbols")],
             &[
-            "zigbuild",
-            "--release",
-            "--locked",
-            "-p",
-            "vfio-p2p-agent",
-            "--target",
-            &zig_target,
-        ])?;
+                "zigbuild",
+                "--release",
+                "--locked",
+                "-p",
+                "vfio-p2p-agent",
+                "--target",
+                &zig_target,
+            ],
+        )?;
         let deb = dist.join(format!("vfio-p2p-agent_{VERSION}_{}.deb", t.deb_arch));
         cargo.run(&[
             "deb",
@@ -134,13 +142,23 @@ fn dist() -> Result<()> {
             path_str(&deb)?,
         ])?;
         let name = format!("vfio-p2p-agent-{VERSION}-{}-linux", t.uname);
-        archive::agent_tarball(&root, &release, &gen, &dist.join(format!("{name}.tar.gz")), &name)?;
+        archive::agent_tarball(
+            &root,
+            &release,
+            &gen,
+            &dist.join(format!("{name}.tar.gz")),
+            &name,
+        )?;
     }
     archive::sha256sums(&dist)?;
     println!("dist: {}", dist.display());
     for entry in archive::sorted_files(&dist)? {
         let len = fs::metadata(&entry)?.len();
-        println!("  {:>10}  {}", len, entry.file_name().unwrap_or_default().to_string_lossy());
+        println!(
+            "  {:>10}  {}",
+            len,
+            entry.file_name().unwrap_or_default().to_string_lossy()
+        );
     }
     Ok(())
 }
@@ -148,6 +166,9 @@ fn dist() -> Result<()> {
 fn path_str(path: &Path) -> Result<&str> {
     match path.to_str() {
         Some(s) => Ok(s),
-        None => bail!("{} is not UTF-8; set CARGO_TARGET_DIR to a UTF-8 path", path.display()),
+        None => bail!(
+            "{} is not UTF-8; set CARGO_TARGET_DIR to a UTF-8 path",
+            path.display()
+        ),
     }
 }

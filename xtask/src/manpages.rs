@@ -24,8 +24,9 @@ pub fn write(command: clap::Command, dir: &Path) -> Result<()> {
         .with_context(|| format!("writing man pages into {}", man.display()))?;
     gzip_all(&man)?;
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        clap_complete::generate_to(shell, &mut command.clone(), &name, &completions)
-            .with_context(|| format!("writing {shell} completions into {}", completions.display()))?;
+        clap_complete::generate_to(shell, &mut command.clone(), &name, &completions).with_context(
+            || format!("writing {shell} completions into {}", completions.display()),
+        )?;
     }
     Ok(())
 }
