@@ -93,3 +93,52 @@ pub fn sha256sums(dist: &Path) -> Result<()> {
     fs::File::create(dist.join("SHA256SUMS"))?.write_all(sums.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_in_sha256sum_format_without_themselves() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("b.tar.gz"), "abc").unwrap();
+        fs::write(dir.path().join("a.deb"), "").unwrap();
+        fs::write(dir.path().join("SHA256SUMS"), "stale").unwrap();
+        sha256sums(dir.path()).unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join("SHA256SUMS")).unwrap(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  a.deb\n\
+             ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad  b.tar.gz\n"
+        );
+    }
+
+    #[test]
+    fn tarball_holds_one_directory_with_an_executable_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (release, gen) = (dir.path().join("release"), dir.path().join("gen"));
+        for d in [release.clone(), gen.join("man"), gen.join("completions")] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(release.join("vfio-p2p-agent"), "ELF").unwrap();
+        fs::write(gen.join("man/vfio-p2p-agent.1.gz"), "page").unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let out = dir.path().join("a.tar.gz");
+        agent_tarball(root, &release, &gen, &out, "agent-1").unwrap();
+        let mut tar =
+            tar::Archive::new(flate2::read::GzDecoder::new(fs::File::open(&out).unwrap()));
+        let entries: Vec<(String, u32)> = tar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.path().unwrap().display().to_string(),
+                    e.header().mode().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(entries[0], ("agent-1/vfio-p2p-agent".to_string(), 0o755));
+        assert!(entries.contains(&("agent-1/man/vfio-p2p-agent.1.gz".to_string(), 0o644)));
+        assert!(entries.iter().all(|(p, _)| p.starts_with("agent-1/")));
+    }
+}

@@ -47,3 +47,49 @@ fn gzip_all(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    fn gunzip(path: &Path) -> String {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(fs::File::open(path).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    }
+
+    #[test]
+    fn a_page_per_subcommand_and_three_completions() {
+        let dir = tempfile::tempdir().unwrap();
+        write(vfio_p2p::command(), dir.path()).unwrap();
+        let page = gunzip(&dir.path().join("man/vfio-p2p-hook-install.1.gz"));
+        assert!(page.contains(".TH vfio-p2p-hook-install 1"), "{page}");
+        assert!(page.contains("prefix"), "{page}");
+        let top = gunzip(&dir.path().join("man/vfio-p2p.1.gz"));
+        assert!(top.contains("vfio\\-p2p\\-topo(1)"), "{top}");
+        for file in ["vfio-p2p.bash", "_vfio-p2p", "vfio-p2p.fish"] {
+            let text = fs::read_to_string(dir.path().join("completions").join(file)).unwrap();
+            assert!(text.contains("snapshot"), "{file}: {text}");
+        }
+        // the same definition gives the same bytes (gzip without a timestamp)
+        let again = tempfile::tempdir().unwrap();
+        write(vfio_p2p::command(), again.path()).unwrap();
+        assert_eq!(
+            fs::read(dir.path().join("man/vfio-p2p.1.gz")).unwrap(),
+            fs::read(again.path().join("man/vfio-p2p.1.gz")).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_agent_has_its_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        write(vfio_p2p_agent::command(), dir.path()).unwrap();
+        let page = gunzip(&dir.path().join("man/vfio-p2p-agent-scan.1.gz"));
+        assert!(page.contains("sysfs\\-root"), "{page}");
+        assert!(dir.path().join("completions/_vfio-p2p-agent").is_file());
+    }
+}
