@@ -172,3 +172,21 @@ fn path_str(path: &Path) -> Result<&str> {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The packages' Version is the workspace version with cargo-deb's `-1`; a changelog
+    /// whose newest entry says otherwise is what lintian calls a version mismatch.
+    #[test]
+    fn changelog_names_this_version() {
+        let changelog = super::workspace_root().join("packaging/debian/changelog");
+        let text = std::fs::read_to_string(&changelog).unwrap();
+        let first = text.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("vfio-p2p ({}-1) ", super::VERSION)),
+            "{}: the newest entry is `{first}`; add one for {}-1",
+            changelog.display(),
+            super::VERSION
+        );
+    }
+}
