@@ -8,7 +8,8 @@ use anyhow::{bail, Context, Result};
 use crate::AgentTarget;
 
 /// `cargo` run in the workspace root with one target directory, so that cargo-deb and
-/// cargo-zigbuild find what the other built.
+/// cargo-zigbuild find what the other built, and with the tools' virtual environment (zig,
+/// cargo-zigbuild) first in `PATH` when `dist` made one.
 pub struct Cargo {
     root: PathBuf,
     target: PathBuf,
@@ -22,8 +23,31 @@ impl Cargo {
         }
     }
 
+    /// Where `dist` installs zig and cargo-zigbuild when the machine has neither: a Python
+    /// virtual environment (Debian's own Python refuses `pip install` outside one).
+    fn venv(&self) -> PathBuf {
+        self.target.join("dist-tools/venv")
+    }
+
+    /// A program run with the venv's `bin/` first in `PATH`.
+    fn program(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        let bin = self.venv().join("bin");
+        if bin.is_dir() {
+            let mut paths = vec![bin];
+            paths.extend(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            ));
+            if let Ok(path) = std::env::join_paths(paths) {
+                c.env("PATH", path);
+            }
+        }
+        c
+    }
+
     fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut c = self.program(&cargo);
         c.args(args)
             .current_dir(&self.root)
             .env("CARGO_TARGET_DIR", &self.target);
@@ -76,7 +100,8 @@ fn python() -> &'static str {
 }
 
 /// Installs what `dist` needs and this machine lacks: cargo-deb (crates.io), zig and
-/// cargo-zigbuild (the Python package index), the agent's Rust targets (rustup).
+/// cargo-zigbuild (the Python package index, into `target/dist-tools/venv`), the agent's
+/// Rust targets (rustup).
 pub fn ensure(cargo: &Cargo, targets: &[AgentTarget]) -> Result<()> {
     if !cargo.works(&["deb", "--version"]) {
         run(
@@ -84,13 +109,21 @@ pub fn ensure(cargo: &Cargo, targets: &[AgentTarget]) -> Result<()> {
             "cargo install --locked cargo-deb",
         )?;
     }
-    let py = python();
-    let zig = quietly_succeeds(Command::new("zig").arg("version"))
-        || quietly_succeeds(Command::new(py).args(["-m", "ziglang", "version"]));
+    // cargo-zigbuild runs `zig`, or `python3 -m ziglang` (the Python package's zig)
+    let zig = quietly_succeeds(cargo.program("zig").arg("version"))
+        || quietly_succeeds(cargo.program(python()).args(["-m", "ziglang", "version"]));
     if !zig || !cargo.works(&["zigbuild", "--help"]) {
-        let mut pip = Command::new(py);
-        pip.args(["-m", "pip", "install", "ziglang", "cargo-zigbuild"]);
-        run(pip, &format!("{py} -m pip install ziglang cargo-zigbuild"))?;
+        let venv = cargo.venv();
+        let mut make = Command::new(python());
+        make.arg("-m").arg("venv").arg(&venv);
+        run(make, &format!("{} -m venv {}", python(), venv.display()))?;
+        let pip = venv.join("bin/pip");
+        let mut install = Command::new(&pip);
+        install.args(["install", "--quiet", "ziglang", "cargo-zigbuild"]);
+        run(
+            install,
+            &format!("{} install ziglang cargo-zigbuild", pip.display()),
+        )?;
     }
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
