@@ -4,6 +4,7 @@
 //! the path is.
 
 pub mod bench;
+pub mod cli;
 pub mod cross_process;
 pub mod cuda;
 pub mod expect;
@@ -18,3 +19,5 @@ pub mod send;
 pub mod stats;
 pub mod sysfs_scan;
 pub mod verify;
+
+pub use cli::command;

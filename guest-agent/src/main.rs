@@ -8,157 +8,19 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
 use vfio_p2p_agent::cross_process::{self, HandleKind};
+use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
 use vfio_p2p_agent::{nccl_topo, render, send, sysfs_scan, verify};
-
-#[derive(Parser)]
-#[command(
-    version,
-    about = "Checks GPU peer-to-peer inside a VM: clique capability, peer access, one-way writes, latency and bandwidth"
-)]
-struct Cli {
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
-    format: Format,
-    /// `report`: also print the time of each phase on stderr as it ends (any format).
-    #[arg(short, long, global = true)]
-    verbose: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
-    Table,
-    Json,
-    // text exposition format, `expect` and `report` only (node_exporter's textfile collector)
-    Prometheus,
-}
-
-#[derive(Args)]
-struct SysfsArgs {
-    /// Root under which `sys/` is read (a copy of a VM's sysfs, for tests).
-    #[arg(long, default_value = "/")]
-    sysfs_root: PathBuf,
-}
-
-#[derive(Args)]
-struct ExpectArgs {
-    /// The host's expectation; default: QEMU fw_cfg `opt/vfio-p2p/expect.json` when present.
-    #[arg(long)]
-    expect: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct SendArgs {
-    /// Also send the findings to the host over vsock (port from the host's expectation).
-    #[arg(long)]
-    send: bool,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// List NVIDIA GPUs from sysfs with their P2P clique capability (no CUDA needed).
-    Scan(SysfsArgs),
-    /// Compare the GPUs and cliques with the host's expectation.
-    Expect {
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-        #[command(flatten)]
-        expect: ExpectArgs,
-        #[command(flatten)]
-        send: SendArgs,
-    },
-    /// Peer access between every ordered GPU pair, as the driver reports it.
-    Peers {
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-        #[command(flatten)]
-        expect: ExpectArgs,
-    },
-    /// Write across every pair and check every word on the destination GPU.
-    Verify {
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-        #[command(flatten)]
-        expect: ExpectArgs,
-        /// Size of the checked buffer, in MiB.
-        #[arg(long, default_value_t = 64)]
-        mib: usize,
-    },
-    /// Latency and bandwidth of every pair, with P2P and with it disabled.
-    Bench {
-        /// A short run (seconds), smaller buffers and fewer samples.
-        #[arg(long)]
-        quick: bool,
-    },
-    /// Check the NCCL topology file (default: $NCCL_TOPO_FILE) against the GPUs this
-    /// guest sees: every GPU and NVLink in it, and what NCCL would get wrong (no CUDA needed).
-    NcclTopo {
-        /// The file NCCL is given.
-        file: Option<PathBuf>,
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-    },
-    /// Peer access between processes, as NCCL uses it: per ordered pair and handle kind,
-    /// a child process owns memory on the destination GPU, another writes into it from the
-    /// source GPU through CUDA IPC, and the owner checks every word.
-    CrossProcess {
-        /// Handle kinds: posix-fd (cuMemExportToShareableHandle, NCCL's P2P/CUMEM), legacy
-        /// (cuIpcGetMemHandle, cudaIpc*MemHandle), or both.
-        #[arg(long, default_value = "both", value_parser = ["posix-fd", "legacy", "both"])]
-        handle: String,
-        /// Size of the checked buffer, in MiB.
-        #[arg(long, default_value_t = 64)]
-        mib: usize,
-    },
-    /// One side of `cross-process` (started by it, not by hand).
-    #[command(hide = true)]
-    CrossProcessChild {
-        #[arg(value_parser = ["owner", "writer"])]
-        role: String,
-        #[arg(long)]
-        gpu: pci_config::Bdf,
-        #[arg(long, value_parser = ["posix-fd", "legacy"])]
-        kind: String,
-        #[arg(long)]
-        mib: usize,
-        #[arg(long)]
-        socket: PathBuf,
-    },
-    /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
-    /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
-    Report {
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-        #[command(flatten)]
-        expect: ExpectArgs,
-        /// A short bench part (seconds): smaller buffers and fewer samples, as `bench --quick`.
-        #[arg(long)]
-        quick: bool,
-        /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.
-        #[arg(long)]
-        baseline: Option<PathBuf>,
-        /// Also check peer access across processes (`cross-process`, both handle kinds).
-        #[arg(long)]
-        cross_process: bool,
-        /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
-        #[arg(long, conflicts_with_all = ["quick", "expect", "send"])]
-        from: Option<PathBuf>,
-        #[command(flatten)]
-        send: SendArgs,
-    },
-}
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);

@@ -2,9 +2,14 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::commands;
+
+/// The command-line definition, for man pages and completions (`cargo xtask dist`).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
 
 #[derive(Debug, Parser)]
 #[command(

@@ -19,3 +19,5 @@ pub mod read;
 pub mod snapshot;
 pub mod synth;
 pub mod vfio_bind;
+
+pub use cli::command;

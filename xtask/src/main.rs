@@ -1,0 +1,192 @@
+//! `cargo xtask dist`: everything a release ships, written to `$CARGO_TARGET_DIR/dist`
+//! (default `target/dist`):
+//!
+//! - `vfio-p2p_<version>_amd64.deb`: the host tool, its man pages and completions, example
+//!   configs, the collector's systemd units (cargo-deb, `host-tool/Cargo.toml`);
+//! - `vfio-p2p-agent_<version>_{amd64,arm64}.deb` and
+//!   `vfio-p2p-agent-<version>-{x86_64,aarch64}-linux.tar.gz`: the guest agent built by
+//!   `cargo zigbuild` against glibc 2.17, so it starts on any guest of the last ten years;
+//! - `SHA256SUMS`.
+//!
+//! Missing tools (cargo-deb, zig and cargo-zigbuild, the Rust targets) are installed first,
+//! each with the command that does it printed.
+
+mod archive;
+mod manpages;
+mod tools;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+
+use tools::Cargo;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The minimum glibc of the agent binaries: what RHEL/CentOS 7 ship, older than any
+/// guest image still in use.
+const AGENT_GLIBC: &str = "2.17";
+
+/// A guest architecture the agent is built for.
+pub struct AgentTarget {
+    /// Rust target triple (without the glibc suffix).
+    pub triple: &'static str,
+    /// Debian's name for the architecture.
+    pub deb_arch: &'static str,
+    /// The name in the tarball (`uname -m`).
+    pub uname: &'static str,
+}
+
+pub const AGENT_TARGETS: [AgentTarget; 2] = [
+    AgentTarget {
+        triple: "x86_64-unknown-linux-gnu",
+        deb_arch: "amd64",
+        uname: "x86_64",
+    },
+    AgentTarget {
+        triple: "aarch64-unknown-linux-gnu",
+        deb_arch: "arm64",
+        uname: "aarch64",
+    },
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["dist"] => dist(),
+        _ => {
+            eprintln!("usage: cargo xtask dist\n\n  dist  build the .deb packages, agent tarballs and SHA256SUMS into $CARGO_TARGET_DIR/dist");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// `$CARGO_TARGET_DIR` as cargo reads it (relative to the current directory), else `target/`.
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::env::current_dir()?.join(dir),
+        None => root.join("target"),
+    })
+}
+
+fn dist() -> Result<()> {
+    let root = workspace_root();
+    let target = target_dir(&root)?;
+    let dist = target.join("dist");
+    let cargo = Cargo::new(&root, &target);
+    tools::ensure(&cargo, &AGENT_TARGETS)?;
+    if dist.exists() {
+        fs::remove_dir_all(&dist).with_context(|| format!("clearing {}", dist.display()))?;
+    }
+    fs::create_dir_all(&dist)?;
+
+    // cargo-deb takes its assets from `target/release/...`, which it maps to the real
+    // target directory (and to `target/<triple>/release` with --target): the generated
+    // man pages and completions go there, next to the binary they describe.
+    let host_gen = target.join("release/gen/vfio-p2p");
+    manpages::write(vfio_p2p::command(), &host_gen)?;
+    let host_deb = dist.join(format!("vfio-p2p_{VERSION}_amd64.deb"));
+    cargo.run(&[
+        "deb",
+        "--locked",
+        "-p",
+        "vfio-p2p",
+        "-o",
+        path_str(&host_deb)?,
+    ])?;
+
+    for t in &AGENT_TARGETS {
+        let release = target.join(t.triple).join("release");
+        let gen = release.join("gen/vfio-p2p-agent");
+        manpages::write(vfio_p2p_agent::command(), &gen)?;
+        let zig_target = format!("{}.{AGENT_GLIBC}", t.triple);
+        // stripped by the linker (zig's), so that no cross binutils are needed
+        cargo.run_with_env(
+            &[("CARGO_PROFILE_RELEASE_STRIP", "symbols")],
+            &[
+                "zigbuild",
+                "--release",
+                "--locked",
+                "-p",
+                "vfio-p2p-agent",
+                "--target",
+                &zig_target,
+            ],
+        )?;
+        let deb = dist.join(format!("vfio-p2p-agent_{VERSION}_{}.deb", t.deb_arch));
+        cargo.run(&[
+            "deb",
+            "-p",
+            "vfio-p2p-agent",
+            "--no-build",
+            "--no-strip",
+            "--target",
+            t.triple,
+            "-o",
+            path_str(&deb)?,
+        ])?;
+        let name = format!("vfio-p2p-agent-{VERSION}-{}-linux", t.uname);
+        archive::agent_tarball(
+            &root,
+            &release,
+            &gen,
+            &dist.join(format!("{name}.tar.gz")),
+            &name,
+        )?;
+    }
+    archive::sha256sums(&dist)?;
+    println!("dist: {}", dist.display());
+    for entry in archive::sorted_files(&dist)? {
+        let len = fs::metadata(&entry)?.len();
+        println!(
+            "  {:>10}  {}",
+            len,
+            entry.file_name().unwrap_or_default().to_string_lossy()
+        );
+    }
+    Ok(())
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    match path.to_str() {
+        Some(s) => Ok(s),
+        None => bail!(
+            "{} is not UTF-8; set CARGO_TARGET_DIR to a UTF-8 path",
+            path.display()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The packages' Version is the workspace version with cargo-deb's `-1`; a changelog
+    /// whose newest entry says otherwise is what lintian calls a version mismatch.
+    #[test]
+    fn changelog_names_this_version() {
+        let changelog = super::workspace_root().join("packaging/debian/changelog");
+        let text = std::fs::read_to_string(&changelog).unwrap();
+        let first = text.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("vfio-p2p ({}-1) ", super::VERSION)),
+            "{}: the newest entry is `{first}`; add one for {}-1",
+            changelog.display(),
+            super::VERSION
+        );
+    }
+}
