@@ -78,6 +78,9 @@ pub enum LayoutError {
 pub struct GuestNumaNode {
     pub id: u32,
     pub host_node: u32,
+    /// The host node's CPUs (cpulist), where the guest node's vCPUs are pinned; `None`
+    /// when the host did not say.
+    pub host_cpus: Option<String>,
 }
 
 /// An emulated bridge in the guest.
@@ -300,6 +303,7 @@ fn guest_numa_nodes(
         .map(|(i, h)| GuestNumaNode {
             id: i as u32,
             host_node: h,
+            host_cpus: topo.numa_nodes.get(&h).filter(|c| !c.is_empty()).cloned(),
         })
         .collect())
 }
