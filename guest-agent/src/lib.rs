@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cuda;
 pub mod expect;
+pub mod guest_topo;
 pub mod kernels;
 pub mod nvml;
 pub mod peers;
