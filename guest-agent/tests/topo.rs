@@ -6,7 +6,6 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use assert_cmd::Command;
-use predicates::str::contains;
 use serde_json::Value;
 
 const H200X2: &str = concat!(
@@ -170,9 +169,9 @@ fn hgx_pairs() -> Vec<(&'static str, &'static str, &'static str)> {
         _ => "SYS",
     };
     let mut out = Vec::new();
-    for i in 0..5 {
-        for j in i + 1..5 {
-            out.push((GPUS[i], GPUS[j], host(i, j)));
+    for (i, a) in GPUS.iter().enumerate() {
+        for (j, b) in GPUS.iter().enumerate().skip(i + 1) {
+            out.push((*a, *b, host(i, j)));
         }
     }
     out

@@ -287,7 +287,7 @@ mod tests {
                 .enumerate()
                 .map(|(depth, dev)| PathBridge {
                     bdf: Bdf::new(0, depth as u8 + 1, dev, 0),
-                    switch: (depth as u8 + dev) % 3 == 0,
+                    switch: (depth as u8 + dev).is_multiple_of(3),
                 })
                 .collect()
         })
