@@ -30,16 +30,8 @@ pub const ROOT_PORT_FIRST_SLOT: u8 = 0x10;
 const ROOT_BUS_LAST_SLOT: u8 = 0x1e;
 /// Bus numbers between consecutive expander buses: room for the ports and switches below each.
 pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
-/// Expander buses the root bus holds: its slots below the root ports, and bus ranges.
-pub const MAX_EXPANDERS: usize = {
-    let slots = (ROOT_PORT_FIRST_SLOT - EXPANDER_FIRST_SLOT) as usize;
-    let ranges = (u8::MAX / EXPANDER_BUS_STRIDE) as usize - 1;
-    if slots < ranges {
-        slots
-    } else {
-        ranges
-    }
-};
+pub use super::guest_expanders::MAX_EXPANDERS;
+use super::guest_expanders::{expander_assignment, root_node};
 /// The guest's root bus, as QEMU and libvirt name it.
 pub const ROOT_BUS: &str = "pcie.0";
 
@@ -280,11 +272,6 @@ fn chosen_gpus<'t>(topo: &'t Topology, gpus: &[Bdf]) -> Result<Vec<&'t Device>, 
     Ok(chosen)
 }
 
-/// The NUMA node of a GPU's root complex (what the path labels compare), else its own.
-fn root_node(topo: &Topology, gpu: &Device) -> Option<u32> {
-    topo.host_bridge_numa(gpu.host_bridge).or(gpu.numa_node)
-}
-
 /// One guest NUMA node per host node of the GPUs' root complexes (mirror layout with
 /// guest NUMA).
 fn guest_numa_nodes(
@@ -306,44 +293,6 @@ fn guest_numa_nodes(
             host_cpus: topo.numa_nodes.get(&h).filter(|c| !c.is_empty()).cloned(),
         })
         .collect())
-}
-
-/// The expander each chosen GPU's host root complex goes to: its own while the root bus
-/// has room ([`MAX_EXPANDERS`]); past that, the first expander of its NUMA node (pairs
-/// between the two complexes then read PHB in the guest instead of NODE).
-fn expander_assignment(
-    topo: &Topology,
-    chosen: &[&Device],
-) -> Result<BTreeMap<HostBridgeId, (HostBridgeId, Option<u32>)>, LayoutError> {
-    let roots: BTreeMap<HostBridgeId, Option<u32>> = chosen
-        .iter()
-        .map(|d| (d.host_bridge, root_node(topo, d)))
-        .collect();
-    let nodes: BTreeSet<Option<u32>> = roots.values().copied().collect();
-    if nodes.len() > MAX_EXPANDERS {
-        return Err(LayoutError::TooManyExpanders {
-            count: nodes.len(),
-            max: MAX_EXPANDERS,
-        });
-    }
-    let mut spare = MAX_EXPANDERS - nodes.len();
-    let mut first_of_node: BTreeMap<Option<u32>, HostBridgeId> = BTreeMap::new();
-    let mut out = BTreeMap::new();
-    for (hb, node) in roots {
-        let target = match first_of_node.get(&node) {
-            None => {
-                first_of_node.insert(node, hb);
-                hb
-            }
-            Some(_) if spare > 0 => {
-                spare -= 1;
-                hb
-            }
-            Some(first) => *first,
-        };
-        out.insert(hb, (target, node));
-    }
-    Ok(out)
 }
 
 /// The guest's bridges before placement: what each mirrors, its children and GPUs.
