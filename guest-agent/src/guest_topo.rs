@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use pci_config::{
-    Bdf, ConfigSpace, DevicePath, PathBridge, PathClass, PathKind, PciePortType, RootComplex,
+    Bdf, ConfigSpace, DevicePlace, PathBridge, PathClass, PathKind, PciePortType, RootComplex,
 };
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::Expectation;
@@ -25,24 +25,6 @@ pub enum TopoError {
     },
     #[error("{path} is not below a PCI root complex directory (pciDDDD:BB)")]
     NoRootComplex { path: PathBuf },
-}
-
-/// Where a GPU sits in the guest's PCIe tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GuestPlace {
-    pub gpu: Bdf,
-    pub root: RootComplex,
-    pub bridges: Vec<PathBridge>,
-}
-
-impl GuestPlace {
-    fn as_path(&self) -> DevicePath<'_> {
-        DevicePath {
-            device: self.gpu,
-            root: self.root,
-            bridges: &self.bridges,
-        }
-    }
 }
 
 /// How a bridge takes part in a path, as the host tool types it.
@@ -70,7 +52,7 @@ fn role(port_type: Option<PciePortType>, parent: Option<Role>) -> Role {
 }
 
 /// Reads where `gpu` sits below `root/sys/bus/pci/devices`.
-pub fn place(root: &Path, gpu: Bdf) -> Result<GuestPlace, TopoError> {
+pub fn place(root: &Path, gpu: Bdf) -> Result<DevicePlace, TopoError> {
     let link = root.join("sys/bus/pci/devices").join(gpu.to_string());
     let dir = fs::canonicalize(&link).map_err(|source| TopoError::Resolve {
         path: link.clone(),
@@ -111,8 +93,8 @@ pub fn place(root: &Path, gpu: Bdf) -> Result<GuestPlace, TopoError> {
         .ok()
         .and_then(|b| String::from_utf8_lossy(&b).trim().parse::<i64>().ok())
         .and_then(|n| u32::try_from(n).ok());
-    Ok(GuestPlace {
-        gpu,
+    Ok(DevicePlace {
+        device: gpu,
         root: RootComplex {
             domain,
             bus,
@@ -183,7 +165,7 @@ impl TopoReport {
 /// Compares the guest's label of every expected pair with the host's.
 pub fn compare(root: &Path, e: &Expectation) -> TopoReport {
     let mut warnings = Vec::new();
-    let places: Vec<(Bdf, Option<GuestPlace>)> = e
+    let places: Vec<(Bdf, Option<DevicePlace>)> = e
         .gpus
         .iter()
         .map(|g| match place(root, g.guest_bdf) {
@@ -200,9 +182,7 @@ pub fn compare(root: &Path, e: &Expectation) -> TopoReport {
         .iter()
         .map(|p| {
             let class = match (find(p.a), find(p.b)) {
-                (Some(a), Some(b)) => {
-                    Some((pci_config::classify(&a.as_path(), &b.as_path()), a, b))
-                }
+                (Some(a), Some(b)) => Some((pci_config::classify(&a.path(), &b.path()), a, b)),
                 _ => None,
             };
             let guest = class.as_ref().map(|(c, ..)| c.kind.label().to_string());
@@ -234,7 +214,7 @@ pub fn compare(root: &Path, e: &Expectation) -> TopoReport {
 }
 
 /// The guest bridge or root complexes that decide the guest's label, in words.
-fn what_decides(c: &PathClass, a: &GuestPlace, b: &GuestPlace) -> String {
+fn what_decides(c: &PathClass, a: &DevicePlace, b: &DevicePlace) -> String {
     let node = |r: &RootComplex| r.numa_node.map_or("none".to_string(), |n| n.to_string());
     match (c.kind, c.lowest_common) {
         (_, Some(lca)) => format!(

@@ -34,5 +34,7 @@ pub use config::{
     CONFIG_SPACE_UNPRIVILEGED,
 };
 pub use hex::{parse_hex_dump, HexError};
-pub use path::{classify, path_label, DevicePath, PathBridge, PathClass, PathKind, RootComplex};
+pub use path::{
+    classify, path_label, DevicePath, DevicePlace, PathBridge, PathClass, PathKind, RootComplex,
+};
 pub use pcie::{LinkSpeed, PcieCapability, PciePortType};

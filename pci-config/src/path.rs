@@ -137,6 +137,24 @@ pub struct DevicePath<'a> {
     pub bridges: &'a [PathBridge],
 }
 
+/// [`DevicePath`] with its bridges owned: what a reader builds once per device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePlace {
+    pub device: Bdf,
+    pub root: RootComplex,
+    pub bridges: Vec<PathBridge>,
+}
+
+impl DevicePlace {
+    pub fn path(&self) -> DevicePath<'_> {
+        DevicePath {
+            device: self.device,
+            root: self.root,
+            bridges: &self.bridges,
+        }
+    }
+}
+
 /// The classification of a pair, with what decided it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathClass {

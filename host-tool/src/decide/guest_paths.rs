@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use pci_config::{Bdf, DevicePath, PathBridge, PathClass, PathKind, RootComplex};
+use pci_config::{Bdf, DevicePlace, PathBridge, PathClass, PathKind, RootComplex};
 
 use super::guest_layout::{GuestBridgeKind, GuestGpu, GuestLayout, MAX_EXPANDERS};
 use crate::model::Topology;
@@ -14,21 +14,9 @@ use crate::model::Topology;
 /// Where a GPU sits in the guest: its guest root complex and the bridges above it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestPlace {
-    pub gpu: Bdf,
-    pub root: RootComplex,
-    pub bridges: Vec<PathBridge>,
+    pub place: DevicePlace,
     /// QEMU id of the expander it sits below, if any.
     pub expander: Option<String>,
-}
-
-impl GuestPlace {
-    fn as_path(&self) -> DevicePath<'_> {
-        DevicePath {
-            device: self.gpu,
-            root: self.root,
-            bridges: &self.bridges,
-        }
-    }
 }
 
 /// The guest place of `gpu`: below an expander, a root complex numbered at its bus with
@@ -59,9 +47,11 @@ pub fn guest_place(layout: &GuestLayout, gpu: &GuestGpu) -> GuestPlace {
         })
         .collect();
     GuestPlace {
-        gpu: gpu.guest,
-        root,
-        bridges,
+        place: DevicePlace {
+            device: gpu.guest,
+            root,
+            bridges,
+        },
         expander,
     }
 }
@@ -90,7 +80,7 @@ pub fn guest_labels(topo: &Topology, layout: &GuestLayout) -> Vec<(usize, usize,
                     switches: 0,
                 }
             } else {
-                pci_config::classify(&places[i].as_path(), &places[j].as_path())
+                pci_config::classify(&places[i].place.path(), &places[j].place.path())
             };
             out.push((i, j, class));
         }
