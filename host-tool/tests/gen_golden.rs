@@ -279,3 +279,38 @@ fn mirror_guest_labels_equal_host_labels() {
         insta::assert_snapshot!(format!("guest-labels-{ex}"), table);
     }
 }
+
+/// Where mirror cannot keep a label, gen names each pair before the VM exists: without
+/// guest NUMA nodes, hgx-h100's 16 cross-socket pairs read NODE in the guest.
+#[test]
+fn mirror_names_every_pair_whose_label_will_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("vm.yaml");
+    std::fs::write(
+        &cfg,
+        "name: no-numa\nguest_topology: mirror\nguest_numa: false\nmemory_mib: 4096\nvcpus: 4\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "hgx-h100", "gen", "qemu", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let differ: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("in the guest,"))
+        .collect();
+    assert_eq!(differ.len(), 16, "{stderr}");
+    assert!(differ.iter().all(|l| l.starts_with("warning: GPUs ")
+        && l.contains("will read NODE in the guest, SYS on the host")));
+    // With guest NUMA (the default) nothing differs.
+    let quiet = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "hgx-h100", "gen", "qemu"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("in the guest,"));
+}
