@@ -15,8 +15,12 @@
 //! {"version":1,"vm":"vm0",
 //!  "gpus":[{"host_bdf":"0000:41:00.0","guest_bdf":"0000:06:00.0","clique":0,
 //!           "vendor":"0x10de","device":"0x2330"}],
-//!  "pairs":[{"a":"0000:06:00.0","b":"0000:07:00.0","verdict":"p2p","path":"PIX","nvlink":null}]}
+//!  "pairs":[{"a":"0000:06:00.0","b":"0000:07:00.0","verdict":"p2p","path":"PIX","nvlink":null,
+//!            "guest_path":"PIX"}]}
 //! ```
+//!
+//! `path` is the host's label of the pair (`nvidia-smi topo -m` without NVLink);
+//! `guest_path` (optional) the label the host's guest tree should give it in the guest.
 //!
 //! # Version rule
 //!
@@ -113,6 +117,11 @@ pub struct ExpectedPair {
     pub path: String,
     /// The number of NVLinks between the two on the host; `null` when none.
     pub nvlink: Option<u8>,
+    /// The label the host predicts the guest will see for this pair, from the guest
+    /// tree it emitted; equal to `path` unless the host warned that it could not mirror
+    /// the pair. Absent in documents from hosts before it (an additive field: version 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_path: Option<String>,
 }
 
 /// Why a document is not a usable expectation.

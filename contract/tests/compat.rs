@@ -33,6 +33,7 @@ fn sample() -> Expectation {
         verdict: Verdict::NoP2p,
         path: "PIX".into(),
         nvlink: None,
+        guest_path: None,
     }];
     e
 }
@@ -101,4 +102,21 @@ fn junk_is_refused() {
     ] {
         assert!(Expectation::from_json(bad).is_err(), "{bad}");
     }
+}
+
+/// `guest_path` (the label the host predicts in the guest) is additive within version 1:
+/// written after `nvlink`, read back equal, absent in older documents.
+#[test]
+fn guest_path_round_trips_and_is_optional() {
+    let mut e = sample();
+    e.pairs[0].guest_path = Some("PIX".into());
+    let json = e.to_json();
+    assert_eq!(
+        json,
+        V1.replace(r#""nvlink":null}"#, r#""nvlink":null,"guest_path":"PIX"}"#)
+    );
+    assert_eq!(Expectation::from_json(&json).unwrap(), e);
+    let older = Expectation::from_json(V1).unwrap();
+    assert_eq!(older.pairs[0].guest_path, None);
+    assert_eq!(older.version, EXPECTATION_VERSION);
 }

@@ -69,6 +69,14 @@ pub enum Command {
         #[command(flatten)]
         send: SendArgs,
     },
+    /// Each GPU pair's PCIe path label in the guest (PIX/PXB/PHB/NODE/SYS, as
+    /// `nvidia-smi topo -m` gives it) against the host's label in the expectation.
+    Topo {
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+        #[command(flatten)]
+        expect: ExpectArgs,
+    },
     /// Peer access between every ordered GPU pair, as the driver reports it.
     Peers {
         #[command(flatten)]

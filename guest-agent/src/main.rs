@@ -20,7 +20,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{nccl_topo, render, send, sysfs_scan, verify};
+use vfio_p2p_agent::{guest_topo, nccl_topo, render, send, sysfs_scan, verify};
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);
@@ -75,6 +75,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             expect,
             send,
         } => run_expect(f, sysfs, expect, send),
+        Command::Topo { sysfs, expect } => run_topo(f, sysfs, expect),
         Command::Peers { sysfs, expect } => run_peers(f, sysfs, expect),
         Command::CrossProcess { handle, mib } => run_cross_process(f, handle, *mib),
         Command::CrossProcessChild {
@@ -172,6 +173,23 @@ fn run_expect(
     }
 }
 
+/// The guest's path labels against the host's, with NVML's where the driver is loaded.
+fn topo_report(root: &Path, e: &Expectation, nvml: Option<&Nvml>) -> guest_topo::TopoReport {
+    let mut r = guest_topo::compare(root, e);
+    if let Some(n) = nvml {
+        r.add_nvml(|a, b| n.common_ancestor(a, b));
+    }
+    r
+}
+
+/// `topo`: each pair's path label in the guest against the host's (no CUDA needed).
+fn run_topo(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
+    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let r = topo_report(&sysfs.sysfs_root, &e, Nvml::open().as_ref());
+    emit(f, &r, |r| render::topo(r, &source.display().to_string()))?;
+    Ok(u8::from(r.mismatches() > 0))
+}
+
 /// `peers`: peer access between every ordered pair, as the driver reports it.
 fn run_peers(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
@@ -252,6 +270,9 @@ fn run_report(
     phases.lap("scan and expectation", started);
     let gpus = open_gpus()?;
     let nvml = Nvml::open();
+    let topo = expectation
+        .as_ref()
+        .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
@@ -283,6 +304,7 @@ fn run_report(
         quick,
         scan,
         expect: expect_report,
+        topo,
         gpus: gpus.iter().map(GpuInfo::from).collect(),
         pairs: reports,
         baseline: None,

@@ -122,16 +122,22 @@ impl Nvml {
                     label: format!("NV{nvlinks}"),
                 });
             }
+        }
+        let label = self.common_ancestor(a, b).unwrap_or_else(|| "PCIe".into());
+        Some(Link { nvlinks: 0, label })
+    }
+
+    /// NVML's PCIe label of the pair (its common ancestor: PIX, PXB, PHB, NODE, SYS),
+    /// or `None` when NVML does not know the GPUs or the answer.
+    pub fn common_ancestor(&self, a: Bdf, b: Bdf) -> Option<String> {
+        let (da, db) = (self.device(a)?, self.device(b)?);
+        // SAFETY: signature as in nvml.h; level is a valid out pointer, da/db NVML handles.
+        unsafe {
             let ancestor: Symbol<
                 unsafe extern "C" fn(NvmlDevice, NvmlDevice, *mut c_int) -> NvmlReturn,
             > = self.lib.get(b"nvmlDeviceGetTopologyCommonAncestor").ok()?;
             let mut level = -1;
-            let label = if ancestor(da, db, &mut level) == NVML_SUCCESS {
-                topology_label(level)
-            } else {
-                "PCIe".into()
-            };
-            Some(Link { nvlinks: 0, label })
+            (ancestor(da, db, &mut level) == NVML_SUCCESS).then(|| topology_label(level))
         }
     }
 }

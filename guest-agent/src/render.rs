@@ -4,6 +4,7 @@ use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
+use crate::guest_topo::TopoReport;
 use crate::nccl_topo::NcclTopoCheck;
 use crate::peers::PeerCheck;
 use crate::report::Report;
@@ -104,6 +105,42 @@ pub fn expect(e: &ExpectReport) -> String {
     }
     for b in &e.unexpected {
         out.push_str(&format!("note: GPU {b} is not in the host's expectation\n"));
+    }
+    out
+}
+
+/// Path labels per pair: the host's, the guest's (sysfs), NVML's, and what differs.
+pub fn topo(t: &TopoReport, source: &str) -> String {
+    let mut tb = table(&["GPU", "GPU", "host", "guest", "NVML", "status"]);
+    for p in &t.pairs {
+        tb.add_row(vec![
+            p.a.to_string(),
+            p.b.to_string(),
+            p.host.clone(),
+            opt(&p.guest),
+            opt(&p.nvml),
+            match (p.as_expected, &p.difference) {
+                (true, None) => "ok",
+                (true, Some(_)) => "not compared",
+                (false, _) => "DIFFERS",
+            }
+            .into(),
+        ]);
+    }
+    let mut out =
+        format!("PCIe path labels, guest against host (host labels from {source})\n{tb}\n");
+    for p in t.pairs.iter().filter(|p| !p.as_expected) {
+        let why = p.difference.as_deref().unwrap_or("");
+        out.push_str(&format!(
+            "{} {}: {} in the guest, {} on the host: {why}\n",
+            p.a,
+            p.b,
+            p.guest.as_deref().unwrap_or("-"),
+            p.host
+        ));
+    }
+    for w in &t.warnings {
+        out.push_str(&format!("warning: {w}\n"));
     }
     out
 }
@@ -251,6 +288,9 @@ pub fn report(r: &Report) -> String {
     }
     if let Some(e) = &r.expect {
         out.push_str(&expect(e));
+    }
+    if let Some(t) = &r.topo {
+        out.push_str(&topo(t, "the host's expectation"));
     }
     let peers_: Vec<_> = r.pairs.iter().map(|p| p.peer.clone()).collect();
     out.push_str(&peers(&peers_));

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, Expectation, Verdict};
+use crate::guest_topo::TopoReport;
 use crate::peers::{GpuInfo, PeerCheck};
 use crate::sysfs_scan::Scan;
 use crate::verify::VerifyResult;
@@ -59,6 +60,9 @@ pub struct Report {
     pub quick: bool,
     pub scan: Option<Scan>,
     pub expect: Option<ExpectReport>,
+    /// Path labels in the guest against the host's (with an expectation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topo: Option<TopoReport>,
     pub gpus: Vec<GpuInfo>,
     pub pairs: Vec<PairReport>,
     pub baseline: Option<Vec<BaselineRatio>>,
@@ -152,7 +156,8 @@ impl Report {
 
     /// Exit status: 0 all as expected, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0);
+        let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0)
+            && self.topo.as_ref().is_none_or(|t| t.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
         let nccl_ok = self.nccl_topo.as_ref().is_none_or(|c| c.ok());
         let across_ok = self

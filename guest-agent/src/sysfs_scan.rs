@@ -79,7 +79,7 @@ const MAX_SYSFS_FILE: u64 = 4096;
 /// A sysfs file, read as the kernel serves them: a regular file, opened without blocking
 /// (a FIFO planted there cannot hang the agent), at most [`MAX_SYSFS_FILE`] bytes (a huge
 /// or sparse file is cut there, which is all config space can hold).
-fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let file = fs::OpenOptions::new()

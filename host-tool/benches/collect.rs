@@ -44,6 +44,7 @@ fn plan(domain: &str, cid: u32) -> DomainPlan {
                 verdict: Verdict::P2p,
                 path: "NV18".into(),
                 nvlink: Some(18),
+                guest_path: None,
             });
         }
     }

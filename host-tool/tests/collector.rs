@@ -42,6 +42,7 @@ fn expectation(vm: &str, nvlink: Option<u8>) -> Expectation {
         verdict: Verdict::P2p,
         path: "PIX".into(),
         nvlink,
+        guest_path: None,
     });
     e
 }

@@ -179,3 +179,133 @@ fn libvirt_patch_refuses_hidden_hypervisor() {
     assert!(!ok);
     assert!(err.contains("hides the hypervisor"), "{err}");
 }
+
+/// The guest tree as `gen qemu` emits it, read back from the argv: each GPU's root
+/// complex (an expander's `bus_nr` and `numa_node`, or `pcie.0`) and the bridges above it.
+fn guest_places(
+    argv: &[String],
+) -> Vec<(String, pci_config::RootComplex, Vec<pci_config::PathBridge>)> {
+    use pci_config::{Bdf, PathBridge, RootComplex};
+    let devices: Vec<serde_json::Value> = argv
+        .windows(2)
+        .filter(|w| w[0] == "-device" && w[1].starts_with('{'))
+        .map(|w| serde_json::from_str(&w[1]).unwrap())
+        .collect();
+    let by_id = |id: &str| devices.iter().position(|d| d["id"] == id);
+    let mut out = Vec::new();
+    for gpu in devices.iter().filter(|d| d["driver"] == "vfio-pci") {
+        if gpu["id"].as_str().unwrap().contains("-fn") {
+            continue;
+        }
+        let mut root = RootComplex {
+            domain: 0,
+            bus: 0,
+            numa_node: None,
+        };
+        let mut chain = Vec::new();
+        let mut parent = gpu["bus"].as_str().unwrap().to_string();
+        while let Some(i) = by_id(&parent) {
+            let d = &devices[i];
+            if d["driver"] == "pxb-pcie" {
+                root.bus = d["bus_nr"].as_u64().unwrap() as u8;
+                root.numa_node = d["numa_node"].as_u64().map(|n| n as u32);
+                break;
+            }
+            // Identity is all a bridge needs here: its index in the argv.
+            chain.push(PathBridge {
+                bdf: Bdf::new(1, i as u8, 0, 0),
+                switch: d["driver"] == "x3130-upstream",
+            });
+            parent = d["bus"].as_str().unwrap().to_string();
+        }
+        chain.reverse();
+        out.push((gpu["host"].as_str().unwrap().to_string(), root, chain));
+    }
+    out
+}
+
+/// Issue #22: with `mirror`, every GPU pair reads the same PIX/PXB/PHB/NODE/SYS label in
+/// the guest as on the host. The guest label is computed from the emitted QEMU argv
+/// (expanders, their NUMA nodes, ports and switches), the host's from `topo`.
+#[test]
+fn mirror_guest_labels_equal_host_labels() {
+    for ex in ["hgx-h100", "dual-socket-pcie"] {
+        let topo_json = Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(["--example", ex, "topo", "--format", "json"])
+            .output()
+            .unwrap();
+        let topo: serde_json::Value = serde_json::from_slice(&topo_json.stdout).unwrap();
+        let host_gpus: Vec<&str> = topo["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["bdf"].as_str().unwrap())
+            .collect();
+        let argv: Vec<String> = serde_json::from_str(&gen(
+            ex,
+            &["qemu", "--format", "json", "--guest-topology", "mirror"],
+        ))
+        .unwrap();
+        let places = guest_places(&argv);
+        assert_eq!(places.len(), host_gpus.len(), "{ex}");
+        let mut table = String::new();
+        let mut pairs = 0;
+        for i in 0..places.len() {
+            for j in i + 1..places.len() {
+                let path = |k: usize| pci_config::DevicePath {
+                    device: places[k].0.parse().unwrap(),
+                    root: places[k].1,
+                    bridges: &places[k].2,
+                };
+                let guest = pci_config::path_label(&path(i), &path(j));
+                let hi = host_gpus.iter().position(|b| *b == places[i].0).unwrap();
+                let hj = host_gpus.iter().position(|b| *b == places[j].0).unwrap();
+                let host = topo["pcie_matrix"][hi][hj].as_str().unwrap();
+                assert_eq!(guest.label(), host, "{ex}: {} {}", places[i].0, places[j].0);
+                table.push_str(&format!(
+                    "{} {}  host {host:<4}  guest {guest}\n",
+                    places[i].0, places[j].0
+                ));
+                pairs += 1;
+            }
+        }
+        assert_eq!(pairs, 28, "{ex}");
+        insta::assert_snapshot!(format!("guest-labels-{ex}"), table);
+    }
+}
+
+/// Where mirror cannot keep a label, gen names each pair before the VM exists: without
+/// guest NUMA nodes, hgx-h100's 16 cross-socket pairs read NODE in the guest.
+#[test]
+fn mirror_names_every_pair_whose_label_will_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("vm.yaml");
+    std::fs::write(
+        &cfg,
+        "name: no-numa\nguest_topology: mirror\nguest_numa: false\nmemory_mib: 4096\nvcpus: 4\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "hgx-h100", "gen", "qemu", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let differ: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("in the guest,"))
+        .collect();
+    assert_eq!(differ.len(), 16, "{stderr}");
+    assert!(differ.iter().all(|l| l.starts_with("warning: GPUs ")
+        && l.contains("will read NODE in the guest, SYS on the host")));
+    // With guest NUMA (the default) nothing differs.
+    let quiet = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "hgx-h100", "gen", "qemu"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("in the guest,"));
+}

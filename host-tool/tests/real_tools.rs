@@ -112,6 +112,60 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+/// The NUMA nodes of the machine running the test.
+fn nodes_here() -> Vec<u32> {
+    let mut nodes: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    nodes.sort_unstable();
+    if nodes.is_empty() {
+        nodes.push(0);
+    }
+    nodes
+}
+
+/// `text` with the host NUMA nodes this machine lacks (in `nodeset='…'` and
+/// `host-nodes=…`) replaced by its first node: the examples are two-socket hosts, the
+/// test machine may have one node, and libvirt and QEMU refuse a node that is not there.
+fn on_this_machines_nodes(text: &str) -> String {
+    let here = nodes_here();
+    let map = |list: &str| {
+        let mut out: Vec<u32> = list
+            .split(',')
+            .filter_map(|n| n.parse().ok())
+            .map(|n| if here.contains(&n) { n } else { here[0] })
+            .collect();
+        out.dedup();
+        out.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    };
+    let mut out = String::new();
+    let mut rest = text;
+    loop {
+        let next = ["nodeset='", "host-nodes="]
+            .iter()
+            .filter_map(|k| rest.find(k).map(|i| (i + k.len(), *k)))
+            .min();
+        let Some((start, key)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = if key == "nodeset='" {
+            rest.find('\'').unwrap_or(rest.len())
+        } else {
+            rest.find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len())
+        };
+        out.push_str(&map(&rest[..end]));
+        rest = &rest[end..];
+    }
+}
+
 /// `(id, clique)` of every vfio-pci device in a QEMU argv printed by libvirt.
 fn vfio_cliques(argv: &str) -> Vec<(String, Option<u64>)> {
     argv.split_whitespace()
@@ -157,7 +211,15 @@ fn generated_domains_validate_and_carry_cliques() {
                 None,
             ))
             .unwrap();
-            let argv = domxml_to_native(&xml);
+            let argv = domxml_to_native(&on_this_machines_nodes(&xml));
+            // Each guest NUMA cell's memory bound to a host node (<numatune> memnode).
+            let cells = xml.matches("<cell ").count();
+            assert_eq!(
+                argv.matches("\"policy\":\"bind\"").count(),
+                cells,
+                "{ex} {topo}: memory backends bound to host nodes in {argv}"
+            );
+            assert_eq!(xml.contains("<vcpupin "), cells > 0, "{ex} {topo}");
             let got = vfio_cliques(&argv);
             assert!(!got.is_empty(), "{ex}: no vfio-pci in {argv}");
             let gpus: Vec<(String, Option<u64>)> = got
@@ -189,7 +251,7 @@ fn generated_domains_validate_and_carry_cliques() {
         ],
         None,
     );
-    let argv = domxml_to_native(&xml);
+    let argv = domxml_to_native(&on_this_machines_nodes(&xml));
     assert!(argv.contains("\"x-nv-gpudirect-clique\":1"), "{argv}");
 }
 
@@ -261,6 +323,7 @@ fn qemu_accepts_the_generated_machine() {
                 let v = match k.as_str() {
                     "-machine" => "q35,accel=tcg".to_string(),
                     "-cpu" => "max,phys-bits=46".to_string(),
+                    "-object" => on_this_machines_nodes(v),
                     _ => v.clone(),
                 };
                 args.push(k.clone());
@@ -303,6 +366,17 @@ fn qemu_accepts_the_generated_machine() {
                 "{ex} {topo}: no root port generated"
             );
             assert!(stdout.contains("\"return\""), "{ex} {topo}: {stdout}");
+            // Two-socket examples under mirror: a guest node per host node, memory bound.
+            let bound = argv
+                .iter()
+                .filter(|a| a.contains("host-nodes=") && a.ends_with("policy=bind"))
+                .count();
+            let want = if topo == "mirror" && ex != "flat-vm" {
+                2
+            } else {
+                0
+            };
+            assert_eq!(bound, want, "{ex} {topo}: {argv:?}");
         }
     }
 }

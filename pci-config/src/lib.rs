@@ -6,6 +6,8 @@
 //! * Decoders for what P2P planning needs: the PCIe capability (port type, link),
 //!   ACS, ATS, vendor-specific capabilities.
 //! * [`clique`]: the NVIDIA GPUDirect P2P clique capability, encode and decode.
+//! * [`path`]: the `nvidia-smi topo -m` label (PIX/PXB/PHB/NODE/SYS) of the path
+//!   between two devices, one implementation for the host, its guest layouts and the agent.
 //!
 //! Nothing here panics on malformed input: a truncated or malicious config space
 //! gives errors or partial results, never an out-of-bounds read or an endless loop.
@@ -16,6 +18,7 @@ mod caps;
 pub mod clique;
 mod config;
 mod hex;
+pub mod path;
 mod pcie;
 
 pub use acs::{AcsCapability, AcsFlags};
@@ -31,4 +34,7 @@ pub use config::{
     CONFIG_SPACE_UNPRIVILEGED,
 };
 pub use hex::{parse_hex_dump, HexError};
+pub use path::{
+    classify, path_label, DevicePath, DevicePlace, PathBridge, PathClass, PathKind, RootComplex,
+};
 pub use pcie::{LinkSpeed, PcieCapability, PciePortType};

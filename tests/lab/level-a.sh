@@ -415,7 +415,7 @@ stage_qemu_neg() {
     [ -z "$WHY" ]
 }
 
-# b_args ACCEL: gen's arguments as a shell-quoted string, with what the lab changes:
+# b_args ACCEL [GEN-JSON]: gen's arguments (default /out/gen.json) as a shell-quoted string, with what the lab changes:
 # - the stand-ins need QEMU's vendor override for the clique check (see stage qemu-neg), and the
 #   device id that level A's overlay shows (present_as_nvidia), so the guest sees the same part;
 # - under TCG (no nested KVM) the accelerator and -cpu host are swapped for their TCG forms.
@@ -431,7 +431,7 @@ b_args() {
                elif $a == "-enable-kvm" then empty
                else $a end]
           end
-        | @sh' < /out/gen.json
+        | @sh' < "${2:-/out/gen.json}"
 }
 
 # b_limit SECONDS: that, or less if level A's own limit (tests/lab/run) would cut level B short
@@ -598,6 +598,76 @@ stage_hook() {
     grep -qi hidden /out/hook-hidden.txt || fail "hook prepare does not report the hidden hypervisor"
     vp hook run lab-b release end - < /out/domain-hidden.xml
     [ "$(state $GPUS)" = "$before" ] || fail "release end (hidden) did not restore the drivers: $(state $GPUS)"
+    [ -z "$WHY" ]
+}
+
+# guest-topo (issue #22): level B from `gen qemu` mirror with all five stand-ins, booted with
+# lab_b=topo (level-b.sh runs only `vfio-p2p-agent topo`); the guest's path label of every pair
+# must be level A's host label: PIX (switch), PHB (root ports of one host bridge), NODE (host
+# bridges of node 0), SYS (node 0 to node 1), through one expander per host bridge on its NUMA node.
+topo_b_boot() { # ACCEL LIMIT: one boot; console to /out/level-b-topo.log
+    echo "== level B (topo), accel $1, limit $2 s"
+    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b-topo.log; return; }
+    b_args "$1" /out/gen-topo.json > /out/b-topo-args-$1.sh
+    eval "set -- $2 $(cat /out/b-topo-args-$1.sh)"
+    local limit=$1
+    shift
+    C timeout -k 5 "$limit" "$@" -nodefaults -display none -monitor none -serial stdio -no-reboot \
+        -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1 lab_b=topo" \
+        < /dev/null > /out/level-b-topo.log 2>&1
+    echo "level B (topo) QEMU exit $?"
+}
+
+stage_guest_topo() {
+    local rc t0 accel=$ACCEL_B a b host guest want got n=0 labels=""
+    ensure_vfio $GPUS
+    printf 'name: lab-b-topo\nmemory_mib: %s\nvcpus: %s\nguest_topology: mirror\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" > /out/vm-b-topo.yaml
+    rc=0; vp gen qemu --config $O/vm-b-topo.yaml --gpus "$(csv $GPUS)" $GEN_OPTS --format json \
+        --expect-out $O/expect-topo.json > /out/gen-topo.json 2> /out/gen-topo.err || rc=$?
+    cat /out/gen-topo.json /out/gen-topo.err
+    [ $rc = 0 ] && is_json /out/gen-topo.json || { fail "gen qemu (mirror, all five) exited $rc or printed no JSON"; return 1; }
+    # one expander per host bridge of level A (10, 20, 80), on guest nodes 0, 0, 1; memory bound
+    got=$(jqr -r '[.[] | select(startswith("{")) | fromjson | select(.driver == "pxb-pcie") | .numa_node] | join(" ")' < /out/gen-topo.json)
+    [ "$got" = "0 0 1" ] || fail "expanders on guest nodes [$got], want [0 0 1] (one per host bridge)"
+    jqr -e '[.[] | select(test("host-nodes=[01],policy=bind"))] | length == 2' < /out/gen-topo.json > /dev/null ||
+        fail "no memory backend bound to each host node"
+    # (other warnings are expected: the ACS-less switch pair, the GPUs without a clique)
+    grep -q 'in the guest, .* on the host' /out/gen-topo.err &&
+        fail "gen warned that a pair's label will differ: $(grep 'in the guest, .* on the host' /out/gen-topo.err | head -n1)"
+    [ "$accel" = auto ] && { if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi; }
+    t0=$(up)
+    if [ $accel = kvm ]; then
+        topo_b_boot kvm "$(b_limit "$TIMEOUT_B_KVM")"
+        if ! grep -q LAB-B-DONE /out/level-b-topo.log && [ "$ACCEL_B" = auto ]; then
+            cp /out/level-b-topo.log /out/level-b-topo-kvm.log
+            accel=tcg; topo_b_boot tcg "$(b_limit "$TIMEOUT_B_TCG")"
+        fi
+    else
+        topo_b_boot tcg "$(b_limit "$TIMEOUT_B_TCG")"
+    fi
+    NOTE="level B under $accel: $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
+    tr -d '\r' < /out/level-b-topo.log | sed 's/^/B| /'
+    grep -q LAB-B-DONE /out/level-b-topo.log || { fail "level B (topo, $accel) did not finish"; return 1; }
+    tr -d '\r' < /out/level-b-topo.log | grep -q 'NUMA nodes online: 0-1' || fail "level B does not have NUMA nodes 0-1"
+    tr -d '\r' < /out/level-b-topo.log | sed -n '/^LAB-B-TOPO-BEGIN/,/^LAB-B-TOPO-END/p' | sed '1d;$d' > /out/b-TOPO.json
+    rc=$(tr -d '\r' < /out/level-b-topo.log | sed -n 's/^LAB-B-TOPO-END rc=//p')
+    [ "$rc" = 0 ] || fail "agent topo exited '$rc'"
+    is_json /out/b-TOPO.json || { fail "agent topo printed no JSON"; return 1; }
+    # per pair: host BDFs (from the expectation), the host label it carries, the guest's label
+    jqr -r --slurpfile e $O/expect-topo.json '($e[0].gpus | map({key: .guest_bdf, value: .host_bdf}) | from_entries) as $h
+        | .pairs[] | "\($h[.a]) \($h[.b]) \(.host) \(.guest)"' < /out/b-TOPO.json > /out/topo-pairs.txt
+    while read -r a b host guest; do
+        want=$(expected_label "$a" "$b")
+        echo "$a $b: level A $want, expectation $host, guest $guest"
+        [ "$host" = "$want" ] || fail "$a $b: expectation says $host, level A's tree is $want"
+        [ "$guest" = "$want" ] || fail "$a $b: guest reads $guest, host $want"
+        n=$((n + 1)); labels="$labels $guest"
+    done < /out/topo-pairs.txt
+    [ $n = 10 ] || fail "$n pairs checked, want 10"
+    for want in PIX PHB NODE SYS; do
+        case " $labels " in *" $want "*) ;; *) fail "no $want pair among the guest's labels" ;; esac
+    done
+    NOTE="$n/10 pairs host = guest (PIX PHB NODE SYS), $NOTE"
     [ -z "$WHY" ]
 }
 

@@ -3,6 +3,7 @@
 # /init of level B, the guest started from `vfio-p2p gen qemu`'s arguments. Runs our agent and
 # prints its results between markers on the console, which level A reads (level-a.sh b_section):
 #   LAB-B-SCAN-BEGIN / <JSON> / LAB-B-SCAN-END rc=N, the same for EXPECT and WRONG, LAB-B-DONE
+# (booted with lab_b=topo, by stage guest-topo: only TOPO, then LAB-B-DONE)
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -36,6 +37,15 @@ section() {
     echo "LAB-B-$name-END rc=$rc"
     sed "s/^/LAB-B-STDERR $name: /" /tmp/stderr
 }
+# stage guest-topo (level-a.sh) boots this guest with lab_b=topo: only the path labels
+if grep -q 'lab_b=topo' /proc/cmdline; then
+    echo "LAB-B: NUMA nodes online: $(cat /sys/devices/system/node/online)"
+    for d in /sys/bus/pci/devices/*; do echo "LAB-B: $(readlink -f "$d") numa_node $(cat "$d/numa_node")"; done
+    section TOPO vfio-p2p-agent topo --format json
+    echo "LAB-B-DONE up $(up)s"
+    sync
+    poweroff -f
+fi
 section SCAN vfio-p2p-agent scan --format json
 section EXPECT vfio-p2p-agent expect --format json
 # must not pass: the harness moved every clique of the real expectation by one

@@ -14,6 +14,7 @@ use crate::context::{libvirt_version, Context, PlanningArgs};
 use crate::decide::expectation::{self, Expectation};
 use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
+use crate::decide::guest_paths;
 use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::libvirt::{self, LibvirtVersion};
@@ -164,6 +165,10 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
     if args.as_is {
         layout.as_is();
+    } else if layout.topology == GuestTopology::Mirror {
+        for d in guest_paths::label_differences(topo, &layout) {
+            tracing::warn!("{d}");
+        }
     }
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;

@@ -1,9 +1,14 @@
 //! Where each passed-through GPU sits in the guest's PCIe tree, shared by every emitter.
 //!
-//! `mirror` reproduces the host: one PCIe expander bus (`pxb-pcie`) per host NUMA node,
+//! `mirror` reproduces the host: one PCIe expander bus (`pxb-pcie`) per host root complex
+//! holding a chosen GPU, on the guest NUMA node of the complex's host node (so two GPUs on
+//! different complexes of one socket read NODE in the guest as on the host, not PHB),
 //! one root port per host root port, an emulated switch (`x3130-upstream` +
 //! `xio3130-downstream`) per host switch, keeping only the branches that lead to the
-//! chosen GPUs. `flat` gives each GPU its own root port on the root bus.
+//! chosen GPUs. `flat` gives each GPU its own root port on the root bus. Where the guest
+//! cannot hold one expander per complex (more than [`MAX_EXPANDERS`]), complexes beyond
+//! that share their NUMA node's first expander; `guest_paths` names the pairs whose label
+//! then differs.
 //!
 //! Guest bus numbers are computed the way SeaBIOS and OVMF number a q35 machine and
 //! Linux keeps them: `pcie.0` is bus 0 and its bridges get secondary buses depth-first
@@ -11,12 +16,12 @@
 //! This assumes no other bridge sits on `pcie.0` below slot [`ROOT_PORT_FIRST_SLOT`]
 //! (QEMU's default devices are not bridges; the generated libvirt domain adds none).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use pci_config::Bdf;
 use serde::Serialize;
 
-use crate::model::{BridgeRole, Device, Topology};
+use crate::model::{BridgeRole, Device, HostBridgeId, Topology};
 
 /// First `pcie.0` slot for expander buses: above QEMU's default VGA (1) and NIC (2).
 pub const EXPANDER_FIRST_SLOT: u8 = 0x08;
@@ -25,6 +30,8 @@ pub const ROOT_PORT_FIRST_SLOT: u8 = 0x10;
 const ROOT_BUS_LAST_SLOT: u8 = 0x1e;
 /// Bus numbers between consecutive expander buses: room for the ports and switches below each.
 pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
+pub use super::guest_expanders::MAX_EXPANDERS;
+use super::guest_expanders::{expander_assignment, root_node};
 /// The guest's root bus, as QEMU and libvirt name it.
 pub const ROOT_BUS: &str = "pcie.0";
 
@@ -63,15 +70,21 @@ pub enum LayoutError {
 pub struct GuestNumaNode {
     pub id: u32,
     pub host_node: u32,
+    /// The host node's CPUs (cpulist), where the guest node's vCPUs are pinned; `None`
+    /// when the host did not say.
+    pub host_cpus: Option<String>,
 }
 
 /// An emulated bridge in the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "model")]
 pub enum GuestBridgeKind {
-    /// `pxb-pcie`: an extra root bus numbered from `bus_nr`, for one host NUMA node.
+    /// `pxb-pcie`: an extra root bus numbered from `bus_nr`, for one host root complex.
     Expander {
-        host_node: u32,
+        /// The host root complex it stands for.
+        host_bridge: HostBridgeId,
+        /// That complex's NUMA node on the host.
+        host_node: Option<u32>,
         /// Guest NUMA node, when the guest has NUMA nodes.
         numa_node: Option<u32>,
     },
@@ -144,6 +157,9 @@ pub struct GuestLayout {
     pub bridges: Vec<GuestBridge>,
     /// In host BDF order.
     pub gpus: Vec<GuestGpu>,
+    /// The machine as it is (`as_is`): guest addresses and paths are the host's.
+    #[serde(skip)]
+    pub as_is: bool,
 }
 
 impl GuestLayout {
@@ -156,6 +172,7 @@ impl GuestLayout {
     pub fn as_is(&mut self) {
         self.bridges.clear();
         self.numa_nodes.clear();
+        self.as_is = true;
         for g in &mut self.gpus {
             g.guest = g.host;
             g.parent = ROOT_BUS.to_string();
@@ -182,7 +199,8 @@ impl GuestLayout {
 /// What a guest tree node mirrors; used while building.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum NodeKey {
-    Expander(u32),
+    /// The expander of a host root complex.
+    Expander(HostBridgeId),
     /// A host bridge on the GPU's path.
     HostBridge(Bdf),
     /// A root port made up for a GPU that has none (flat layout, or a host root-bus GPU).
@@ -207,8 +225,13 @@ pub fn decide(
 ) -> Result<GuestLayout, LayoutError> {
     let chosen = chosen_gpus(topo, gpus)?;
     let mirror = opts.topology == GuestTopology::Mirror;
-    let numa_nodes = guest_numa_nodes(&chosen, mirror, opts.guest_numa)?;
-    let tree = Tree::build(topo, &chosen, mirror, &numa_nodes);
+    let numa_nodes = guest_numa_nodes(topo, &chosen, mirror, opts.guest_numa)?;
+    let expanders = if mirror {
+        expander_assignment(topo, &chosen)?
+    } else {
+        BTreeMap::new()
+    };
+    let tree = Tree::build(topo, &chosen, &expanders, &numa_nodes);
     let mut builder = LayoutBuilder {
         nodes: &tree.nodes,
         bridges: Vec::new(),
@@ -228,6 +251,7 @@ pub fn decide(
         numa_nodes,
         bridges: builder.bridges,
         gpus: gpus_out,
+        as_is: false,
     })
 }
 
@@ -248,36 +272,25 @@ fn chosen_gpus<'t>(topo: &'t Topology, gpus: &[Bdf]) -> Result<Vec<&'t Device>, 
     Ok(chosen)
 }
 
-/// One guest NUMA node per host node of the GPUs (mirror layout with guest NUMA), and a
-/// check that their expanders fit on the root bus.
+/// One guest NUMA node per host node of the GPUs' root complexes (mirror layout with
+/// guest NUMA).
 fn guest_numa_nodes(
+    topo: &Topology,
     chosen: &[&Device],
     mirror: bool,
     guest_numa: bool,
 ) -> Result<Vec<GuestNumaNode>, LayoutError> {
-    if !mirror {
+    if !mirror || !guest_numa {
         return Ok(Vec::new());
     }
-    let mut host_nodes: Vec<u32> = chosen.iter().filter_map(|d| d.numa_node).collect();
-    host_nodes.sort_unstable();
-    host_nodes.dedup();
-    let max_expanders = usize::from(ROOT_PORT_FIRST_SLOT - EXPANDER_FIRST_SLOT)
-        .min(usize::from(u8::MAX / EXPANDER_BUS_STRIDE) - 1);
-    if host_nodes.len() > max_expanders {
-        return Err(LayoutError::TooManyExpanders {
-            count: host_nodes.len(),
-            max: max_expanders,
-        });
-    }
-    if !guest_numa {
-        return Ok(Vec::new());
-    }
+    let host_nodes: BTreeSet<u32> = chosen.iter().filter_map(|d| root_node(topo, d)).collect();
     Ok(host_nodes
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(i, &h)| GuestNumaNode {
+        .map(|(i, h)| GuestNumaNode {
             id: i as u32,
             host_node: h,
+            host_cpus: topo.numa_nodes.get(&h).filter(|c| !c.is_empty()).cloned(),
         })
         .collect())
 }
@@ -289,17 +302,21 @@ struct Tree {
 }
 
 impl Tree {
-    fn build(topo: &Topology, chosen: &[&Device], mirror: bool, numa: &[GuestNumaNode]) -> Tree {
+    fn build(
+        topo: &Topology,
+        chosen: &[&Device],
+        expanders: &BTreeMap<HostBridgeId, (HostBridgeId, Option<u32>)>,
+        numa: &[GuestNumaNode],
+    ) -> Tree {
         let mut tree = Tree {
             nodes: BTreeMap::new(),
             roots: Vec::new(),
         };
+        let mirror = !expanders.is_empty();
         for gpu in chosen {
-            let expander = if mirror {
-                gpu.numa_node.map(|h| tree.expander(h, numa))
-            } else {
-                None
-            };
+            let expander = expanders
+                .get(&gpu.host_bridge)
+                .map(|&(hb, node)| tree.expander(hb, node, numa));
             let chain = if mirror {
                 mirrored_chain(topo, gpu)
             } else {
@@ -335,12 +352,21 @@ impl Tree {
         }
     }
 
-    /// The expander for host NUMA node `h`.
-    fn expander(&mut self, h: u32, numa: &[GuestNumaNode]) -> NodeKey {
-        let key = NodeKey::Expander(h);
-        let numa_node = numa.iter().find(|n| n.host_node == h).map(|n| n.id);
+    /// The expander for host root complex `hb` on host NUMA node `host_node`.
+    fn expander(
+        &mut self,
+        hb: HostBridgeId,
+        host_node: Option<u32>,
+        numa: &[GuestNumaNode],
+    ) -> NodeKey {
+        let key = NodeKey::Expander(hb);
+        let numa_node = numa
+            .iter()
+            .find(|n| Some(n.host_node) == host_node)
+            .map(|n| n.id);
         let kind = GuestBridgeKind::Expander {
-            host_node: h,
+            host_bridge: hb,
+            host_node,
             numa_node,
         };
         self.add(key, kind, None);
@@ -690,10 +716,40 @@ mod tests {
 
     #[test]
     fn root_bus_gpus_get_made_up_ports_in_mirror() {
+        // The VM's own root bus is a root complex too: one expander, a made-up port per GPU.
         let l = layout("flat-vm", GuestTopology::Mirror);
-        assert_eq!(l.bridges.len(), 2);
+        assert_eq!(l.bridges.len(), 3);
         assert!(l.bridges.iter().all(|b| b.host.is_none()));
-        assert_eq!(l.gpus[1].guest.to_string(), "0000:02:00.0");
+        assert_eq!(l.bridges[0].id, "pxb0");
+        assert_eq!(l.gpus[1].guest.to_string(), "0000:22:00.0");
+    }
+
+    /// hgx-h100: four root complexes, two per socket: four expanders, two per guest node.
+    #[test]
+    fn mirror_gives_each_root_complex_its_expander() {
+        let l = layout("hgx-h100", GuestTopology::Mirror);
+        let expanders: Vec<(String, Option<u32>)> = l
+            .bridges
+            .iter()
+            .filter_map(|b| match &b.kind {
+                GuestBridgeKind::Expander {
+                    host_bridge,
+                    numa_node,
+                    ..
+                } => Some((host_bridge.to_string(), *numa_node)),
+                _ => None,
+            })
+            .collect();
+        let want = [
+            ("pci0000:15", 0),
+            ("pci0000:37", 0),
+            ("pci0000:9a", 1),
+            ("pci0000:b8", 1),
+        ];
+        assert_eq!(
+            expanders,
+            want.map(|(h, n)| (h.to_string(), Some(n))).to_vec()
+        );
     }
 
     #[test]

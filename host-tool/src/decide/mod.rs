@@ -5,7 +5,9 @@
 pub mod check;
 pub mod expectation;
 pub mod fleet_verdict;
+pub mod guest_expanders;
 pub mod guest_layout;
+pub mod guest_paths;
 pub mod mmio;
 pub mod nvlink;
 pub mod placement;

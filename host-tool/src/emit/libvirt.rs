@@ -90,6 +90,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     let w = &mut x;
     let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
     write_machine(w, vm);
+    write_numa_tune(w, vm);
     write_cpu(w, vm);
     let _ = writeln!(w, "  <devices>");
     write_root_bus(w, vm);
@@ -137,6 +138,42 @@ fn write_machine(w: &mut String, vm: &VmDefinition) {
     }
     let _ = writeln!(w, "  </os>");
     let _ = writeln!(w, "  <features>\n    <acpi/>\n    <apic/>\n  </features>");
+}
+
+/// With guest NUMA nodes: each node's vCPUs pinned to its host node's CPUs, and its
+/// memory bound to that host node (`strict`: QEMU's `policy=bind`).
+fn write_numa_tune(w: &mut String, vm: &VmDefinition) {
+    let nodes = &vm.layout.numa_nodes;
+    if nodes.is_empty() {
+        return;
+    }
+    let pins: Vec<(u32, &str)> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| Some((i, n.host_cpus.as_deref()?)))
+        .flat_map(|(i, cpus)| vm.numa_share(i).0.map(move |v| (v, cpus)))
+        .collect();
+    if !pins.is_empty() {
+        let _ = writeln!(w, "  <cputune>");
+        for (vcpu, cpus) in pins {
+            let _ = writeln!(w, "    <vcpupin vcpu='{vcpu}' cpuset='{}'/>", escape(cpus));
+        }
+        let _ = writeln!(w, "  </cputune>");
+    }
+    let host_nodes: Vec<String> = nodes.iter().map(|n| n.host_node.to_string()).collect();
+    let _ = writeln!(
+        w,
+        "  <numatune>\n    <memory mode='strict' nodeset='{}'/>",
+        host_nodes.join(",")
+    );
+    for n in nodes {
+        let _ = writeln!(
+            w,
+            "    <memnode cellid='{}' mode='strict' nodeset='{}'/>",
+            n.id, n.host_node
+        );
+    }
+    let _ = writeln!(w, "  </numatune>");
 }
 
 /// host-passthrough keeps the hypervisor CPUID bit: the driver reads the clique only then.

@@ -135,9 +135,14 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
     opt("-m", format!("{}M", c.memory_mib));
     for (i, node) in vm.layout.numa_nodes.iter().enumerate() {
         let (cpus, mem) = vm.numa_share(i);
+        // Memory bound to the host node the guest node stands for; vCPU threads are
+        // pinned from outside QEMU (libvirt's <cputune>, or taskset on its threads).
         opt(
             "-object",
-            format!("memory-backend-ram,id=mem{},size={mem}M", node.id),
+            format!(
+                "memory-backend-ram,id=mem{},size={mem}M,host-nodes={},policy=bind",
+                node.id, node.host_node
+            ),
         );
         let mut numa = format!("node,nodeid={},memdev=mem{}", node.id, node.id);
         if !cpus.is_empty() {

@@ -1,88 +1,12 @@
 //! PCIe path classification between two devices, with `nvidia-smi topo -m` labels.
+//! The rule itself lives in `pci_config::path`, shared with the guest agent.
 
-use std::fmt;
-use std::str::FromStr;
-
-use pci_config::Bdf;
+use pci_config::{Bdf, DevicePath, PathBridge, RootComplex};
 use serde::Serialize;
 
-use super::{BridgeRole, HostBridgeId, Topology};
+pub use pci_config::PathKind;
 
-/// How two GPUs are connected over PCIe, best first (the order matters:
-/// "no worse than `Pxb`" is `kind <= PathKind::Pxb`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PathKind {
-    /// The same device.
-    X,
-    /// At most one PCIe switch between them.
-    Pix,
-    /// Several switches, without crossing a host bridge.
-    Pxb,
-    /// Through one PCIe host bridge (root complex).
-    Phb,
-    /// Between host bridges within one NUMA node.
-    Node,
-    /// Across NUMA nodes (QPI/UPI/xGMI).
-    Sys,
-}
-
-impl PathKind {
-    pub const fn label(&self) -> &'static str {
-        match self {
-            PathKind::X => "X",
-            PathKind::Pix => "PIX",
-            PathKind::Pxb => "PXB",
-            PathKind::Phb => "PHB",
-            PathKind::Node => "NODE",
-            PathKind::Sys => "SYS",
-        }
-    }
-
-    pub const fn meaning(&self) -> &'static str {
-        match self {
-            PathKind::X => "Self",
-            PathKind::Pix => "Connection traversing at most a single PCIe bridge",
-            PathKind::Pxb => "Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
-            PathKind::Phb => "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
-            PathKind::Node => "Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
-            PathKind::Sys => "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
-        }
-    }
-
-    pub const ALL: [PathKind; 6] = [
-        PathKind::X,
-        PathKind::Pix,
-        PathKind::Pxb,
-        PathKind::Phb,
-        PathKind::Node,
-        PathKind::Sys,
-    ];
-}
-
-impl fmt::Display for PathKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-impl FromStr for PathKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PathKind::ALL
-            .into_iter()
-            .find(|k| k.label().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                format!("'{s}' is not a path level; use one of pix, pxb, phb, node, sys")
-            })
-    }
-}
-
-impl Serialize for PathKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.label())
-    }
-}
+use super::{BridgeRole, Topology};
 
 /// The PCIe path between two devices and the bridges on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -106,70 +30,59 @@ impl GpuPath {
 }
 
 impl Topology {
+    /// The bridges above `bdf` (top first), each marked switch or not, for `pci_config::path`.
+    fn path_bridges(&self, bdf: &Bdf) -> Vec<PathBridge> {
+        self.chain(bdf)
+            .iter()
+            .map(|b| PathBridge {
+                bdf: *b,
+                switch: matches!(
+                    self.devices.get(b).and_then(|d| d.bridge_role()),
+                    Some(BridgeRole::UpstreamPort) | Some(BridgeRole::PciBridge)
+                ),
+            })
+            .collect()
+    }
+
+    /// The root complex of `bdf` with its NUMA node.
+    fn root_complex(&self, bdf: &Bdf) -> RootComplex {
+        let hb = self.devices.get(bdf).map(|d| d.host_bridge);
+        RootComplex {
+            domain: hb.map_or(u16::MAX, |h| h.domain),
+            bus: hb.map_or(u8::MAX, |h| h.bus),
+            numa_node: hb.and_then(|h| self.host_bridge_numa(h)),
+        }
+    }
+
     /// Classifies the path between two devices the way `nvidia-smi topo -m` does.
     pub fn path(&self, a: &Bdf, b: &Bdf) -> GpuPath {
         let nvlink = self.nvlink(a, b);
-        if a == b {
+        let (chain_a, chain_b) = (self.path_bridges(a), self.path_bridges(b));
+        let class = pci_config::classify(
+            &DevicePath {
+                device: *a,
+                root: self.root_complex(a),
+                bridges: &chain_a,
+            },
+            &DevicePath {
+                device: *b,
+                root: self.root_complex(b),
+                bridges: &chain_b,
+            },
+        );
+        if class.kind == PathKind::X {
             return GpuPath {
                 kind: PathKind::X,
                 bridges: vec![],
                 nvlink: None,
             };
         }
-        let (chain_a, chain_b) = (self.chain(a), self.chain(b));
-        let (hb_a, hb_b) = (
-            self.devices.get(a).map(|d| d.host_bridge),
-            self.devices.get(b).map(|d| d.host_bridge),
-        );
-        let through_host = |kind| {
-            let mut bridges: Vec<Bdf> = chain_a.iter().rev().copied().collect();
-            bridges.extend(chain_b.iter().copied());
-            GpuPath {
-                kind,
-                bridges,
-                nvlink,
-            }
-        };
-        if hb_a != hb_b {
-            let numa = |hb: Option<HostBridgeId>| hb.and_then(|h| self.host_bridge_numa(h));
-            let same_node = numa(hb_a) == numa(hb_b);
-            return through_host(if same_node {
-                PathKind::Node
-            } else {
-                PathKind::Sys
-            });
-        }
-        let common = chain_a
-            .iter()
-            .zip(chain_b)
-            .take_while(|(x, y)| x == y)
-            .count();
-        if common == 0 {
-            return through_host(PathKind::Phb);
-        }
-        // Switches crossed: the lowest common bridge, if it is a switch, plus every
-        // switch (upstream port or legacy bridge) below it on either side.
-        let is_switch = |bdf: &Bdf| {
-            matches!(
-                self.devices.get(bdf).and_then(|d| d.bridge_role()),
-                Some(BridgeRole::UpstreamPort) | Some(BridgeRole::PciBridge)
-            )
-        };
-        let lca = chain_a[common - 1];
-        let below_a = &chain_a[common..];
-        let below_b = &chain_b[common..];
-        let switches = usize::from(is_switch(&lca))
-            + below_a.iter().filter(|b| is_switch(b)).count()
-            + below_b.iter().filter(|b| is_switch(b)).count();
-        let mut bridges: Vec<Bdf> = below_a.iter().rev().copied().collect();
-        bridges.push(lca);
-        bridges.extend(below_b.iter().copied());
+        // From `a` up to the lowest common bridge (or the host bridge), then down to `b`.
+        let skip = class.common.saturating_sub(1);
+        let mut bridges: Vec<Bdf> = chain_a.iter().skip(skip).rev().map(|x| x.bdf).collect();
+        bridges.extend(chain_b.iter().skip(class.common).map(|x| x.bdf));
         GpuPath {
-            kind: if switches <= 1 {
-                PathKind::Pix
-            } else {
-                PathKind::Pxb
-            },
+            kind: class.kind,
             bridges,
             nvlink,
         }
