@@ -8,6 +8,7 @@ pub mod libvirt;
 pub mod libvirt_patch;
 pub mod nccl;
 pub mod plan;
+pub mod proxmox;
 pub mod qemu;
 pub mod topo_report;
 pub mod verdicts;

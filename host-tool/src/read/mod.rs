@@ -12,6 +12,7 @@ pub mod flat_json;
 pub mod guest_report;
 pub mod input_file;
 pub mod nvidia_smi;
+pub mod proxmox_conf;
 pub mod record;
 pub mod sysfs;
 pub mod vmm;
