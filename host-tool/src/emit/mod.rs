@@ -10,6 +10,7 @@ pub mod nccl;
 pub mod plan;
 pub mod proxmox;
 pub mod qemu;
+pub mod qemu_argv_patch;
 pub mod topo_report;
 pub mod verdicts;
 pub mod vm;

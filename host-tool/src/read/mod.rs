@@ -13,6 +13,7 @@ pub mod guest_report;
 pub mod input_file;
 pub mod nvidia_smi;
 pub mod proxmox_conf;
+pub mod qemu_argv;
 pub mod record;
 pub mod sysfs;
 pub mod vmm;
