@@ -182,43 +182,26 @@ mod tests {
             "{broken",
         ]);
         let f = read_qemu_argv(&a);
-        let seen: Vec<(usize, DeviceSyntax, Option<&str>, String, Option<&str>)> = f
+        let seen: Vec<String> = f
             .vfio
             .iter()
             .map(|d| {
-                (
+                format!(
+                    "{} {:?} {:?} {} {:?}",
                     d.arg_index,
                     d.syntax,
-                    d.id.as_deref(),
-                    d.host.unwrap().to_string(),
-                    d.clique.as_deref(),
+                    d.id,
+                    d.host.unwrap(),
+                    d.clique
                 )
             })
             .collect();
         assert_eq!(
             seen,
             [
-                (
-                    3,
-                    DeviceSyntax::Json,
-                    Some("hostdev0"),
-                    "0000:05:00.0".into(),
-                    None
-                ),
-                (
-                    5,
-                    DeviceSyntax::KeyValue,
-                    Some("hostdev1"),
-                    "0000:06:00.0".into(),
-                    Some("1")
-                ),
-                (
-                    6,
-                    DeviceSyntax::KeyValue,
-                    None,
-                    "0000:09:00.0".into(),
-                    Some("3")
-                ),
+                r#"3 Json Some("hostdev0") 0000:05:00.0 None"#,
+                r#"5 KeyValue Some("hostdev1") 0000:06:00.0 Some("1")"#,
+                r#"6 KeyValue None 0000:09:00.0 Some("3")"#,
             ]
         );
         assert_eq!(f.unreadable.len(), 1);
