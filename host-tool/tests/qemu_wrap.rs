@@ -78,3 +78,45 @@ fn planning_failure_warn_starts_unchanged_deny_refuses() {
         "{log}"
     );
 }
+
+#[test]
+fn hook_install_links_the_wrapper() {
+    let prefix = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(["hook", "install", "--prefix"])
+            .arg(prefix.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--qemu-wrapper"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let link = prefix
+        .path()
+        .join("usr/local/libexec/vfio-p2p/qemu-system-x86_64");
+    assert_eq!(
+        std::fs::canonicalize(std::fs::read_link(&link).unwrap()).unwrap(),
+        std::fs::canonicalize(assert_cmd::cargo::cargo_bin("vfio-p2p")).unwrap()
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["hook", "install", "--prefix"])
+        .arg(empty.path())
+        .args(["--qemu-wrapper", "/usr/local/bin/qemu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_dir(empty.path()).unwrap().count(),
+        0,
+        "nothing installed"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be named qemu-system-*"));
+}
