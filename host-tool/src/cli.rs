@@ -68,4 +68,6 @@ pub enum Command {
     Verdicts(commands::verdicts::VerdictsArgs),
     /// Run QEMU with the planned cliques added to its vfio-pci devices (also as `qemu-system-*`).
     QemuWrap(commands::qemu_wrap::QemuWrapArgs),
+    /// KubeVirt hook sidecar: `kubevirt on-define-domain --vmi JSON --domain XML`.
+    Kubevirt(commands::kubevirt::KubevirtArgs),
 }

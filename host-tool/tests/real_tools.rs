@@ -421,3 +421,33 @@ fn qemu_wrap_cliques_reach_qemu() {
         );
     }
 }
+
+/// The domain KubeVirt's onDefineDomain hook returns is one libvirt accepts.
+#[test]
+fn kubevirt_patched_domain_validates() {
+    if !have("virt-xml-validate") {
+        return;
+    }
+    let config = |f: &str| format!("{}/../configs/kubevirt/{f}", env!("CARGO_MANIFEST_DIR"));
+    let vmi = std::fs::read_to_string(config("example-vmi.json")).unwrap();
+    let domain = std::fs::read_to_string(config("example-domain.xml")).unwrap();
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "kubevirt",
+            "on-define-domain",
+            "--vmi",
+            &vmi,
+            "--domain",
+            &domain,
+        ],
+        None,
+    );
+    assert!(xml.contains("<qemu:device alias='ua-gpu-gpu1'>"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubevirt.xml");
+    std::fs::write(&path, xml).unwrap();
+    validate(&path);
+    validate(Path::new(&config("example-domain.xml")));
+}

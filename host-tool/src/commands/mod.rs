@@ -5,6 +5,7 @@ pub mod check;
 pub mod collect;
 pub mod gen;
 pub mod hook;
+pub mod kubevirt;
 pub mod libvirt;
 pub mod place;
 pub mod plan;
@@ -40,5 +41,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Collect(a) => collect::run(&cli.global, a),
         Command::Verdicts(a) => verdicts::run(&cli.global, a),
         Command::QemuWrap(a) => qemu_wrap::run(&cli.global, a),
+        Command::Kubevirt(a) => kubevirt::run(&cli.global, a),
     }
 }
