@@ -540,6 +540,8 @@ stage_guest_wrap() {
     jqr -c 'map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
                 then fromjson | del(.["x-nv-gpudirect-clique"]) | tojson else . end)' < /out/gen.json > /out/gen-noclique.json
     ! grep -q x-nv-gpudirect-clique /out/gen-noclique.json || { fail "cliques left in gen-noclique.json"; return 1; }
+    # gen's vhost-vsock-pci (verify: vsock) needs /dev/vhost-vsock; no collector listens here
+    modprobe vhost_vsock || fail "modprobe vhost_vsock failed"
     if [ "$accel" = auto ]; then
         if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
     fi
