@@ -71,4 +71,8 @@ pub enum Command {
     Collect(commands::collect::CollectArgs),
     /// The latest verdict of every domain (table, JSON, Prometheus text).
     Verdicts(commands::verdicts::VerdictsArgs),
+    /// Run QEMU with the planned cliques added to its vfio-pci devices (also as `qemu-system-*`).
+    QemuWrap(commands::qemu_wrap::QemuWrapArgs),
+    /// KubeVirt hook sidecar: `kubevirt on-define-domain --vmi JSON --domain XML`.
+    Kubevirt(commands::kubevirt::KubevirtArgs),
 }

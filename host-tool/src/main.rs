@@ -5,7 +5,10 @@ use vfio_p2p::cli::Cli;
 
 fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
+    // installed or linked as `qemu-system-*`, the binary is the QEMU wrapper
+    let cli = Cli::parse_from(vfio_p2p::commands::qemu_wrap::argv0_dispatch(
+        std::env::args_os().collect(),
+    ));
     vfio_p2p::logging::init(cli.global.verbose);
     match vfio_p2p::commands::run(cli) {
         Ok(code) => code,

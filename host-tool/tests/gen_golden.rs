@@ -309,3 +309,89 @@ fn mirror_names_every_pair_whose_label_will_differ() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("in the guest,"));
 }
+
+#[test]
+fn proxmox_config() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/hgx-h100-mirror.yaml"
+    );
+    insta::assert_snapshot!(
+        "proxmox-dual-socket-pcie",
+        gen(
+            "dual-socket-pcie",
+            &[
+                "proxmox",
+                "--config",
+                cfg,
+                "--gpus",
+                "05:00.0,06:00.0,09:00.0,85:00.0"
+            ]
+        )
+    );
+    insta::assert_snapshot!("proxmox-flat-vm", gen("flat-vm", &["proxmox"]));
+}
+
+/// `check --proxmox-conf` on a config: (exit code, stdout as JSON).
+fn check_proxmox(conf: &str) -> (i32, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("100.conf");
+    std::fs::write(&path, conf).unwrap();
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "dual-socket-pcie", "check", "--format", "json"])
+        .arg("--proxmox-conf")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    (out.status.code().unwrap(), json)
+}
+
+fn failing_checks(report: &serde_json::Value) -> Vec<String> {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail" && c["check"] != "iommu-group")
+        .map(|c| format!("{} {}", c["check"], c["subject"]))
+        .collect()
+}
+
+#[test]
+fn proxmox_config_passes_its_own_check() {
+    let conf = gen(
+        "dual-socket-pcie",
+        &["proxmox", "--gpus", "05:00.0,06:00.0,09:00.0,85:00.0"],
+    );
+    let (_, report) = check_proxmox(&conf);
+    // the example's GPUs are still bound to nvidia (iommu-group); nothing else fails
+    assert!(failing_checks(&report).is_empty(), "{report:#}");
+    let planned = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["check"] == "clique-placement")
+        .count();
+    assert_eq!(planned, 3, "85:00.0 is on the other socket: no clique");
+}
+
+#[test]
+fn proxmox_check_finds_missing_cliques_and_hidden_hypervisor() {
+    let (code, report) = check_proxmox(
+        "machine: q35\ncpu: host,hidden=1\nhostpci0: 0000:05:00.0,pcie=1\n\
+         hostpci1: 0000:06:00.0,pcie=1\n\
+         args: -set device.hostpci0.x-nv-gpudirect-clique=0\n\n[snap]\ncpu: host\n",
+    );
+    assert_eq!(code, 2);
+    assert_eq!(
+        failing_checks(&report),
+        [
+            "\"mmio-window\" null",
+            "\"hypervisor-visible\" null",
+            "\"clique-missing\" \"0000:06:00.0\""
+        ]
+    );
+}

@@ -380,3 +380,148 @@ fn qemu_accepts_the_generated_machine() {
         }
     }
 }
+
+/// The real QEMU's path (`command -v`), or `None` when skipping is allowed.
+fn real_qemu() -> Option<std::path::PathBuf> {
+    if !have("qemu-system-x86_64") {
+        return None;
+    }
+    let out = Process::new("sh")
+        .args(["-c", "command -v qemu-system-x86_64"])
+        .output()
+        .unwrap();
+    Some(String::from_utf8(out.stdout).unwrap().trim().into())
+}
+
+/// Installed as `qemu-system-x86_64` (argv[0] dispatch, the real QEMU beside it as
+/// `.real`), the wrapper execs QEMU 7.2 itself: same pid, same argv, same exit status.
+#[test]
+fn qemu_wrap_argv0_execs_real_qemu() {
+    let Some(qemu) = real_qemu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("qemu-system-x86_64");
+    std::os::unix::fs::symlink(assert_cmd::cargo::cargo_bin("vfio-p2p"), &wrapper).unwrap();
+    std::os::unix::fs::symlink(&qemu, dir.path().join("qemu-system-x86_64.real")).unwrap();
+    let mut child = Process::new(&wrapper)
+        .args(["-machine", "none", "-nodefaults", "-display", "none", "-S"])
+        .args(["-qmp", "stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut greeting = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut greeting,
+    )
+    .unwrap();
+    assert!(greeting.contains("\"QMP\""), "no QMP greeting: {greeting}");
+    // the process the wrapper started as is QEMU now (exec, not a child)
+    let exe = std::fs::read_link(format!("/proc/{}/exe", child.id())).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&qemu).unwrap());
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"quit\"}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let direct = Process::new(&qemu)
+        .args(["-nodefaults", "-no-such-option"])
+        .output()
+        .unwrap();
+    let wrapped = Process::new(&wrapper)
+        .args(["-nodefaults", "-no-such-option"])
+        .output()
+        .unwrap();
+    assert_eq!(direct.status.code(), Some(1));
+    assert_eq!(wrapped.status.code(), direct.status.code());
+    assert!(String::from_utf8_lossy(&wrapped.stderr).contains("-no-such-option: invalid option"));
+}
+
+/// The cliques qemu-wrap adds reach QEMU 7.2 in both -device syntaxes and QEMU accepts
+/// them: it gets as far as opening the (absent) host device.
+#[test]
+fn qemu_wrap_cliques_reach_qemu() {
+    let Some(qemu) = real_qemu() else { return };
+    let json =
+        |bdf: &str, id: &str| format!(r#"{{"driver":"vfio-pci","host":"{bdf}","id":"{id}"}}"#);
+    for (gpu0, gpu1, echoed) in [
+        (
+            json("0000:05:00.0", "gpu0"),
+            json("0000:06:00.0", "gpu1"),
+            r#"-device {"driver":"vfio-pci","host":"0000:05:00.0","id":"gpu0","x-nv-gpudirect-clique":0}: vfio "#,
+        ),
+        (
+            "vfio-pci,host=0000:05:00.0,id=gpu0".to_string(),
+            "vfio-pci,host=0000:06:00.0,id=gpu1".to_string(),
+            "-device vfio-pci,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+    ] {
+        let out = Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(["--example", "dual-socket-pcie", "qemu-wrap", "--qemu"])
+            .arg(&qemu)
+            .args([
+                "--",
+                "-machine",
+                "q35,accel=tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+            ])
+            .args(["-device", &gpu0, "-device", &gpu1])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr
+                .contains("vfio-p2p qemu-wrap: gpu1 (0000:06:00.0): added x-nv-gpudirect-clique=0"),
+            "{stderr}"
+        );
+        // QEMU accepted the property and names the argument as it got it when it
+        // fails to open the (absent) host device
+        assert!(
+            stderr.contains(echoed) && stderr.contains("no such host device"),
+            "{stderr}"
+        );
+    }
+}
+
+/// The domain KubeVirt's onDefineDomain hook returns is one libvirt accepts.
+#[test]
+fn kubevirt_patched_domain_validates() {
+    if !have("virt-xml-validate") {
+        return;
+    }
+    let config = |f: &str| format!("{}/../configs/kubevirt/{f}", env!("CARGO_MANIFEST_DIR"));
+    let vmi = std::fs::read_to_string(config("example-vmi.json")).unwrap();
+    let domain = std::fs::read_to_string(config("example-domain.xml")).unwrap();
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "kubevirt",
+            "on-define-domain",
+            "--vmi",
+            &vmi,
+            "--domain",
+            &domain,
+        ],
+        None,
+    );
+    assert!(xml.contains("<qemu:device alias='ua-gpu-gpu1'>"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubevirt.xml");
+    std::fs::write(&path, xml).unwrap();
+    validate(&path);
+    validate(Path::new(&config("example-domain.xml")));
+}

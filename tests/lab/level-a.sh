@@ -415,7 +415,8 @@ stage_qemu_neg() {
     [ -z "$WHY" ]
 }
 
-# b_args ACCEL [GEN-JSON]: gen's arguments (default /out/gen.json) as a shell-quoted string, with what the lab changes:
+# b_args ACCEL [FILE]: gen's arguments (FILE, default /out/gen.json) as a shell-quoted string,
+# with what the lab changes:
 # - the stand-ins need QEMU's vendor override for the clique check (see stage qemu-neg), and the
 #   device id that level A's overlay shows (present_as_nvidia), so the guest sees the same part;
 # - under TCG (no nested KVM) the accelerator and -cpu host are swapped for their TCG forms.
@@ -458,11 +459,11 @@ run_b() {
     echo "level B QEMU exit $?"
 }
 
-# b_section NAME: the JSON level B printed for NAME (level-b.sh section) into /out/b-NAME.json;
-# prints the command's exit status
+# b_section NAME [LOG]: the JSON level B printed for NAME (level-b.sh section) into /out/b-NAME.json;
+# prints the command's exit status. LOG: the console log (default /out/level-b.log)
 b_section() {
-    tr -d '\r' < /out/level-b.log | sed -n "/^LAB-B-$1-BEGIN/,/^LAB-B-$1-END/p" | sed '1d;$d' > /out/b-$1.json
-    tr -d '\r' < /out/level-b.log | sed -n "s/^LAB-B-$1-END rc=//p"
+    tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "/^LAB-B-$1-BEGIN/,/^LAB-B-$1-END/p" | sed '1d;$d' > /out/b-$1.json
+    tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "s/^LAB-B-$1-END rc=//p"
 }
 
 stage_guest() {
@@ -511,6 +512,69 @@ stage_guest() {
     rc=$(b_section EXPECT)
     [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"
     is_json /out/b-EXPECT.json || fail "agent expect printed no JSON report"
+    [ -z "$WHY" ]
+}
+
+# guest-wrap: level B started through `vfio-p2p qemu-wrap` from gen's arguments with every
+# clique taken out: the wrapper puts the planned cliques back and the agent finds them
+# (docs/integrations.md: Nova and any other libvirt user)
+run_b_wrapped() { # ACCEL LIMIT: level B through the wrapper; console and wrapper log in /out/level-b-wrap.log
+    local accel=$1 limit=$2
+    echo "== level B through qemu-wrap, accel $accel, limit $limit s"
+    [ "$limit" -ge 30 ] || { echo "no time left for level B under $accel"; : > /out/level-b-wrap.log; return; }
+    b_args "$accel" /out/gen-noclique.json > /out/b-wrap-args-$accel.sh
+    echo "arguments from gen without cliques (as changed by the lab): $(cat /out/b-wrap-args-$accel.sh)"
+    eval "set -- $(cat /out/b-wrap-args-$accel.sh)"
+    shift  # the program: the wrapper runs the real QEMU
+    C timeout -k 5 "$limit" "$VFIO_P2P" qemu-wrap $GEN_OPTS --qemu /usr/bin/qemu-system-x86_64 -- "$@" \
+        -nodefaults -display none -monitor none -serial stdio -no-reboot \
+        -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
+        < /dev/null > /out/level-b-wrap.log 2>&1
+    echo "level B (wrapped) QEMU exit $?"
+}
+
+stage_guest_wrap() {
+    local accel=$ACCEL_B t0 rc got want n
+    [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
+    ensure_vfio $GPUS_B
+    jqr -c 'map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
+                then fromjson | del(.["x-nv-gpudirect-clique"]) | tojson else . end)' < /out/gen.json > /out/gen-noclique.json
+    ! grep -q x-nv-gpudirect-clique /out/gen-noclique.json || { fail "cliques left in gen-noclique.json"; return 1; }
+    # gen's vhost-vsock-pci (verify: vsock) needs /dev/vhost-vsock; no collector listens here
+    modprobe vhost_vsock || fail "modprobe vhost_vsock failed"
+    if [ "$accel" = auto ]; then
+        if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
+    fi
+    t0=$(up)
+    if [ $accel = kvm ]; then
+        run_b_wrapped kvm "$(b_limit "$TIMEOUT_B_KVM")"
+        if ! grep -q LAB-B-DONE /out/level-b-wrap.log; then
+            cp /out/level-b-wrap.log /out/level-b-wrap-kvm.log
+            echo "level B under nested KVM did not finish; TCG fallback"
+            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b_wrapped tcg "$(b_limit "$TIMEOUT_B_TCG")"; }
+        fi
+    else
+        run_b_wrapped tcg "$(b_limit "$TIMEOUT_B_TCG")"
+    fi
+    NOTE="level B through qemu-wrap under $accel: $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
+    echo "LAB-PROGRESS $NOTE"
+    tr -d '\r' < /out/level-b-wrap.log | sed 's/^/B| /'
+    grep -q LAB-B-DONE /out/level-b-wrap.log || { fail "level B through the wrapper ($accel) did not finish"; return 1; }
+    # the wrapper said what it added: one line per GPU the plan gives a clique
+    want=$(jqr '[.assignments[] | select(. != null)] | length' < /out/plan-b.json)
+    n=$(tr -d '\r' < /out/level-b-wrap.log | grep -c '^vfio-p2p qemu-wrap: .* added x-nv-gpudirect-clique=')
+    echo "wrapper added $n clique(s), plan has $want"
+    [ "$n" = "$want" ] || fail "the wrapper logged $n added cliques, the plan has $want"
+    rc=$(b_section SCAN /out/level-b-wrap.log)
+    [ "$rc" = 0 ] || fail "agent scan exited $rc"
+    is_json /out/b-SCAN.json || { fail "agent scan printed no JSON"; return 1; }
+    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-b.json)
+    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-SCAN.json)
+    echo "cliques in the guest: [$got], planned: [$want]"
+    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
+    rc=$(b_section EXPECT /out/level-b-wrap.log)
+    cat /out/b-EXPECT.json
+    [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"
     [ -z "$WHY" ]
 }
 

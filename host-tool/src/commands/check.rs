@@ -15,7 +15,11 @@ use crate::emit::data::DataFormat;
 use crate::host_probe;
 use crate::model::domain::DomainFacts;
 use crate::read::domain_xml::read_domain_xml_file;
+use crate::read::proxmox_conf::read_proxmox_conf_file;
 use crate::read::vmm;
+
+/// How a Proxmox VM gets the planned cliques.
+const PROXMOX_FIX: &str = "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus …` into the VM's config (qm stop, then qm start)";
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -27,6 +31,10 @@ pub struct CheckArgs {
     /// libvirt domain XML of the VM (hidden hypervisor, 64-bit MMIO window).
     #[arg(long, value_name = "FILE")]
     pub domain_xml: Option<PathBuf>,
+    /// Proxmox VE VM config (/etc/pve/qemu-server/VMID.conf): its hostpci GPUs, their
+    /// cliques in `args:`, a hidden hypervisor, the 64-bit MMIO window.
+    #[arg(long, value_name = "FILE", conflicts_with = "domain_xml")]
+    pub proxmox_conf: Option<PathBuf>,
     /// QEMU binary that will run the VM; its `--version` decides clique placement.
     #[arg(long, value_name = "PATH")]
     pub qemu: Option<PathBuf>,
@@ -59,7 +67,11 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
             .hole64
             .as_ref()
             .map(|h| (h.bytes, format!("{file} ({})", h.source)));
-        facts.vm_config = Some(format!("the domain {file}"));
+        facts.vm_config = Some(if args.proxmox_conf.is_some() {
+            format!("the Proxmox config {file}")
+        } else {
+            format!("the domain {file}")
+        });
     }
     if let Some(a) = &args.qemu_args {
         facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
@@ -88,11 +100,18 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
     ctx.require_gpus("check")?;
     let topo = &ctx.topo;
-    let domain = args
+    let mut domain = args
         .domain_xml
         .as_deref()
         .map(read_domain_xml_file)
         .transpose()?;
+    if let Some(path) = &args.proxmox_conf {
+        let conf = read_proxmox_conf_file(path)?;
+        for w in &conf.warnings {
+            tracing::warn!("{w}");
+        }
+        domain = Some(conf.facts);
+    }
     let gpus = selected_gpus(&ctx, &args, domain.as_ref());
     for g in &gpus {
         anyhow::ensure!(
@@ -113,7 +132,11 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     };
     let vmm = vmm_facts(&args, domain.as_ref());
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
-    let report = check::run_checks(topo, &gpus, &host, &vmm, &p);
+    let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
+    if let (Some(d), Some(_)) = (&domain, &args.proxmox_conf) {
+        let level = ctx.plan_options(&args.plan, None).p2p_level;
+        report.extend(check::clique_checks(topo, d, level, PROXMOX_FIX));
+    }
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),
         None => print!("{}", emit::check::table(&report)),

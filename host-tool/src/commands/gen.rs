@@ -20,7 +20,7 @@ use crate::emit::data::write_output;
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
-use crate::emit::{cloud_hypervisor, nccl};
+use crate::emit::{cloud_hypervisor, nccl, proxmox};
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -33,6 +33,8 @@ pub enum GenTarget {
     CloudHypervisor,
     /// The NCCL topology XML to install in the guest (`NCCL_TOPO_FILE`).
     Nccl,
+    /// Proxmox VE `hostpciN:` and `args:` lines for /etc/pve/qemu-server/VMID.conf.
+    Proxmox,
 }
 
 #[derive(Debug, Args)]
@@ -131,8 +133,13 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = args.guest_topology {
         config.guest_topology = t;
     }
-    if args.format.is_some() && matches!(args.target, GenTarget::Libvirt | GenTarget::Nccl) {
-        bail!("--format applies to qemu and cloud-hypervisor command lines; libvirt and nccl write XML");
+    if args.format.is_some()
+        && matches!(
+            args.target,
+            GenTarget::Libvirt | GenTarget::Nccl | GenTarget::Proxmox
+        )
+    {
+        bail!("--format applies to qemu and cloud-hypervisor command lines; libvirt and nccl write XML, proxmox its config lines");
     }
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
@@ -221,6 +228,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             qemu::render(&argv, format)
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
+        GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
     };
     if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
         register(plan, dir)?;

@@ -21,6 +21,8 @@ use crate::vfio_bind::{self, writer, BindOptions, BindState, SessionOptions, Unb
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
 pub const HOOK_NAME: &str = "vfio-p2p";
+/// Where `hook install --qemu-wrapper` links the wrapper by default (below `--prefix`).
+pub const QEMU_WRAPPER_PATH: &str = "/usr/local/libexec/vfio-p2p/qemu-system-x86_64";
 const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Args)]
@@ -44,6 +46,11 @@ pub enum HookAction {
         /// Not for install: a hook works on a real host. (Shadows the global option.)
         #[arg(long, hide = true)]
         example: Option<String>,
+        /// Also link this binary as a `qemu-system-x86_64` that adds the planned cliques
+        /// (`qemu-wrap`), at PATH below --prefix (default /usr/local/libexec/vfio-p2p/qemu-system-x86_64);
+        /// use it as a domain's <emulator>, or see docs/integrations.md for every domain.
+        #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = QEMU_WRAPPER_PATH)]
+        qemu_wrapper: Option<PathBuf>,
     },
     /// What libvirt runs: GUEST OPERATION SUB-OPERATION EXTRA, with the domain XML on stdin.
     /// `prepare begin` binds the guest's managed='no' hostdevs and checks its cliques
@@ -72,12 +79,20 @@ pub fn run(global: &GlobalArgs, args: HookArgs) -> anyhow::Result<ExitCode> {
             prefix,
             sysfs_root,
             example,
+            qemu_wrapper,
         } => {
             anyhow::ensure!(
                 example.is_none() && global.example.is_none(),
                 "hook install writes a hook for this host; --example does not apply"
             );
-            install(&sysfs_root, &prefix)
+            if let Some(path) = &qemu_wrapper {
+                wrapper_name(path)?; // before anything is written
+            }
+            let code = install(&sysfs_root, &prefix)?;
+            if let Some(path) = qemu_wrapper {
+                install_qemu_wrapper(&prefix, &path)?;
+            }
+            Ok(code)
         }
         HookAction::Run { dry_run, args } => match args.as_slice() {
             [guest, op, sub, ..] => match (op.as_str(), sub.as_str()) {
@@ -174,6 +189,45 @@ fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
         "restart libvirt so it picks the hook up: systemctl restart libvirtd (or virtqemud on modular daemons)"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Links this binary as `path` (below `prefix`): started under a `qemu-system-*` name it
+/// is `qemu-wrap`, which runs the real QEMU (`path.real`, else /usr/bin/NAME).
+fn install_qemu_wrapper(prefix: &Path, path: &Path) -> anyhow::Result<()> {
+    let name = wrapper_name(path)?;
+    let binary = std::env::current_exe()
+        .and_then(fs::canonicalize)
+        .context("finding this binary's absolute path")?;
+    let target = prefix.join(path.strip_prefix("/").unwrap_or(path));
+    if let Some(dir) = target.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = target.with_file_name(format!(".{name}.{}", std::process::id()));
+    std::os::unix::fs::symlink(&binary, &tmp)
+        .with_context(|| format!("linking {}", tmp.display()))?;
+    fs::rename(&tmp, &target).with_context(|| format!("installing {}", target.display()))?;
+    println!(
+        "installed {} -> {}: a QEMU that adds the planned cliques, then runs {}.real if present, else /usr/bin/{name}",
+        target.display(),
+        binary.display(),
+        path.display()
+    );
+    println!(
+        "use it as <emulator>{}</emulator>, or for every guest see docs/integrations.md (dpkg-divert)",
+        path.display()
+    );
+    Ok(())
+}
+
+/// The wrapper's file name: `qemu-system-*`, the name that makes the binary act as qemu-wrap.
+fn wrapper_name(path: &Path) -> anyhow::Result<&str> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    anyhow::ensure!(
+        name.starts_with("qemu-system-"),
+        "--qemu-wrapper {}: the wrapper must be named qemu-system-* (that name makes the binary act as qemu-wrap)",
+        path.display()
+    );
+    Ok(name)
 }
 
 /// One line on stderr (libvirt shows it in the start error), then the exit code.

@@ -5,9 +5,11 @@ pub mod check;
 pub mod collect;
 pub mod gen;
 pub mod hook;
+pub mod kubevirt;
 pub mod libvirt;
 pub mod place;
 pub mod plan;
+pub mod qemu_wrap;
 pub mod snapshot;
 pub mod topo;
 pub mod verdicts;
@@ -38,5 +40,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Snapshot(a) => snapshot::run(&cli.global, a),
         Command::Collect(a) => collect::run(&cli.global, a),
         Command::Verdicts(a) => verdicts::run(&cli.global, a),
+        Command::QemuWrap(a) => qemu_wrap::run(&cli.global, a),
+        Command::Kubevirt(a) => kubevirt::run(&cli.global, a),
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod domain;
 mod path;
+pub mod qemu_argv;
 pub mod vmm;
 
 use std::collections::BTreeMap;

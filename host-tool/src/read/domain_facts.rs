@@ -66,6 +66,8 @@ pub enum HiddenHypervisor {
     CpuFeatureDisabled { policy: String },
     /// `<qemu:commandline>` passes `-cpu …,kvm=off`.
     QemuCpuKvmOff { cpu: String },
+    /// Another VM definition's way (a Proxmox `cpu: hidden=1`), as the reader words it.
+    Described(String),
 }
 
 impl fmt::Display for HiddenHypervisor {
@@ -78,6 +80,7 @@ impl fmt::Display for HiddenHypervisor {
             HiddenHypervisor::QemuCpuKvmOff { cpu } => {
                 write!(f, "<qemu:commandline> passes -cpu {cpu}")
             }
+            HiddenHypervisor::Described(how) => f.write_str(how),
         }
     }
 }

@@ -77,7 +77,36 @@ pub fn domain_checks(
         return out;
     }
     out.extend(hidden_hypervisor(facts));
-    let has = cliques_set(facts, &gpus, &mut out);
+    out.extend(gpu_cliques(topo, facts, &gpus, p2p_level, PATCH_FIX));
+    out
+}
+
+/// The cliques a VM definition sets (facts from a libvirt domain or another stack's
+/// config, read into the same form) against the plan for its GPUs; `fix` tells how that
+/// stack's definition gets the planned cliques. A hidden hypervisor is `check`'s own.
+pub fn clique_checks(
+    topo: &Topology,
+    facts: &DomainFacts,
+    p2p_level: PathKind,
+    fix: &str,
+) -> Vec<CheckResult> {
+    let mut out = Vec::new();
+    let gpus = gpu_hostdevs(topo, facts, &mut out);
+    if !gpus.is_empty() {
+        out.extend(gpu_cliques(topo, facts, &gpus, p2p_level, fix));
+    }
+    out
+}
+
+fn gpu_cliques(
+    topo: &Topology,
+    facts: &DomainFacts,
+    gpus: &BTreeMap<Bdf, Option<&str>>,
+    p2p_level: PathKind,
+    fix: &str,
+) -> Vec<CheckResult> {
+    let mut out = Vec::new();
+    let has = cliques_set(facts, gpus, fix, &mut out);
     let selected: Vec<Bdf> = gpus.keys().copied().collect();
     let options = PlanOptions {
         p2p_level,
@@ -95,8 +124,8 @@ pub fn domain_checks(
             return out;
         }
     };
-    out.extend(missing_cliques(&planned, &gpus, &has));
-    out.extend(wrong_cliques(&planned, &has, p2p_level));
+    out.extend(missing_cliques(&planned, gpus, &has, fix));
+    out.extend(wrong_cliques(&planned, &has, p2p_level, fix));
     out
 }
 
@@ -148,6 +177,7 @@ fn hidden_hypervisor(facts: &DomainFacts) -> Option<CheckResult> {
 fn cliques_set(
     facts: &DomainFacts,
     gpus: &BTreeMap<Bdf, Option<&str>>,
+    fix: &str,
     out: &mut Vec<CheckResult>,
 ) -> BTreeMap<Bdf, u8> {
     let mut has = BTreeMap::new();
@@ -178,7 +208,7 @@ fn cliques_set(
                 "clique-setting",
                 subject,
                 format!("{bdf} (alias {alias}) has {CLIQUE_PROPERTY}='{}'; a clique ID is 0..={MAX_CLIQUE}", settings[0].value),
-                Some(PATCH_FIX.into()),
+                Some(fix.into()),
             )),
         }
     }
@@ -190,6 +220,7 @@ fn missing_cliques(
     planned: &Plan,
     gpus: &BTreeMap<Bdf, Option<&str>>,
     has: &BTreeMap<Bdf, u8>,
+    fix: &str,
 ) -> Vec<CheckResult> {
     let mut out = Vec::new();
     for bdf in gpus.keys() {
@@ -209,14 +240,19 @@ fn missing_cliques(
                 "{bdf} has no {CLIQUE_PROPERTY} but reaches {} over PCIe P2P (plan: clique {want}): P2P will be off in the guest",
                 peers.join(", ")
             ),
-            Some(PATCH_FIX.into()),
+            Some(fix.into()),
         ));
     }
     out
 }
 
 /// GPUs that share a clique in the domain although their host path does not allow it.
-fn wrong_cliques(planned: &Plan, has: &BTreeMap<Bdf, u8>, p2p_level: PathKind) -> Vec<CheckResult> {
+fn wrong_cliques(
+    planned: &Plan,
+    has: &BTreeMap<Bdf, u8>,
+    p2p_level: PathKind,
+    fix: &str,
+) -> Vec<CheckResult> {
     let mut by_clique: BTreeMap<u8, Vec<Bdf>> = BTreeMap::new();
     for (bdf, c) in has {
         by_clique.entry(*c).or_default().push(*bdf);
@@ -240,7 +276,7 @@ fn wrong_cliques(planned: &Plan, has: &BTreeMap<Bdf, u8>, p2p_level: PathKind) -
                             p.verdict,
                             p.explanation
                         ),
-                        Some(format!("put them in different cliques: {PATCH_FIX}")),
+                        Some(format!("put them in different cliques: {fix}")),
                     ));
                 }
             }

@@ -11,7 +11,7 @@ mod host_rules;
 mod report;
 mod vm_rules;
 
-pub use domain_rules::{domain_checks, reserved_hostdevs};
+pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs};
 pub use facts::{HostFacts, ModuleState, NodeProbe, NotProbed, QemuVersion, Vmm, VmmFacts};
 pub use report::{CheckReport, CheckResult, Status};
 

@@ -50,6 +50,12 @@ impl CheckReport {
         CheckReport { checks, status }
     }
 
+    /// Adds results checked elsewhere (a VM definition's cliques), updating the status.
+    pub fn extend(&mut self, more: Vec<CheckResult>) {
+        self.checks.extend(more);
+        *self = CheckReport::new(std::mem::take(&mut self.checks));
+    }
+
     /// 0 when everything passes, 1 with warnings, 2 with failures.
     pub fn exit_code(&self) -> u8 {
         match self.status {

@@ -1,0 +1,145 @@
+//! `vfio-p2p kubevirt on-define-domain --vmi JSON --domain XML`: KubeVirt's hook-sidecar
+//! `onDefineDomain` (run by the sidecar shim in the virt-launcher pod): prints the domain
+//! with the planned cliques as `<qemu:override>` on the hostdev aliases KubeVirt gave the
+//! VMI's GPUs (`ua-gpu-…`, `ua-hostdevice-…`). The host topology comes from the pod's
+//! /sys/bus/pci, which shows the node's PCI devices.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use pci_config::Bdf;
+
+use crate::cli::GlobalArgs;
+use crate::config::host::{HookPolicy, HostConfig};
+use crate::context::{load_host, Context, PlanOptionArgs};
+use crate::emit::libvirt::LibvirtVersion;
+use crate::emit::libvirt_patch;
+use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
+use crate::read::kubevirt_vmi::parse_kubevirt_vmi;
+
+#[derive(Debug, Args)]
+pub struct KubevirtArgs {
+    #[command(subcommand)]
+    pub command: KubevirtCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KubevirtCommand {
+    /// The onDefineDomain hook: print the domain with the VMI's GPU cliques added.
+    OnDefineDomain(OnDefineDomainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OnDefineDomainArgs {
+    /// The VirtualMachineInstance as JSON (the sidecar shim passes it).
+    #[arg(long, value_name = "JSON")]
+    pub vmi: String,
+    /// The domain XML virt-launcher is about to define (the sidecar shim passes it).
+    #[arg(long, value_name = "XML")]
+    pub domain: String,
+    #[command(flatten)]
+    pub plan: PlanOptionArgs,
+    /// The libvirt in virt-launcher (KubeVirt ≥ 1.0 ships ≥ 9.0; below 8.2 cliques use `-set`).
+    #[arg(long, value_name = "X.Y", default_value = "9.0")]
+    pub libvirt_version: LibvirtVersion,
+}
+
+pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> {
+    let KubevirtCommand::OnDefineDomain(a) = args.command;
+    let policy = match &a.plan.host.host_config {
+        Some(p) => HostConfig::load(p)?.hook_policy,
+        None => HookPolicy::Warn,
+    };
+    match patched_domain(global, &a) {
+        Ok(xml) => print!("{xml}"),
+        Err(e) => {
+            let why = vfio_p2p_style::error_chain(e.as_ref());
+            match policy {
+                HookPolicy::Deny => anyhow::bail!(
+                    "kubevirt onDefineDomain: {why}; the VMI does not start (hook_policy: deny)"
+                ),
+                HookPolicy::Warn => {
+                    tracing::warn!(
+                        "kubevirt onDefineDomain: {why}; the domain is left as it was, without cliques (hook_policy: warn)"
+                    );
+                    print!("{}", a.domain);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The domain with the cliques of the VMI's GPUs, or why it cannot be made.
+fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result<String> {
+    let vmi = parse_kubevirt_vmi(&a.vmi).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        a.domain.len() as u64 <= MAX_DOMAIN_XML_BYTES,
+        "--domain is larger than {MAX_DOMAIN_XML_BYTES} bytes"
+    );
+    let facts = parse_domain_xml_bytes(a.domain.as_bytes(), "the domain from virt-launcher")?;
+    let wanted: Vec<(Bdf, &str)> = facts
+        .hostdevs
+        .iter()
+        .filter_map(|h| {
+            let alias = h.alias_name()?;
+            vmi.device_aliases
+                .iter()
+                .any(|(a, _)| a == alias)
+                .then_some((h.bdf, alias))
+        })
+        .collect();
+    if wanted.is_empty() {
+        eprintln!(
+            "vfio-p2p kubevirt: {}: no PCI hostdev of its gpus/hostDevices in the domain; left as it was",
+            vmi.name
+        );
+        return Ok(a.domain.clone());
+    }
+    let record = load_host(global)?;
+    let config = match &a.plan.host.host_config {
+        Some(p) => HostConfig::load(p)?,
+        None => HostConfig::default(),
+    };
+    let (ctx, warnings) = Context::build(&record, config, &a.plan.nvlink)?;
+    for w in &warnings {
+        tracing::debug!("{w}");
+    }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(b, _)| ctx.topo.device(b).is_none())
+        .map(|(b, alias)| format!("{b} ({alias})"))
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "cannot see the node's PCI devices {} in {} ({} PCI devices there): the sidecar needs the node's /sys (not a private sysfs) to plan cliques",
+        missing.join(", "),
+        ctx.topo.source,
+        ctx.topo.devices.len()
+    );
+    let gpus: Vec<Bdf> = wanted
+        .iter()
+        .map(|(b, _)| *b)
+        .filter(|b| ctx.topo.device(b).is_some_and(|d| d.is_gpu()))
+        .collect();
+    let cliques: BTreeMap<Bdf, Option<u8>> = if gpus.is_empty() {
+        BTreeMap::new()
+    } else {
+        ctx.plan(&gpus, &ctx.plan_options(&a.plan, None))?
+            .assignments
+    };
+    let patched = libvirt_patch::apply(&a.domain, &facts, &cliques, a.libvirt_version)?;
+    for w in &patched.warnings {
+        tracing::warn!("{}: {w}", vmi.name);
+    }
+    for (bdf, alias) in &patched.aliases {
+        if let Some(Some(k)) = cliques.get(bdf) {
+            eprintln!(
+                "vfio-p2p kubevirt: {}: {alias} ({bdf}): clique {k}",
+                vmi.name
+            );
+        }
+    }
+    Ok(patched.xml)
+}

@@ -1,0 +1,217 @@
+//! `vfio-p2p qemu-wrap [--qemu PATH] -- QEMU-ARGS…`, also run as `qemu-system-x86_64`
+//! (argv[0] dispatch): adds the planned cliques to the command line's `vfio-pci` devices
+//! that lack one, says so on stderr (libvirt's domain log), and execs QEMU with the
+//! command line otherwise unchanged, so its pid, exit status, signals and fds are QEMU's.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use pci_config::Bdf;
+
+use crate::cli::GlobalArgs;
+use crate::config::host::{HookPolicy, HostConfig};
+use crate::context::{load_host, Context, PlanOptionArgs};
+use crate::emit::qemu::QEMU_BINARY;
+use crate::emit::qemu_argv_patch::{with_cliques, CliqueAdded};
+use crate::read::qemu_argv::{read_qemu_argv, QemuArgvFacts};
+use vfio_p2p_contract::CLIQUE_PROPERTY;
+
+/// Names under which the binary acts as the wrapper (argv[0]).
+const QEMU_NAME_PREFIX: &str = "qemu-system-";
+
+#[derive(Debug, Args)]
+pub struct QemuWrapArgs {
+    /// The QEMU to run (default: for `qemu-system-*` argv[0], NAME.real beside it, else
+    /// /usr/bin/NAME; for `qemu-wrap`, qemu-system-x86_64 from PATH).
+    #[arg(long, value_name = "PATH")]
+    pub qemu: Option<PathBuf>,
+    /// Set by argv[0] dispatch: the name the wrapper was started as.
+    #[arg(long, hide = true, value_name = "ARGV0")]
+    pub argv0: Option<OsString>,
+    #[command(flatten)]
+    pub plan: PlanOptionArgs,
+    /// QEMU's arguments, after `--`.
+    #[arg(last = true, allow_hyphen_values = true, num_args = 0..)]
+    pub qemu_args: Vec<OsString>,
+}
+
+/// `qemu-system-x86_64 ARGS…` (the binary installed or linked under that name) becomes
+/// `vfio-p2p qemu-wrap --argv0 qemu-system-x86_64 -- ARGS…`; other names pass unchanged.
+pub fn argv0_dispatch(args: Vec<OsString>) -> Vec<OsString> {
+    let is_qemu = args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(OsStr::to_str)
+        .is_some_and(|n| n.starts_with(QEMU_NAME_PREFIX));
+    if !is_qemu {
+        return args;
+    }
+    let mut it = args.into_iter();
+    let argv0 = it.next().unwrap_or_default();
+    let mut out: Vec<OsString> = vec!["vfio-p2p".into(), "qemu-wrap".into(), "--argv0".into()];
+    out.push(argv0);
+    out.push("--".into());
+    out.extend(it);
+    out
+}
+
+pub fn run(global: &GlobalArgs, args: QemuWrapArgs) -> anyhow::Result<ExitCode> {
+    let qemu = real_qemu(&args)?;
+    let argv0 = args
+        .argv0
+        .clone()
+        .unwrap_or_else(|| qemu.clone().into_os_string());
+    let text: Vec<String> = args
+        .qemu_args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let facts = read_qemu_argv(&text);
+    let mut final_args = args.qemu_args.clone();
+    if !facts.vfio.is_empty() {
+        for u in &facts.unreadable {
+            tracing::warn!("qemu-wrap: left as written: {u}");
+        }
+        let config = match &args.plan.host.host_config {
+            Some(p) => HostConfig::load(p)?,
+            None => HostConfig::load_below(config_root(global))?,
+        };
+        match planned_args(global, &args.plan, config.clone(), &facts, &text) {
+            Ok((edited, added)) => {
+                log_added(&added);
+                for (i, e) in edited.into_iter().enumerate() {
+                    if e != text[i] {
+                        final_args[i] = e.into();
+                    }
+                }
+            }
+            Err(e) => {
+                let why = vfio_p2p_style::error_chain(e.as_ref());
+                match config.hook_policy {
+                    HookPolicy::Deny => anyhow::bail!(
+                        "qemu-wrap: not starting QEMU: cliques could not be planned: {why} (hook_policy: deny)"
+                    ),
+                    HookPolicy::Warn => tracing::warn!(
+                        "qemu-wrap: cliques could not be planned: {why}; QEMU starts without them (hook_policy: warn)"
+                    ),
+                }
+            }
+        }
+    }
+    let err = std::process::Command::new(&qemu)
+        .arg0(&argv0)
+        .args(&final_args)
+        .exec();
+    Err(anyhow::anyhow!(
+        "qemu-wrap: could not run {}: {err}",
+        qemu.display()
+    ))
+}
+
+/// Where host.yaml is looked for: the sysfs root when it is a directory, else /.
+fn config_root(global: &GlobalArgs) -> &Path {
+    if global.example.is_none() && global.sysfs_root.is_dir() {
+        &global.sysfs_root
+    } else {
+        Path::new("/")
+    }
+}
+
+/// The plan for the command line's GPUs and the argv with their cliques added.
+fn planned_args(
+    global: &GlobalArgs,
+    plan_args: &PlanOptionArgs,
+    config: HostConfig,
+    facts: &QemuArgvFacts,
+    text: &[String],
+) -> anyhow::Result<(Vec<String>, Vec<CliqueAdded>)> {
+    let (ctx, warnings) = Context::build(&load_host(global)?, config, &plan_args.nvlink)?;
+    for w in &warnings {
+        tracing::debug!("{w}");
+    }
+    let gpus: Vec<Bdf> = facts
+        .vfio
+        .iter()
+        .filter_map(|d| d.host)
+        .filter(|b| ctx.topo.device(b).is_some_and(|d| d.is_gpu()))
+        .collect();
+    let p = ctx.plan(&gpus, &ctx.plan_options(plan_args, None))?;
+    let cliques: BTreeMap<Bdf, u8> = gpus
+        .iter()
+        .filter_map(|g| Some((*g, p.clique_of(g)?)))
+        .collect();
+    for d in &facts.vfio {
+        let (Some(have), Some(host)) = (&d.clique, d.host) else {
+            continue;
+        };
+        let want = cliques.get(&host).map(u8::to_string);
+        if want.as_deref() != Some(have.as_str()) {
+            tracing::warn!(
+                "qemu-wrap: {host} keeps {CLIQUE_PROPERTY}={have} as written; the plan says {}",
+                want.unwrap_or_else(|| "none".into())
+            );
+        }
+    }
+    Ok(with_cliques(text, facts, &cliques))
+}
+
+fn log_added(added: &[CliqueAdded]) {
+    for a in added {
+        eprintln!(
+            "vfio-p2p qemu-wrap: {} ({}): added {CLIQUE_PROPERTY}={}",
+            a.id.as_deref().unwrap_or("vfio-pci"),
+            a.host,
+            a.clique
+        );
+    }
+}
+
+/// The QEMU binary to exec, never this binary itself (that would loop).
+fn real_qemu(args: &QemuWrapArgs) -> anyhow::Result<PathBuf> {
+    if let Some(q) = &args.qemu {
+        return Ok(q.clone());
+    }
+    let Some(argv0) = &args.argv0 else {
+        return Ok(PathBuf::from(QEMU_BINARY));
+    };
+    let name = Path::new(argv0)
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(QEMU_BINARY));
+    let me = std::env::current_exe()
+        .and_then(std::fs::canonicalize)
+        .context("finding this binary (to not run it as QEMU)")?;
+    let invoked = if Path::new(argv0).components().count() > 1 {
+        Some(PathBuf::from(argv0))
+    } else {
+        find_in_path(&name)
+    };
+    let mut candidates = Vec::new();
+    if let Some(p) = invoked {
+        let mut real = p.into_os_string();
+        real.push(".real");
+        candidates.push(PathBuf::from(real));
+    }
+    candidates.push(Path::new("/usr/bin").join(&name));
+    candidates
+        .into_iter()
+        .find(|c| std::fs::canonicalize(c).is_ok_and(|c| c != me))
+        .with_context(|| {
+            format!(
+                "started as {} but found no QEMU to run: put the real one at {}.real (dpkg-divert --rename) or /usr/bin, or pass --qemu",
+                Path::new(argv0).display(),
+                Path::new(argv0).display()
+            )
+        })
+}
+
+fn find_in_path(name: &Path) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,217 @@
+//! A QEMU command line as `qemu-wrap` receives it (from libvirt, Nova's libvirt, a script):
+//! its `vfio-pci` devices, in either `-device` syntax, and the cliques already set on them
+//! (`x-nv-gpudirect-clique` in the device or a `-set device.ID.x-nv-gpudirect-clique=K`).
+//! Positions are kept so the argv can be edited in place and passed on otherwise unchanged.
+
+use std::collections::BTreeMap;
+
+use pci_config::Bdf;
+use vfio_p2p_contract::CLIQUE_PROPERTY;
+
+/// How a `-device` argument is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSyntax {
+    /// `{"driver":"vfio-pci",…}` (QEMU ≥ 6.0; what libvirt ≥ 7.9 writes).
+    Json,
+    /// `vfio-pci,host=…,id=…` (QemuOpts; `,,` is a literal comma).
+    KeyValue,
+}
+
+/// One `vfio-pci` device of the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VfioDevice {
+    /// Index in the argv (program excluded) of the `-device` value.
+    pub arg_index: usize,
+    pub syntax: DeviceSyntax,
+    pub id: Option<String>,
+    /// `host=` or the address ending `sysfsdev=`; `None` when neither names one.
+    pub host: Option<Bdf>,
+    /// The clique value already set, in the device or through `-set`.
+    pub clique: Option<String>,
+}
+
+/// What `qemu-wrap` needs from the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QemuArgvFacts {
+    pub vfio: Vec<VfioDevice>,
+    /// `-device` values that are not readable (bad JSON): named in the log, left alone.
+    pub unreadable: Vec<String>,
+}
+
+/// Reads `args` (QEMU's arguments without the program name).
+pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
+    let mut facts = QemuArgvFacts::default();
+    let mut set_cliques: BTreeMap<String, String> = BTreeMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        let (opt, value, index) = match args[i].split_once('=') {
+            // `--device=…` / `-device=…` are accepted by QEMU's option parser too
+            Some((o, v)) if o == "-device" || o == "--device" => (o, Some(v), i),
+            _ => (args[i].as_str(), args.get(i + 1).map(String::as_str), i + 1),
+        };
+        let consumed = if index == i { 1 } else { 2 };
+        match (opt, value) {
+            ("-device" | "--device", Some(v)) => match device(v, index) {
+                Ok(Some(d)) => facts.vfio.push(d),
+                Ok(None) => {}
+                Err(e) => facts.unreadable.push(format!("-device {v}: {e}")),
+            },
+            ("-set" | "--set", Some(v)) => {
+                if let Some((id, k)) = set_clique(v) {
+                    set_cliques.insert(id, k);
+                }
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += consumed;
+    }
+    for d in &mut facts.vfio {
+        if let Some(k) = d.id.as_ref().and_then(|id| set_cliques.get(id)) {
+            d.clique.get_or_insert_with(|| k.clone());
+        }
+    }
+    facts
+}
+
+/// `device.ID.x-nv-gpudirect-clique=K` → (ID, K).
+fn set_clique(v: &str) -> Option<(String, String)> {
+    let (path, value) = v.split_once('=')?;
+    let id = path
+        .strip_prefix("device.")?
+        .strip_suffix(CLIQUE_PROPERTY)?
+        .strip_suffix('.')?;
+    Some((id.to_string(), value.to_string()))
+}
+
+/// The device's properties as (key, value) text; `None` when it is not `vfio-pci`.
+fn device(v: &str, arg_index: usize) -> Result<Option<VfioDevice>, String> {
+    let (syntax, props) = if v.trim_start().starts_with('{') {
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(v).map_err(|e| format!("not a JSON object: {e}"))?;
+        let props: BTreeMap<String, String> = map
+            .into_iter()
+            .map(|(k, val)| {
+                let text = match val {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (k, text)
+            })
+            .collect();
+        (DeviceSyntax::Json, props)
+    } else {
+        (DeviceSyntax::KeyValue, key_values(v))
+    };
+    if props.get("driver").map(String::as_str) != Some("vfio-pci") {
+        return Ok(None);
+    }
+    let host = props
+        .get("host")
+        .or_else(|| props.get("sysfsdev"))
+        .and_then(|h| h.rsplit('/').next()?.parse::<Bdf>().ok());
+    Ok(Some(VfioDevice {
+        arg_index,
+        syntax,
+        id: props.get("id").cloned(),
+        host,
+        clique: props.get(CLIQUE_PROPERTY).cloned(),
+    }))
+}
+
+/// QemuOpts `driver,key=value,…`: the first bare word is the driver, `,,` is a comma.
+fn key_values(v: &str) -> BTreeMap<String, String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut chars = v.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                cur.push(',');
+            } else {
+                parts.push(std::mem::take(&mut cur));
+            }
+        } else {
+            cur.push(c);
+        }
+    }
+    parts.push(cur);
+    let mut out = BTreeMap::new();
+    for (i, p) in parts.into_iter().enumerate() {
+        match p.split_once('=') {
+            Some((k, val)) => {
+                out.insert(k.to_string(), val.to_string());
+            }
+            None if i == 0 => {
+                out.insert("driver".to_string(), p);
+            }
+            None => {
+                out.insert(p, "on".to_string());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn both_device_syntaxes_and_set() {
+        let a = argv(&[
+            "-machine",
+            "q35",
+            "-device",
+            r#"{"driver":"vfio-pci","host":"0000:05:00.0","id":"hostdev0","bus":"pci.1","addr":"0x0"}"#,
+            "-device",
+            "vfio-pci,host=06:00.0,id=hostdev1,romfile=/a,,b",
+            "--device=vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:09:00.0,x-nv-gpudirect-clique=3",
+            "-device",
+            r#"{"driver":"virtio-net-pci","id":"net0"}"#,
+            "-set",
+            "device.hostdev1.x-nv-gpudirect-clique=1",
+            "-device",
+            "{broken",
+        ]);
+        let f = read_qemu_argv(&a);
+        let seen: Vec<String> = f
+            .vfio
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {:?} {:?} {} {:?}",
+                    d.arg_index,
+                    d.syntax,
+                    d.id,
+                    d.host.unwrap(),
+                    d.clique
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                r#"3 Json Some("hostdev0") 0000:05:00.0 None"#,
+                r#"5 KeyValue Some("hostdev1") 0000:06:00.0 Some("1")"#,
+                r#"6 KeyValue None 0000:09:00.0 Some("3")"#,
+            ]
+        );
+        assert_eq!(f.unreadable.len(), 1);
+        assert!(f.unreadable[0].starts_with("-device {broken: not a JSON object"));
+    }
+
+    #[test]
+    fn no_vfio_devices() {
+        let f = read_qemu_argv(&argv(&["-machine", "none", "-qmp", "stdio", "-device"]));
+        assert_eq!(f, QemuArgvFacts::default());
+        assert_eq!(key_values("e1000,mac=1,,2,x")["mac"], "1,2");
+    }
+}

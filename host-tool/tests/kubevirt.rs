@@ -1,0 +1,73 @@
+//! `kubevirt on-define-domain` as KubeVirt's sidecar shim runs it: the example VMI and
+//! domain of configs/kubevirt (golden), and a pod that cannot see the node's devices.
+
+use assert_cmd::Command;
+
+fn example(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/../configs/kubevirt/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// (exit code, stdout, stderr) of the hook with `global` options first.
+fn on_define_domain(global: &[&str], extra: &[&str]) -> (i32, String, String) {
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(global)
+        .args(["kubevirt", "on-define-domain", "--vmi"])
+        .arg(example("example-vmi.json"))
+        .arg("--domain")
+        .arg(example("example-domain.xml"))
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn cliques_on_kubevirt_aliases_golden() {
+    let (code, xml, log) = on_define_domain(&["--example", "dual-socket-pcie"], &[]);
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("vfio-p2p kubevirt: ml/train0: ua-gpu-gpu3 (0000:09:00.0): clique 0"));
+    // only the override is new: the rest of virt-launcher's domain is byte for byte
+    let original = example("example-domain.xml");
+    let end = original.rfind("</domain>").unwrap();
+    assert!(xml.starts_with(&original[..end]));
+    insta::assert_snapshot!("kubevirt-dual-socket-pcie", xml);
+}
+
+#[test]
+fn pod_without_the_nodes_devices_says_so() {
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(empty.path().join("sys/bus/pci/devices")).unwrap();
+    let root = empty.path().to_str().unwrap();
+    let (code, xml, log) = on_define_domain(&["--sysfs-root", root], &[]);
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(
+        xml,
+        example("example-domain.xml"),
+        "warn: the domain as it was"
+    );
+    assert!(
+        log.contains("cannot see the node's PCI devices 0000:05:00.0 (ua-gpu-gpu1), 0000:06:00.0 (ua-gpu-gpu2), 0000:09:00.0 (ua-gpu-gpu3)")
+            && log.contains("(hook_policy: warn)"),
+        "{log}"
+    );
+    let deny = empty.path().join("host.yaml");
+    std::fs::write(&deny, "hook_policy: deny\n").unwrap();
+    let (code, xml, log) = on_define_domain(
+        &["--sysfs-root", root],
+        &["--host-config", deny.to_str().unwrap()],
+    );
+    assert_eq!((code, xml.as_str()), (2, ""));
+    assert!(
+        log.contains("the VMI does not start (hook_policy: deny)"),
+        "{log}"
+    );
+}
