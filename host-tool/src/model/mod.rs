@@ -95,6 +95,10 @@ pub struct Device {
     pub acs: Option<AcsCapability>,
     pub ats: Option<AtsCapability>,
     pub reset_methods: Option<Vec<String>>,
+    /// Why a capability list ended badly (a loop, a pointer out of range): what was found
+    /// before still counts, what was not is unknown, not absent.
+    #[serde(skip)]
+    pub capability_list_error: Option<String>,
     /// Config space bytes as read (length tells how much was visible).
     #[serde(skip)]
     pub config: Vec<u8>,
@@ -133,6 +137,28 @@ impl Device {
     pub fn config_complete(&self) -> bool {
         self.config.len() > pci_config::CONFIG_SPACE_UNPRIVILEGED
     }
+
+    /// Why this device's ACS state cannot be known; `None` when `acs` is the truth
+    /// (present, or absent).
+    pub fn acs_unknown(&self) -> Option<AcsUnknown> {
+        if !self.config_complete() {
+            return Some(AcsUnknown::NotRoot);
+        }
+        match (&self.acs, &self.capability_list_error) {
+            (None, Some(e)) => Some(AcsUnknown::CorruptCapabilityList(e.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// Why a device's ACS state is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcsUnknown {
+    /// Config space beyond 64 bytes is readable only by root.
+    NotRoot,
+    /// The capability list ended badly (a loop, a bad pointer) before an ACS capability
+    /// was found: "corrupt capability list: …" with the offset.
+    CorruptCapabilityList(String),
 }
 
 /// A host bridge / root complex.
@@ -204,6 +230,14 @@ impl Topology {
             warnings: host.warnings.clone(),
             chains: BTreeMap::new(),
         };
+        topo.warnings.extend(topo.devices.values().filter_map(|d| {
+            let e = d.capability_list_error.as_ref()?;
+            Some(ReadWarning {
+                device: Some(d.bdf),
+                file: None,
+                message: format!("{e}; what it would list is unknown"),
+            })
+        }));
         topo.chains = topo
             .devices
             .keys()
@@ -379,8 +413,21 @@ fn build_device(r: &DeviceRecord) -> Device {
         acs: cfg.acs(),
         ats: cfg.ats(),
         reset_methods: r.reset_method.clone(),
+        capability_list_error: capability_list_error(&cfg),
         config: r.config.clone(),
     }
+}
+
+/// "corrupt capability list: …" with the offset, when either list ends badly.
+fn capability_list_error(cfg: &ConfigSpace) -> Option<String> {
+    let (_, standard) = cfg.capabilities().collect_checked();
+    let (_, extended) = cfg.extended_capabilities().collect_checked();
+    let (list, e) = match (standard, extended) {
+        (_, Some(e)) => ("extended", e),
+        (Some(e), None) => ("standard", e),
+        (None, None) => return None,
+    };
+    Some(format!("corrupt capability list: the {list} {e}"))
 }
 
 /// Without config space (non-root), bridge roles follow from the tree shape:
