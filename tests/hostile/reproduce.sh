@@ -76,7 +76,7 @@ case_ 4h $null "$bin" --example lab plan --nvlink "$w/nvfifo"
 case_ 5a $null "$bin" --example lab plan --nvlink /dev/zero
 t=$(fresh); mkdir -p "$t/etc/vfio-p2p"
 printf 'nvlink: {source: nvidia-smi, file: /dev/zero}\n' >"$t/etc/vfio-p2p/host.yaml"
-case_ 5b $null "$bin" --sysfs-root "$t" plan
+case_ 5b $null "$bin" --sysfs-root "$t" plan --host-config "$t/etc/vfio-p2p/host.yaml"
 case_ 5c $null "$agent" expect --sysfs-root "$vm" --expect /dev/zero
 t=$(afresh); fw=$t/sys/firmware/qemu_fw_cfg/by_name/opt/vfio-p2p/expect.json
 mkdir -p "$fw"; ln -s /dev/zero "$fw/raw"
