@@ -222,9 +222,17 @@ fn run_expect(
     if r.mismatches() > 0 {
         Ok(1)
     } else if r.unchecked() > 0 {
+        let unread: Vec<String> = scan
+            .gpus
+            .iter()
+            .filter(|g| !g.caps_readable)
+            .map(|g| g.bdf.to_string())
+            .collect();
         Err(CannotRun(anyhow::anyhow!(
-            "the clique of {} GPU(s) could not be read: run as root",
-            r.unchecked()
+            "the clique of {} GPU(s) ({}) could not be read: only the first 64 bytes of their \
+             config space are readable; run as root",
+            r.unchecked(),
+            unread.join(", ")
         )))
     } else {
         Ok(0)
