@@ -573,3 +573,29 @@ fn the_hook_on_unreadable_inputs_follows_its_contract() {
         assert!(o.code == Some(0) || o.code == Some(1), "{}", o.stderr);
     }
 }
+
+/// #9: error texts never repeat themselves (they said the dump's path twice, or
+/// "Not a directory (os error 20)" twice).
+#[test]
+fn errors_say_their_cause_once() {
+    let t = tempfile::tempdir().unwrap();
+    let dump = t.path().join("host.json");
+    let mut parsed: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&fs::read(fixture("sysfs/h200x2-vm-sysfs.json")).unwrap()).unwrap();
+    let first = parsed.keys().next().unwrap().clone();
+    parsed[&first]["iommu_group"] = serde_json::json!("4294967301");
+    fs::write(&dump, serde_json::to_vec(&parsed).unwrap()).unwrap();
+    let not_a_dir = t.path().join("host.json/x");
+    for (root, cause) in [(&dump, "4294967301"), (&not_a_dir, "Not a directory")] {
+        let o = run_checked(
+            on_root(root, &["topo"]),
+            None,
+            "repeat",
+            &[&dump.display().to_string()],
+        );
+        assert_eq!(o.code, Some(2), "{}", o.stderr);
+        let shown = dump.display().to_string();
+        assert_eq!(o.stderr.matches(shown.as_str()).count(), 1, "{}", o.stderr);
+        assert_eq!(o.stderr.matches(cause).count(), 1, "{}", o.stderr);
+    }
+}
