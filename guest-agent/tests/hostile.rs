@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use support::{
-    copy_tree, iterations, make_special, mutate, nested, run_checked, Rng, Special, MUTATIONS,
+    copy_tree, iterations, make_special, mutate, mutate_file, nested, run_checked, Rng, MUTATIONS,
     SPECIALS,
 };
 
@@ -179,17 +179,7 @@ fn config_space_mutations() {
         let gpu = *rng.pick(&GPUS);
         let file = *rng.pick(&["config", "vendor", "device", "class", "numa_node", "driver"]);
         let path = gpu_dir(gpu).join(file);
-        let what = if rng.below(3) == 0 {
-            let kind = *rng.pick(SPECIALS);
-            make_special(&path, kind);
-            format!("{kind:?}")
-        } else {
-            let m = *rng.pick(MUTATIONS);
-            let old = fs::read(&path).unwrap_or_default();
-            make_special(&path, Special::Empty);
-            fs::write(&path, mutate(&mut rng, m, &old)).unwrap();
-            format!("{m:?}")
-        };
+        let what = mutate_file(&mut rng, &path);
         run(&format!("{gpu}/{file}: {what}"), &[gpu]);
         // The next case starts from the real tree.
         fs::remove_dir_all(&root).unwrap();

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use support::{
-    copy_tree, iterations, make_special, mutate, nested, run_checked, Rng, Special, MUTATIONS,
-    SPECIALS,
+    copy_tree, iterations, make_special, mutate, mutate_file, nested, replace, run_checked, Rng,
+    Special, MUTATIONS, SPECIALS,
 };
 use vfio_p2p::snapshot::write_sysfs_tree;
 use vfio_p2p::synth::example;
@@ -48,28 +48,6 @@ fn lab_tree(dir: &Path) {
 
 fn device_dir(root: &Path, bdf: &str) -> PathBuf {
     fs::canonicalize(root.join("sys/bus/pci/devices").join(bdf)).unwrap()
-}
-
-/// Writes `bytes` at `path`, replacing a symlink or special file there.
-fn replace(path: &Path, bytes: &[u8]) {
-    if fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
-        make_special(path, Special::Empty);
-    }
-    fs::write(path, bytes).unwrap();
-}
-
-/// Mutates the file at `path` with a random mutation or special file; says which.
-fn mutate_file(rng: &mut Rng, path: &Path) -> String {
-    if rng.below(3) == 0 {
-        let kind = *rng.pick(SPECIALS);
-        make_special(path, kind);
-        format!("{kind:?}")
-    } else {
-        let m = *rng.pick(MUTATIONS);
-        let old = fs::read(path).unwrap_or_default();
-        replace(path, &mutate(rng, m, &old));
-        format!("{m:?}")
-    }
 }
 
 const SYSFS_FILES: &[&str] = &[

@@ -168,6 +168,29 @@ pub fn make_special(path: &Path, kind: Special) {
     }
 }
 
+/// Writes `bytes` at `path`, replacing a symlink or special file there.
+pub fn replace(path: &Path, bytes: &[u8]) {
+    if fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        make_special(path, Special::Empty);
+    }
+    fs::write(path, bytes).unwrap();
+}
+
+/// Mutates the file at `path`: a special file one time in three, else a [`Mutation`] of
+/// its content; says which.
+pub fn mutate_file(rng: &mut Rng, path: &Path) -> String {
+    if rng.below(3) == 0 {
+        let kind = *rng.pick(SPECIALS);
+        make_special(path, kind);
+        format!("{kind:?}")
+    } else {
+        let m = *rng.pick(MUTATIONS);
+        let old = fs::read(path).unwrap_or_default();
+        replace(path, &mutate(rng, m, &old));
+        format!("{m:?}")
+    }
+}
+
 /// `depth` nested copies of `open`/`close` around nothing.
 pub fn nested(open: &str, close: &str, depth: usize) -> String {
     let mut s = open.repeat(depth);
