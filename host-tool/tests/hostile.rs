@@ -552,6 +552,27 @@ fn the_hook_on_unreadable_inputs_follows_its_contract() {
     }
 }
 
+/// #8: a flat dump's out-of-range `numa_node` is a warning naming the device and field.
+#[test]
+fn a_flat_dump_warning_names_the_device() {
+    let t = tempfile::tempdir().unwrap();
+    let dump = t.path().join("host.json");
+    let mut parsed: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&fs::read(fixture("sysfs/h200x2-vm-sysfs.json")).unwrap()).unwrap();
+    let first = parsed.keys().next().unwrap().clone();
+    parsed[&first]["numa_node"] = serde_json::json!("4294967295");
+    fs::write(&dump, serde_json::to_vec(&parsed).unwrap()).unwrap();
+    let o = run_checked(on_root(&dump, &["topo"]), None, "numa_node", &[]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stderr.contains(&format!(
+            "warning: {first} numa_node: unexpected content \"4294967295\""
+        )),
+        "{}",
+        o.stderr
+    );
+}
+
 /// #9: error texts never repeat themselves (they said the dump's path twice, or
 /// "Not a directory (os error 20)" twice).
 #[test]

@@ -501,6 +501,28 @@ mod tests {
     }
     use crate::synth::{Attach, EndpointSpec, HostBuilder};
 
+    /// Issue 15 #7: a loop in the extended list is named (device, offset) and leaves the
+    /// ACS state unknown; an intact list without ACS is absence.
+    #[test]
+    fn a_capability_loop_leaves_acs_unknown_not_absent() {
+        let mut host = crate::synth::example("lab").unwrap();
+        let port: Bdf = "0000:02:00.0".parse().unwrap();
+        let r = host.devices.iter_mut().find(|d| d.bdf == port).unwrap();
+        let intact = build_device(r);
+        assert!(intact.capability_list_error.is_none());
+        r.config[0x100..0x104].copy_from_slice(&(0x0001u32 | 1 << 16 | 0x100 << 20).to_le_bytes());
+        let topo = Topology::from_record(&host);
+        let d = topo.device(&port).unwrap();
+        assert_eq!(d.acs, None);
+        assert!(matches!(
+            d.acs_unknown(),
+            Some(AcsUnknown::CorruptCapabilityList(e)) if e.contains("loops back to 0x100")
+        ));
+        assert!(topo.warnings.iter().any(|w| w
+            .to_string()
+            .starts_with("0000:02:00.0: corrupt capability list")));
+    }
+
     #[test]
     fn bmc_vga_is_not_a_gpu_but_other_display_controllers_are() {
         let mut b = HostBuilder::new("bmc");
