@@ -389,11 +389,23 @@ fn optional_expectation(args: &ExpectArgs, root: &Path) -> Result<Option<(Expect
     }
 }
 
+/// The most a saved report may hold: every ordered pair of 64 GPUs is under 2 MiB.
+const MAX_REPORT_BYTES: u64 = 16 << 20;
+
 fn load_report(path: &Path) -> Result<Report> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading baseline {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("baseline {} is not a report of this agent", path.display()))
+    let bytes = sysfs_scan::read_regular_file(path, MAX_REPORT_BYTES + 1)
+        .with_context(|| format!("reading the saved report {}", path.display()))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= MAX_REPORT_BYTES,
+        "the saved report {} is larger than {MAX_REPORT_BYTES} bytes: not a report of this agent",
+        path.display()
+    );
+    serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "the saved report {} is not a report of this agent",
+            path.display()
+        )
+    })
 }
 
 fn open_gpus() -> Result<Vec<Gpu>> {

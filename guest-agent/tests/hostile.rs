@@ -191,3 +191,32 @@ fn config_space_mutations() {
         run(&format!("{}/config: {what}", GPUS[1]), &[GPUS[1]]);
     }
 }
+
+/// A saved report (`report --from`, `--baseline`) that is a FIFO, `/dev/zero`, a 1 GiB file
+/// or garbage: an error naming the file, never a hang or a read into memory.
+#[test]
+fn saved_report_mutations() {
+    let mut rng = Rng::from_env("saved report");
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("report.json");
+    let base = fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/agent/h200x2-report.json"),
+    )
+    .unwrap();
+    let shown = file.display().to_string();
+    let run = |case: &str| {
+        let mut c = Command::cargo_bin("vfio-p2p-agent").unwrap();
+        c.args(["report", "--from"]).arg(&file);
+        run_checked(c, None, case, &[&shown])
+    };
+    for _ in 0..iterations(6) {
+        let m = *rng.pick(MUTATIONS);
+        fs::write(&file, mutate(&mut rng, m, &base)).unwrap();
+        run(&format!("saved report: {m:?}"));
+    }
+    for kind in SPECIALS {
+        make_special(&file, *kind);
+        let o = run(&format!("saved report: {kind:?}"));
+        assert_ne!(o.code, Some(0), "saved report: {kind:?}");
+    }
+}
