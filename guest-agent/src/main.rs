@@ -164,9 +164,17 @@ fn run_expect(
     if r.mismatches() > 0 {
         Ok(1)
     } else if r.unchecked() > 0 {
+        let unread: Vec<String> = scan
+            .gpus
+            .iter()
+            .filter(|g| !g.caps_readable)
+            .map(|g| g.bdf.to_string())
+            .collect();
         Err(CannotRun(anyhow::anyhow!(
-            "the clique of {} GPU(s) could not be read: run as root",
-            r.unchecked()
+            "the clique of {} GPU(s) ({}) could not be read: only the first 64 bytes of their \
+             config space are readable; run as root",
+            r.unchecked(),
+            unread.join(", ")
         )))
     } else {
         Ok(0)
@@ -368,14 +376,22 @@ fn optional_expectation(args: &ExpectArgs, root: &Path) -> Result<Option<(Expect
     }
 }
 
+/// The most a saved report may hold: every ordered pair of 64 GPUs is under 2 MiB.
+const MAX_REPORT_BYTES: u64 = 16 << 20;
+
 /// A saved report; `what` names its role in errors (`report` for `--from`, `baseline`
-/// for `--baseline`).
+/// for `--baseline`). Read non-blocking from a regular file, at most [`MAX_REPORT_BYTES`].
 fn load_report(path: &Path, what: &str) -> Result<Report> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {what} {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
+    let bytes = sysfs_scan::read_regular_file(path, MAX_REPORT_BYTES + 1)
+        .with_context(|| format!("reading the {what} {}", path.display()))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= MAX_REPORT_BYTES,
+        "the {what} {} is larger than {MAX_REPORT_BYTES} bytes: not a report of this agent",
+        path.display()
+    );
+    serde_json::from_slice(&bytes).with_context(|| {
         format!(
-            "{what} {} is not a report of this agent (`vfio-p2p-agent report --format json` \
+            "the {what} {} is not a report of this agent (`vfio-p2p-agent report --format json` \
              output, nothing else in the file)",
             path.display()
         )

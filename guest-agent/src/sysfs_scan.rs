@@ -80,6 +80,12 @@ const MAX_SYSFS_FILE: u64 = 4096;
 /// (a FIFO planted there cannot hang the agent), at most [`MAX_SYSFS_FILE`] bytes (a huge
 /// or sparse file is cut there, which is all config space can hold).
 pub(crate) fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_regular_file(path, MAX_SYSFS_FILE)
+}
+
+/// At most `limit` bytes of the regular file `path`, opened without blocking: a FIFO is
+/// an error ("not a regular file"), never a hang.
+pub fn read_regular_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let file = fs::OpenOptions::new()
@@ -93,7 +99,7 @@ pub(crate) fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
         ));
     }
     let mut bytes = Vec::new();
-    file.take(MAX_SYSFS_FILE).read_to_end(&mut bytes)?;
+    file.take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

@@ -70,8 +70,8 @@ pub struct PlanningArgs {
 pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
     match &global.example {
         Some(name) => synth::example(name).map_err(anyhow::Error::msg),
-        None => read_host(&global.sysfs_root)
-            .with_context(|| format!("reading the host below {}", global.sysfs_root.display())),
+        // Every ReadError names the file or directory it concerns: no context to add.
+        None => Ok(read_host(&global.sysfs_root)?),
     }
 }
 

@@ -278,7 +278,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     let record = match read_host(root) {
         Ok(r) => r,
         Err(e) => {
-            let what = format!("reading the host below {}: {e}", root.display());
+            let what = format!("reading the host: {e}");
             return unreadable(guest, config.hook_policy, &what);
         }
     };

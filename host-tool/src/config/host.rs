@@ -12,6 +12,7 @@ use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
 use crate::model::PathKind;
+use crate::read::input_file::InputFileError;
 
 /// What the libvirt hook does when a VM's preflight check fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -112,8 +113,8 @@ impl HostConfig {
             return Err(ConfigError::LegacyHookConfig { legacy, host: path });
         }
         match Self::load(&path) {
-            Err(ConfigError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
+            Err(ConfigError::Read(InputFileError::Read { err, .. }))
+                if err.kind() == std::io::ErrorKind::NotFound =>
             {
                 Ok(HostConfig::default())
             }

@@ -10,15 +10,15 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
 use crate::model::PathKind;
+use crate::read::input_file::{read_input_file, InputFileError};
 
 /// Why a config file could not be used; every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Missing, unreadable, not a regular file (a FIFO never blocks) or over
+    /// [`MAX_CONFIG_BYTES`]; it names the file.
+    #[error(transparent)]
+    Read(#[from] InputFileError),
     #[error("{path}:{line}:{column}: {message}")]
     Invalid {
         path: PathBuf,
@@ -44,11 +44,16 @@ impl ConfigError {
     }
 }
 
-/// Reads `path` whole, naming it in the error.
+/// The most a host.yaml or vm.yaml may hold: a host's policy or one VM's definition is a
+/// few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads `path` whole (a regular file, at most [`MAX_CONFIG_BYTES`]), naming it in errors.
 fn read_file(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let bytes = read_input_file(path, MAX_CONFIG_BYTES, "config file")?;
+    String::from_utf8(bytes).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        source,
+        message: format!("not UTF-8 at byte {}", e.utf8_error().valid_up_to()),
     })
 }
 

@@ -8,14 +8,15 @@
 //! [`plan`] is the library entry point; the config generators, the libvirt hook
 //! and placement call it with the GPUs of one VM.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use pci_config::clique::MAX_CLIQUE;
 use pci_config::{AcsFlags, Bdf};
 use serde::Serialize;
 
-use crate::model::{BridgeRole, Device, GpuPath, PathKind, Topology};
+use crate::model::{AcsUnknown, BridgeRole, Device, GpuPath, PathKind, Topology};
 
 /// Most cliques a VM can have: the ID is four bits.
 pub const MAX_CLIQUES: usize = MAX_CLIQUE as usize + 1;
@@ -119,7 +120,8 @@ pub struct Pair {
     /// The clique both share, if any.
     pub clique: Option<u8>,
     /// Why, in words, with the consequence.
-    pub explanation: String,
+    /// Borrowed for the fixed texts: a 1,000-GPU VM has half a million pairs.
+    pub explanation: Cow<'static, str>,
     pub acs: Vec<BridgeAcs>,
 }
 
@@ -204,14 +206,16 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
             d.is_nvidia_gpu()
         })
         .collect();
-    // Pairs by their ordered ends: a lookup is O(log n), so grouping stays O(n² log n)
-    // (a linear search here made 500 GPUs take 28 s).
-    let index: HashMap<(Bdf, Bdf), usize> = pairs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| ((p.a.min(p.b), p.a.max(p.b)), i))
-        .collect();
-    let find = |a: &Bdf, b: &Bdf| &pairs[index[&((*a).min(*b), (*a).max(*b))]];
+    // Pairs are in (i, j > i) order of `selected`: a pair's index follows from the
+    // positions of its ends, without a map of n² entries (a linear search here made
+    // 500 GPUs take 28 s; a hash map of the pairs took most of the time for 1,000).
+    let position: HashMap<Bdf, usize> = selected.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+    let n = selected.len();
+    let find = |a: &Bdf, b: &Bdf| {
+        let (x, y) = (position[a], position[b]);
+        let (i, j) = (x.min(y), x.max(y));
+        &pairs[i * (2 * n - i - 1) / 2 + (j - i - 1)]
+    };
     let eligible_set: HashSet<Bdf> = eligible.iter().map(|d| d.bdf).collect();
     let is_eligible = |g: &Bdf| eligible_set.contains(g);
     if !options.allow_untranslated_p2p {
@@ -327,10 +331,10 @@ fn pair(topo: &Topology, a: &Bdf, b: &Bdf) -> Pair {
         .map(|d| BridgeAcs {
             bridge: d.bdf,
             role: d.bridge_role(),
-            state: match (d.config_complete(), d.acs) {
-                (false, _) => AcsState::Unknown,
-                (true, Some(_)) => AcsState::Present,
-                (true, None) => AcsState::Absent,
+            state: match (d.acs_unknown(), d.acs) {
+                (Some(_), _) => AcsState::Unknown,
+                (None, Some(_)) => AcsState::Present,
+                (None, None) => AcsState::Absent,
             },
             control: d.acs.map(|c| c.control),
         })
@@ -387,33 +391,47 @@ fn untranslated_ports(p: &Pair) -> Vec<String> {
         .collect()
 }
 
+/// Why a port's ACS is unknown, and what would tell.
+fn acs_unknown_explanation((port, why): (Bdf, AcsUnknown)) -> Cow<'static, str> {
+    match why {
+        AcsUnknown::NotRoot => "the switch ports' ACS state is unknown (config space beyond 64 bytes is \
+             readable only by root); run as root to learn whether P2P is routed through the IOMMU"
+            .into(),
+        AcsUnknown::CorruptCapabilityList(e) => format!(
+            "the ACS state of switch port {port} is unknown, not absent: its config space has a {e}; \
+             check it with `lspci -vvv -s {port}`"
+        )
+        .into(),
+    }
+}
+
 fn verdict(
     topo: &Topology,
     a: &Bdf,
     b: &Bdf,
     path: &GpuPath,
     acs: &[BridgeAcs],
-) -> (Verdict, String) {
+) -> (Verdict, Cow<'static, str>) {
     if let Some(n) = path.nvlink {
         return (
             Verdict::Nvlink,
             format!(
                 "NVLink ×{n}: the driver does P2P over NVLink without a clique (PCIe path {})",
                 path.kind
-            ),
+            )
+            .into(),
         );
     }
     match path.kind {
         PathKind::X => (Verdict::IommuRouted, "same device".into()),
         PathKind::Pix | PathKind::Pxb => {
             let ports = steering_ports(path, acs);
-            if ports.iter().any(|p| p.state == AcsState::Unknown) {
-                return (
-                    Verdict::AcsUnknown,
-                    "the switch ports' ACS state is unknown (config space beyond 64 bytes is \
-                     readable only by root); run as root to learn whether P2P is routed through the IOMMU"
-                        .into(),
-                );
+            if let Some(why) = ports
+                .iter()
+                .filter(|p| p.state == AcsState::Unknown)
+                .find_map(|p| Some((p.bridge, topo.device(&p.bridge)?.acs_unknown()?)))
+            {
+                return (Verdict::AcsUnknown, acs_unknown_explanation(why));
             }
             if ports.iter().all(redirects) {
                 return (
@@ -450,7 +468,8 @@ fn verdict(
                 format!(
                     "ACS RR/CR cleared below the switch: the switch routes guest-physical addresses \
                      without IOMMU translation, so P2P is wrong in a VM{shared}"
-                ),
+                )
+                .into(),
             )
         }
         PathKind::Phb => (
@@ -506,11 +525,31 @@ fn pair_warnings(
     }
     let unknown = in_clique(Verdict::AcsUnknown);
     if !unknown.is_empty() {
-        out.push(format!(
-            "ACS state unknown for {} (not running as root): the clique assumes the switch \
-             redirects P2P to the IOMMU; run `vfio-p2p plan` as root to verify",
-            list(unknown)
-        ));
+        let corrupt: BTreeSet<String> = pairs
+            .iter()
+            .filter(|p| p.clique.is_some() && p.verdict == Verdict::AcsUnknown)
+            .flat_map(|p| &p.acs)
+            .filter(|b| {
+                topo.device(&b.bridge)
+                    .and_then(Device::acs_unknown)
+                    .is_some_and(|w| w != AcsUnknown::NotRoot)
+            })
+            .map(|b| b.bridge.to_string())
+            .collect();
+        out.push(if corrupt.is_empty() {
+            format!(
+                "ACS state unknown for {} (not running as root): the clique assumes the switch \
+                 redirects P2P to the IOMMU; run `vfio-p2p plan` as root to verify",
+                list(unknown)
+            )
+        } else {
+            format!(
+                "ACS state unknown for {}: a corrupt capability list on {} (see the warnings); \
+                 the clique assumes the switch redirects P2P to the IOMMU",
+                list(unknown),
+                corrupt.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        });
     }
     let rc = in_clique(Verdict::RootComplex);
     if !rc.is_empty() {

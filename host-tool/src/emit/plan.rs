@@ -29,6 +29,10 @@ pub fn table(p: &Plan, details: bool) -> String {
     out
 }
 
+/// The most pairs a summary lists: a 1,000-GPU VM has half a million (33 MB of table that
+/// took most of `plan`'s time and memory).
+const SUMMARY_PAIRS: usize = 1000;
+
 /// Pairs the summary leaves out: no clique, far apart, nothing to fix.
 fn far_apart(pr: &Pair) -> bool {
     pr.clique.is_none() && matches!(pr.verdict, Verdict::CrossSocket | Verdict::CrossHostBridge)
@@ -40,11 +44,17 @@ fn pairs_table(p: &Plan, details: bool) -> String {
         header.push("ACS control on path");
     }
     let mut pairs = vfio_p2p_style::table(header);
-    let listed: Vec<&Pair> = p
+    let mut listed: Vec<&Pair> = p
         .pairs
         .iter()
         .filter(|pr| details || !far_apart(pr))
         .collect();
+    let near = listed.len();
+    if !details && near > SUMMARY_PAIRS {
+        // Those sharing a clique first, in their order, then the others.
+        listed.sort_by_key(|pr| pr.clique.is_none());
+        listed.truncate(SUMMARY_PAIRS);
+    }
     for pr in &listed {
         let mut row = vec![
             pr.a.to_string(),
@@ -67,7 +77,13 @@ fn pairs_table(p: &Plan, details: bool) -> String {
         format!("{pairs}\n")
     };
     let width = vfio_p2p_style::output_width();
-    let hidden = p.pairs.len() - listed.len();
+    let hidden = p.pairs.len() - near;
+    if near > listed.len() {
+        out += &vfio_p2p_style::wrap(&format!(
+            "{} more pair(s) not listed: a summary lists at most {SUMMARY_PAIRS} (those sharing a clique first); --details or --format json lists every pair",
+            near - listed.len()
+        ), width);
+    }
     if hidden > 0 {
         out += &vfio_p2p_style::wrap(&format!(
             "{hidden} pair(s) across host bridges or sockets, with no clique, not listed; --details lists every pair with the ACS control on its path"

@@ -116,7 +116,7 @@ impl TopoReport {
                             bdf: b.bdf,
                             role: b.bridge_role(),
                             acs: b.acs.map(|a| a.control.to_string()),
-                            acs_known: b.config_complete(),
+                            acs_known: b.acs_unknown().is_none(),
                         })
                         .collect(),
                 })
@@ -298,10 +298,10 @@ fn role_name(d: &Device) -> &'static str {
 }
 
 fn acs_text(d: &Device) -> String {
-    match (&d.acs, d.config_complete()) {
+    match (&d.acs, d.acs_unknown()) {
         (Some(a), _) => format!("ACS {}", a.control),
-        (None, true) => "no ACS".into(),
-        (None, false) => "ACS ?".into(),
+        (None, None) => "no ACS".into(),
+        (None, Some(_)) => "ACS ?".into(),
     }
 }
 

@@ -15,6 +15,10 @@ use pci_config::Bdf;
 
 use crate::decide::check::{HostFacts, ModuleState, NodeProbe};
 use crate::model::Topology;
+use crate::read::input_file::{read_attribute_text, read_input_file};
+
+/// The most `modules.dep` or `modules.builtin` may hold (a few hundred KiB on a distribution kernel).
+const MAX_MODULE_LIST_BYTES: u64 = 64 << 20;
 
 /// Facts when there is no host to probe (an embedded example, a snapshot file).
 pub fn not_probed(why: &str, topo: &Topology, gpus: &[Bdf]) -> HostFacts {
@@ -58,7 +62,8 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
         return ModuleState::Loaded;
     }
     let modules = root.join("lib/modules");
-    let running = fs::read_to_string(root.join("proc/sys/kernel/osrelease")).ok();
+    let running =
+        read_attribute_text(&root.join("proc/sys/kernel/osrelease"), "kernel release").ok();
     let releases: Vec<std::path::PathBuf> = match running {
         Some(r) => vec![modules.join(r.trim())],
         None => fs::read_dir(&modules)
@@ -67,12 +72,12 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
     };
     for rel in &releases {
         let lists = |name: &str| {
-            fs::read_to_string(rel.join(name)).ok().and_then(|t| {
-                t.lines()
-                    .map(|l| l.split(':').next().unwrap_or(""))
-                    .find(|m| m.ends_with("/vfio-pci.ko") || m.contains("/vfio-pci.ko."))
-                    .map(str::to_string)
-            })
+            let t = read_input_file(&rel.join(name), MAX_MODULE_LIST_BYTES, "module list").ok()?;
+            String::from_utf8_lossy(&t)
+                .lines()
+                .map(|l| l.split(':').next().unwrap_or(""))
+                .find(|m| m.ends_with("/vfio-pci.ko") || m.contains("/vfio-pci.ko."))
+                .map(str::to_string)
         };
         if lists("modules.builtin").is_some() {
             return ModuleState::BuiltIn;

@@ -103,6 +103,10 @@ pub struct Device {
     /// Subsystem vendor and device (sysfs, else config space 0x2c of a type-0 header).
     #[serde(skip)]
     pub subsystem: Option<(u16, u16)>,
+    /// Why a capability list ended badly (a loop, a pointer out of range): what was found
+    /// before still counts, what was not is unknown, not absent.
+    #[serde(skip)]
+    pub capability_list_error: Option<String>,
     /// Config space bytes as read (length tells how much was visible).
     #[serde(skip)]
     pub config: Vec<u8>,
@@ -141,6 +145,28 @@ impl Device {
     pub fn config_complete(&self) -> bool {
         self.config.len() > pci_config::CONFIG_SPACE_UNPRIVILEGED
     }
+
+    /// Why this device's ACS state cannot be known; `None` when `acs` is the truth
+    /// (present, or absent).
+    pub fn acs_unknown(&self) -> Option<AcsUnknown> {
+        if !self.config_complete() {
+            return Some(AcsUnknown::NotRoot);
+        }
+        match (&self.acs, &self.capability_list_error) {
+            (None, Some(e)) => Some(AcsUnknown::CorruptCapabilityList(e.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// Why a device's ACS state is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcsUnknown {
+    /// Config space beyond 64 bytes is readable only by root.
+    NotRoot,
+    /// The capability list ended badly (a loop, a bad pointer) before an ACS capability
+    /// was found: "corrupt capability list: …" with the offset.
+    CorruptCapabilityList(String),
 }
 
 /// A host bridge / root complex.
@@ -214,6 +240,14 @@ impl Topology {
             warnings: host.warnings.clone(),
             chains: BTreeMap::new(),
         };
+        topo.warnings.extend(topo.devices.values().filter_map(|d| {
+            let e = d.capability_list_error.as_ref()?;
+            Some(ReadWarning {
+                device: Some(d.bdf),
+                file: None,
+                message: format!("{e}; what it would list is unknown"),
+            })
+        }));
         topo.chains = topo
             .devices
             .keys()
@@ -393,6 +427,7 @@ fn build_device(r: &DeviceRecord) -> Device {
         ats: cfg.ats(),
         reset_methods: r.reset_method.clone(),
         subsystem: subsystem(r),
+        capability_list_error: capability_list_error(&cfg),
         config: r.config.clone(),
     }
 }
@@ -404,6 +439,18 @@ fn subsystem(r: &DeviceRecord) -> Option<(u16, u16)> {
     let c = &r.config;
     let word = |at: usize| u16::from_le_bytes([c[at], c[at + 1]]);
     (c.len() >= 0x30 && c[0x0e] & 0x7f == 0).then(|| (word(0x2c), word(0x2e)))
+}
+
+/// "corrupt capability list: …" with the offset, when either list ends badly.
+fn capability_list_error(cfg: &ConfigSpace) -> Option<String> {
+    let (_, standard) = cfg.capabilities().collect_checked();
+    let (_, extended) = cfg.extended_capabilities().collect_checked();
+    let (list, e) = match (standard, extended) {
+        (_, Some(e)) => ("extended", e),
+        (Some(e), None) => ("standard", e),
+        (None, None) => return None,
+    };
+    Some(format!("corrupt capability list: the {list} {e}"))
 }
 
 /// Without config space (non-root), bridge roles follow from the tree shape:
@@ -476,6 +523,28 @@ mod tests {
         assert!(other.nvlinks.is_empty());
     }
     use crate::synth::{Attach, EndpointSpec, HostBuilder};
+
+    /// Issue 15 #7: a loop in the extended list is named (device, offset) and leaves the
+    /// ACS state unknown; an intact list without ACS is absence.
+    #[test]
+    fn a_capability_loop_leaves_acs_unknown_not_absent() {
+        let mut host = crate::synth::example("lab").unwrap();
+        let port: Bdf = "0000:02:00.0".parse().unwrap();
+        let r = host.devices.iter_mut().find(|d| d.bdf == port).unwrap();
+        let intact = build_device(r);
+        assert!(intact.capability_list_error.is_none());
+        r.config[0x100..0x104].copy_from_slice(&(0x0001u32 | 1 << 16 | 0x100 << 20).to_le_bytes());
+        let topo = Topology::from_record(&host);
+        let d = topo.device(&port).unwrap();
+        assert_eq!(d.acs, None);
+        assert!(matches!(
+            d.acs_unknown(),
+            Some(AcsUnknown::CorruptCapabilityList(e)) if e.contains("loops back to 0x100")
+        ));
+        assert!(topo.warnings.iter().any(|w| w
+            .to_string()
+            .starts_with("0000:02:00.0: corrupt capability list")));
+    }
 
     #[test]
     fn bmc_vga_is_not_a_gpu_but_other_display_controllers_are() {

@@ -10,6 +10,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 use super::attr;
+use super::input_file::{read_attribute_text, InputFileError};
 use super::sysfs::ReadError;
 
 /// The driver a device is bound to and its `driver_override`, as sysfs shows them.
@@ -49,15 +50,10 @@ pub fn read_binding(root: &Path, bdf: Bdf) -> Result<Binding, ReadError> {
         }
     };
     let override_path = dir.join("driver_override");
-    let driver_override = match fs::read_to_string(&override_path) {
+    let driver_override = match read_attribute_text(&override_path, "sysfs attribute") {
         Ok(t) => attr::driver_override(&t),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(ReadError::Io {
-                path: override_path,
-                source: e,
-            })
-        }
+        Err(InputFileError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e.into()),
     };
     Ok(Binding {
         driver,
@@ -102,10 +98,12 @@ pub fn devices_use(root: &Path, gpus: &[Bdf]) -> BTreeMap<Bdf, DeviceUse> {
     });
     gpus.iter()
         .map(|bdf| {
-            let minor = fs::read_to_string(
-                root.join("proc/driver/nvidia/gpus")
+            let minor = read_attribute_text(
+                &root
+                    .join("proc/driver/nvidia/gpus")
                     .join(bdf.to_string())
                     .join("information"),
+                "nvidia GPU information",
             )
             .ok()
             .and_then(|t| nvidia_minor(&t));
@@ -160,7 +158,7 @@ fn processes_holding(root: &Path, wanted: impl Fn(&str) -> bool) -> Vec<HostUser
         if files.is_empty() {
             continue;
         }
-        let command = fs::read_to_string(p.path().join("comm"))
+        let command = read_attribute_text(&p.path().join("comm"), "process name")
             .map(|c| c.trim().to_string())
             .unwrap_or_else(|_| "?".into());
         for file in files {
@@ -178,7 +176,8 @@ fn processes_holding(root: &Path, wanted: impl Fn(&str) -> bool) -> Vec<HostUser
 /// Why the device drives a display, if it does.
 fn display_attached(root: &Path, bdf: Bdf) -> Option<String> {
     let dir = root.join(device_dir(bdf));
-    if fs::read_to_string(dir.join("boot_vga")).is_ok_and(|t| t.trim() == "1") {
+    if read_attribute_text(&dir.join("boot_vga"), "sysfs attribute").is_ok_and(|t| t.trim() == "1")
+    {
         return Some("it is the boot VGA device (boot_vga = 1): the console is on it".into());
     }
     let cards = fs::read_dir(dir.join("drm")).ok()?;
@@ -187,7 +186,9 @@ fn display_attached(root: &Path, bdf: Bdf) -> Option<String> {
             continue;
         };
         for c in connectors.flatten() {
-            if fs::read_to_string(c.path().join("status")).is_ok_and(|s| s.trim() == "connected") {
+            if read_attribute_text(&c.path().join("status"), "sysfs attribute")
+                .is_ok_and(|s| s.trim() == "connected")
+            {
                 return Some(format!(
                     "DRM connector {} is connected",
                     c.file_name().to_string_lossy()

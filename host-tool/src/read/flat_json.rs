@@ -41,7 +41,7 @@ pub fn parse(text: &str, source: &str) -> Result<HostRecord, String> {
         let warn = |host: &mut HostRecord, k: &str, m: &str| {
             host.warnings.push(ReadWarning {
                 device: Some(bdf),
-                file: Some(k.to_string()),
+                file: Some(format!("{bdf} {k}")),
                 message: m.to_string(),
             })
         };

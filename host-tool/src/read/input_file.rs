@@ -56,6 +56,17 @@ pub fn read_input_file(
     })
 }
 
+/// The most a sysfs or procfs attribute holds: one page.
+pub const MAX_ATTRIBUTE_BYTES: u64 = 4096;
+
+/// A small text file of sysfs or procfs (an attribute, `proc/cmdline`, a process's
+/// `comm`), read as [`read_input_file`] reads: regular files only, without blocking, at
+/// most [`MAX_ATTRIBUTE_BYTES`]; bytes that are not UTF-8 are replaced.
+pub fn read_attribute_text(path: &Path, what: &'static str) -> Result<String, InputFileError> {
+    let bytes = read_input_file(path, MAX_ATTRIBUTE_BYTES, what)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// Reads at most `limit` bytes of a stream (stdin): more is an error naming `what`.
 pub fn read_input_stream(
     stream: impl Read,

@@ -13,6 +13,7 @@ use pci_config::{Bdf, ConfigSpace, HeaderType};
 
 use super::attr;
 use super::flat_json;
+use super::input_file::read_attribute_text;
 use super::record::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning};
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,9 @@ pub enum ReadError {
     Io { path: PathBuf, source: io::Error },
     #[error("{path}: {message}")]
     Snapshot { path: PathBuf, message: String },
+    /// A file that is not a regular file, too large or unreadable (it names the file).
+    #[error(transparent)]
+    Input(#[from] super::input_file::InputFileError),
 }
 
 /// Reads the host below `root` (a directory, or a flat JSON snapshot file).
@@ -84,7 +88,7 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         });
     }
     host.numa_nodes = read_numa_nodes(root, &mut host.warnings);
-    host.kernel_cmdline = fs::read_to_string(root.join("proc/cmdline"))
+    host.kernel_cmdline = read_attribute_text(&root.join("proc/cmdline"), "kernel command line")
         .ok()
         .map(|s| s.trim().to_string());
     match super::cpuinfo::read(&root.join("proc/cpuinfo")) {
@@ -457,10 +461,23 @@ impl<'a> AttrReader<'a> {
     }
 
     /// Reads attribute `name` into the buffer with one `read`; the length read.
+    /// Regular files only (sysfs attributes are), opened without blocking: a FIFO in a
+    /// copied tree is an error instead of a hang.
     fn read(&mut self, name: &str) -> io::Result<usize> {
-        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
-        let fd = nix::fcntl::openat(self.dir_fd()?, name, flags, Mode::empty())?;
-        fs::File::from(fd).read(&mut self.buf)
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
+        let file = fs::File::from(nix::fcntl::openat(
+            self.dir_fd()?,
+            name,
+            flags,
+            Mode::empty(),
+        )?);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file (sysfs attributes are)",
+            ));
+        }
+        (&file).read(&mut self.buf)
     }
 
     /// Config space as readable (empty, with a warning, when it is not).
@@ -599,7 +616,7 @@ fn read_numa_nodes(root: &Path, warnings: &mut Vec<ReadWarning>) -> BTreeMap<u32
             continue;
         };
         let path = n.path().join("cpulist");
-        match fs::read_to_string(&path)
+        match read_attribute_text(&path, "NUMA node CPU list")
             .ok()
             .as_deref()
             .and_then(attr::cpulist)

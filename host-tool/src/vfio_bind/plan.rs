@@ -74,9 +74,9 @@ pub struct BindOptions {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
     #[error(
-        "{0}: no such PCI device on this host; list the devices with `vfio-p2p topo` or `lspci -D`"
+        "{0}: no such PCI device on this host{1}; list the devices with `vfio-p2p topo` or `lspci -D`"
     )]
-    UnknownDevice(Bdf),
+    UnknownDevice(Bdf, String),
     #[error("{0} is a PCI bridge; bind never touches bridges: name the devices below it instead")]
     Bridge(Bdf),
     #[error("{0} has no IOMMU group, so vfio-pci cannot take it: turn the IOMMU on (intel_iommu=on or amd_iommu=on on the kernel command line) and reboot")]
@@ -99,10 +99,25 @@ fn is_bridge(topo: &Topology, bdf: &Bdf) -> bool {
     topo.device(bdf).is_some_and(|d| d.bridge_role().is_some())
 }
 
+/// ` (why the reader skipped it)` when it saw the device and skipped it (a link that
+/// leads elsewhere, unreadable IDs), else nothing.
+fn why_skipped(topo: &Topology, bdf: &Bdf) -> String {
+    let seen: Vec<String> = topo
+        .warnings
+        .iter()
+        .filter(|w| w.device == Some(*bdf))
+        .map(ToString::to_string)
+        .collect();
+    match seen.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", seen.join("; ")),
+    }
+}
+
 /// A named device must exist and must not be a bridge.
 fn check_named(topo: &Topology, bdf: &Bdf) -> Result<(), PlanError> {
     match topo.device(bdf) {
-        None => Err(PlanError::UnknownDevice(*bdf)),
+        None => Err(PlanError::UnknownDevice(*bdf, why_skipped(topo, bdf))),
         Some(d) if d.bridge_role().is_some() => Err(PlanError::Bridge(*bdf)),
         Some(_) => Ok(()),
     }

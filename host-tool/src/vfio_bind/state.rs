@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
+use crate::read::input_file::{read_input_file, InputFileError};
 use crate::read::Binding;
 
 /// The directory below the sysfs root that holds the record and the lock.
@@ -39,7 +40,13 @@ pub enum StateError {
     Io { path: PathBuf, source: io::Error },
     #[error("{path}: not a vfio-p2p bind record ({message}); inspect it, restore the devices it lists by hand (driver_override, drivers_probe) and delete it")]
     Corrupt { path: PathBuf, message: String },
+    /// Unreadable, not a regular file or over [`MAX_STATE_BYTES`]; it names the file.
+    #[error(transparent)]
+    Input(#[from] InputFileError),
 }
+
+/// The most a bind record may hold: a few hundred bytes per device bound.
+pub const MAX_STATE_BYTES: u64 = 16 << 20;
 
 pub fn state_dir(root: &Path) -> PathBuf {
     root.join(STATE_DIR)
@@ -53,13 +60,15 @@ impl BindState {
     /// The record below `root`; empty when there is none yet.
     pub fn load(root: &Path) -> Result<BindState, StateError> {
         let path = state_path(root);
-        match fs::read_to_string(&path) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| StateError::Corrupt {
+        match read_input_file(&path, MAX_STATE_BYTES, "bind record") {
+            Ok(t) => serde_json::from_slice(&t).map_err(|e| StateError::Corrupt {
                 path,
                 message: e.to_string(),
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(BindState::default()),
-            Err(source) => Err(StateError::Io { path, source }),
+            Err(InputFileError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+                Ok(BindState::default())
+            }
+            Err(e) => Err(e.into()),
         }
     }
 

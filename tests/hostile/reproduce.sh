@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Issue 15's reproducers (1-9), each run against the built binaries with a time limit;
+# prints one table row per case: id, exit code, seconds, first line of the message.
+#   tests/hostile/reproduce.sh [TARGET_DIR]   (default target/release; build it first:
+#   cargo build --release --bins)
+# Exit codes 101/134/>128 (panic, abort, signal) and 124 (killed at the limit) are failures;
+# the script exits 1 if any case ends that way.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+target=${1:-$here/../../target/release}
+bin=$target/vfio-p2p
+agent=$target/vfio-p2p-agent
+limit=${HOSTILE_LIMIT:-20}
+w=$(mktemp -d)
+trap 'rm -rf "$w"' EXIT
+bad=0
+
+# case ID STDIN-FILE COMMAND... : runs it, prints "ID | rc | s | message".
+case_() {
+	local id=$1 input=$2
+	shift 2
+	local t0 t1 rc msg
+	t0=$(date +%s.%N)
+	timeout -s KILL "$limit" "$@" <"$input" >"$w/out" 2>"$w/err"
+	rc=$?
+	t1=$(date +%s.%N)
+	msg=$( (grep -m1 -E 'error|warning|refus|panick|overflow|memory' "$w/err" || head -n1 "$w/err" || true) | cut -c1-170)
+	[ -z "$msg" ] && msg="(stdout) $(head -n1 "$w/out" | cut -c1-150)"
+	case $rc in 101 | 124 | 134 | 137 | 1[3-9][0-9] | 2[0-9][0-9]) bad=1 msg="FAIL: $msg" ;; esac
+	printf '%-4s | %3s | %6.2f | %s\n' "$id" "$rc" "$(echo "$t1 - $t0" | bc)" "$msg"
+}
+null=/dev/null
+nest() { # nest N: a domain with N nested elements inside <devices>
+	printf '<domain type="kvm"><name>vm</name><devices>'
+	for ((i = 0; i < $1; i++)); do printf '<a>'; done
+	for ((i = 0; i < $1; i++)); do printf '</a>'; done
+	printf '</devices></domain>\n'
+}
+"$bin" --example lab snapshot -o "$w/lab" >/dev/null
+lab=$w/lab
+gpu_bdf=0000:03:00.0 # the lab example's first GPU, below switch downstream port 02:00.0
+port_bdf=0000:02:00.0
+vm=$here/../fixtures/sysfs/h200x4-vm # a real VM's sysfs: the agent's input
+agent_gpu=0000:00:06.0
+fresh() { rm -rf "$w/t" && cp -a "$lab" "$w/t" && echo "$w/t"; }
+tgpu() { echo "$w/t/sys/bus/pci/devices/$gpu_bdf"; }
+afresh() { rm -rf "$w/t" && cp -a "$vm" "$w/t" && echo "$w/t"; }
+agpu() { echo "$w/t/sys/bus/pci/devices/$agent_gpu"; }
+
+echo "id   |  rc |      s | message"
+nest 10000 >"$w/deep10k.xml"
+nest 20000 >"$w/deep20k.xml"
+case_ 1a $null "$bin" --example lab check --domain-xml "$w/deep10k.xml"
+case_ 1b "$w/deep20k.xml" "$bin" --sysfs-root "$lab" hook run --dry-run vm prepare begin -
+case_ 1c $null "$bin" libvirt patch "$w/deep10k.xml"
+
+case_ 2a $null "$bin" --example lab place --shape 1x4294967296
+case_ 2b $null "$bin" --example lab place --shape 100000x1
+
+python3 "$here/flat_host.py" 1000 >"$w/flat1000.json"
+case_ 3 $null "$bin" --sysfs-root "$w/flat1000.json" plan
+
+t=$(fresh); rm "$(tgpu)/config"; mkfifo "$(tgpu)/config"
+case_ 4a $null "$bin" --sysfs-root "$t" topo
+case_ 4b $null "$bin" --sysfs-root "$t" check
+case_ 4c $null "$bin" --sysfs-root "$t" plan
+case_ 4d $null "$bin" --sysfs-root "$t" bind --dry-run "$gpu_bdf"
+case_ 4e $null "$bin" --sysfs-root "$t" snapshot -o "$w/snap4e"
+t=$(afresh); rm "$(agpu)/config"; mkfifo "$(agpu)/config"
+case_ 4f $null "$agent" scan --sysfs-root "$t"
+t=$(fresh); rm "$(tgpu)/numa_node"; mkfifo "$(tgpu)/numa_node"
+case_ 4g $null "$bin" --sysfs-root "$t" topo
+mkfifo "$w/nvfifo"
+case_ 4h $null "$bin" --example lab plan --nvlink "$w/nvfifo"
+
+case_ 5a $null "$bin" --example lab plan --nvlink /dev/zero
+t=$(fresh); mkdir -p "$t/etc/vfio-p2p"
+printf 'nvlink: {source: nvidia-smi, file: /dev/zero}\n' >"$t/etc/vfio-p2p/host.yaml"
+case_ 5b $null "$bin" --sysfs-root "$t" plan --host-config "$t/etc/vfio-p2p/host.yaml"
+case_ 5c $null "$agent" expect --sysfs-root "$vm" --expect /dev/zero
+t=$(afresh); fw=$t/sys/firmware/qemu_fw_cfg/by_name/opt/vfio-p2p/expect.json
+mkdir -p "$fw"; ln -s /dev/zero "$fw/raw"
+case_ 5d $null "$agent" expect --sysfs-root "$t"
+t=$(afresh); rm "$(agpu)/config"; ln -s /dev/zero "$(agpu)/config"
+case_ 5e $null "$agent" scan --sysfs-root "$t"
+t=$(afresh); rm "$(agpu)/config"; truncate -s 1G "$(agpu)/config"
+case_ 5f $null "$agent" scan --sysfs-root "$t"
+case_ 5g $null "$bin" --sysfs-root "$t" topo
+t=$(fresh); rm "$(tgpu)/config"; ln -s /dev/zero "$(tgpu)/config"
+case_ 5h $null "$bin" --sysfs-root "$t" topo
+
+t=$(fresh); mkdir -p "$t/etc/vfio-p2p"
+printf '<domain><name>vm\377</name></domain>' >"$w/nonutf8.xml"
+printf 'hook_policy: warn\n' >"$t/etc/vfio-p2p/host.yaml"
+case_ 6a "$w/nonutf8.xml" "$bin" --sysfs-root "$t" hook run vm prepare begin -
+printf 'hook_policy: deny\n' >"$t/etc/vfio-p2p/host.yaml"
+case_ 6b "$w/nonutf8.xml" "$bin" --sysfs-root "$t" hook run vm prepare begin -
+
+# 7: the extended capability list of a switch downstream port points at itself.
+t=$(fresh)
+python3 - "$t/sys/bus/pci/devices/$port_bdf/config" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[0x100:0x104] = (0x0001 | (1 << 16) | (0x100 << 20)).to_bytes(4, "little")  # AER, next = 0x100
+open(p, "wb").write(b)
+PY
+case_ 7a $null "$bin" --sysfs-root "$t" plan
+case_ 7b $null "$bin" --sysfs-root "$t" check
+
+flat() { python3 "$here/flat_host.py" 2 "$@" >"$w/f.json" && echo "$w/f.json"; }
+case_ 8a $null "$bin" --sysfs-root "$(flat 'iommu_group="4294967301"')" topo
+case_ 8b $null "$bin" --sysfs-root "$(flat 'iommu_group="-1"')" topo
+case_ 8c $null "$bin" --sysfs-root "$(flat 'iommu_group="abc"')" topo
+case_ 8d $null "$bin" --sysfs-root "$(flat 'numa_node="4294967295"')" topo
+case_ 8e $null "$bin" --sysfs-root "$(flat 'driver_override="nvidia\nvfio-pci"')" topo
+t=$(fresh); rm "$(tgpu)"; ln -s .. "$(tgpu)"
+case_ 8f $null "$bin" --sysfs-root "$t" bind --dry-run "$gpu_bdf"
+
+cap=$here/../fixtures/nvidia-smi/h200x2-topo-m.txt
+sed 's/^GPU0\(.*\)NV18/GPU0\1SYS/' "$cap" >"$w/asym.txt"
+case_ 9a $null "$bin" --example flat-vm plan --nvlink "$w/asym.txt"
+printf '0, 00000000:00:06.0\n1, 00000000:00:06.0\n' >"$w/shared-map.txt"
+grep -v '^[0-9], ' "$cap" | grep -v '^index' >"$w/matrix.txt"
+case_ 9b $null "$bin" --example flat-vm plan --nvlink "$w/matrix.txt" --nvlink "$w/shared-map.txt"
+printf '0, 00000000:00:06.0\n0, 00000000:00:07.0\n' >"$w/dup-map.txt"
+case_ 9c $null "$bin" --example flat-vm plan --nvlink "$w/matrix.txt" --nvlink "$w/dup-map.txt"
+printf '<domain><name>v\0m</name></domain>' >"$w/nul.xml"
+case_ 9d $null "$bin" libvirt patch "$w/nul.xml"
+printf '<domain><name>a</name></domain><domain><name>b</name></domain>' >"$w/two.xml"
+case_ 9e $null "$bin" libvirt patch "$w/two.xml"
+case_ 9f $null "$bin" --sysfs-root "$(flat vendor=12)" topo
+python3 - "$w/dup-expect.json" <<'PY'
+import json, sys
+g = {"host_bdf": "0000:07:00.0", "guest_bdf": "0000:00:05.0", "clique": 0, "vendor": "0x10de", "device": "0x2335"}
+json.dump({"version": 1, "vm": "vm", "gpus": [g] * 20000, "pairs": []}, open(sys.argv[1], "w"))
+PY
+case_ 9g $null "$agent" expect --sysfs-root "$vm" --expect "$w/dup-expect.json"
+t=$(afresh); rm "$(agpu)/config"; mkdir "$(agpu)/config"
+case_ 9h $null "$agent" scan --sysfs-root "$t"
+t=$(fresh); printf 'x' >"$t/sys/bus/pci/devices.file"; rm -rf "$t/sys/bus/pci/devices"; ln -s ../devices.file "$t/sys/bus/pci/devices"
+case_ 9i $null "$bin" --sysfs-root "$t" topo
+case_ 9j $null "$bin" --sysfs-root /etc/hostname/x topo
+exit $bad
