@@ -366,12 +366,23 @@ fn nvlink_from_the_host_config_lets_a_clique_cross_sockets() {
         .success()
         .stdout("")
         .stderr("");
-    // A missing file is the operator's to fix, not a silent PCIe-only check.
+    // A missing capture: under deny a refusal naming it, not a silent PCIe-only check;
+    // under warn a warning naming it, and the guest starts.
     fs::remove_file(t.path().join("etc/vfio-p2p/topo-m.txt")).unwrap();
     hook(t.path(), "prepare", "begin", &xml)
-        .code(2)
+        .code(1)
         .stderr(predicate::str::contains("nvlink.file"))
-        .stderr(predicate::str::contains("topo-m.txt"));
+        .stderr(predicate::str::contains("topo-m.txt"))
+        .stderr(predicate::str::contains("(hook_policy: deny)"));
+    set_policy(
+        t.path(),
+        "hook_policy: warn\nnvlink:\n  source: nvidia-smi\n  file: topo-m.txt\n",
+    );
+    hook(t.path(), "prepare", "begin", &xml)
+        .success()
+        .stderr(predicate::str::contains("warning:"))
+        .stderr(predicate::str::contains("topo-m.txt"))
+        .stderr(predicate::str::contains("(hook_policy: warn)"));
 }
 
 #[test]

@@ -516,7 +516,8 @@ fn oversized_inputs_name_their_file() {
 
 /// #6 and the hook's contract (docs/bind-and-hook.md): a FIFO as the GPU's config is a
 /// warning naming the file under both policies, never a hang; the NVLink capture host.yaml
-/// names being `/dev/zero` is the operator's configuration broken: exit 2 naming it.
+/// names being `/dev/zero` is a warning and the guest starts under `warn`, a refusal under
+/// `deny`, both naming the file.
 #[test]
 fn the_hook_on_unreadable_inputs_follows_its_contract() {
     let t = tempfile::tempdir().unwrap();
@@ -539,10 +540,11 @@ fn the_hook_on_unreadable_inputs_follows_its_contract() {
         )
     };
     let zero = "nvlink: {source: nvidia-smi, file: /dev/zero}\n";
-    for policy in ["warn", "deny"] {
+    for (policy, code) in [("warn", 0), ("deny", 1)] {
         let o = hook(&format!("hook_policy: {policy}\n{zero}"));
-        assert_eq!(o.code, Some(2), "{}", o.stderr);
+        assert_eq!(o.code, Some(code), "{}", o.stderr);
         assert!(o.stderr.contains("/dev/zero"), "{}", o.stderr);
+        assert!(o.stderr.contains(&format!("(hook_policy: {policy})")), "{}", o.stderr);
     }
     make_special(&device_dir(t.path(), LAB_GPU).join("config"), Special::Fifo);
     for policy in ["warn", "deny"] {

@@ -282,7 +282,13 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             return unreadable(guest, config.hook_policy, &what);
         }
     };
-    let (Context { topo, host: config }, notes) = Context::build(&record, config, &[])?;
+    let policy = config.hook_policy;
+    // The NVLink capture host.yaml names is read here: under `warn` a missing one is a
+    // warning like any other unreadable input, and the guest starts.
+    let (Context { topo, host: config }, notes) = match Context::build(&record, config, &[]) {
+        Ok(built) => built,
+        Err(e) => return unreadable(guest, policy, &format!("{e:#}")),
+    };
     let taken_from_host = reserved_hostdevs(&topo, &facts, &config.reserved);
     if !taken_from_host.is_empty() {
         let lines: Vec<String> = taken_from_host.iter().map(finding_line).collect();
