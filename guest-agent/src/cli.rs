@@ -157,4 +157,3 @@ pub enum Command {
         send: SendArgs,
     },
 }
-

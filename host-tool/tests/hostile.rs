@@ -544,7 +544,11 @@ fn the_hook_on_unreadable_inputs_follows_its_contract() {
         let o = hook(&format!("hook_policy: {policy}\n{zero}"));
         assert_eq!(o.code, Some(code), "{}", o.stderr);
         assert!(o.stderr.contains("/dev/zero"), "{}", o.stderr);
-        assert!(o.stderr.contains(&format!("(hook_policy: {policy})")), "{}", o.stderr);
+        assert!(
+            o.stderr.contains(&format!("(hook_policy: {policy})")),
+            "{}",
+            o.stderr
+        );
     }
     make_special(&device_dir(t.path(), LAB_GPU).join("config"), Special::Fifo);
     for policy in ["warn", "deny"] {
