@@ -69,9 +69,13 @@ step 60 report-quick.txt env COLUMNS=120 "$AGENT" report --quick
 step 60 report.txt env COLUMNS=120 "$AGENT" report
 
 # 3. NCCL topology: ours from this machine, NCCL's own dump, the agent's check, all-reduce.
-if ! step 30 gen-nccl.xml "$VFIO_P2P" --sysfs-root / gen nccl --as-is --nvlink "$work/topo-m.txt"; then
-    step 30 gen-nccl.xml "$VFIO_P2P" --sysfs-root / gen nccl --as-is
-fi
+# Every GPU the host shows (the default); then without nvidia-smi's NVLink table; then the
+# GPUs nvidia-smi names (its 00000000:BB:DD.F as 0000:bb:dd.f).
+bdfs=$(timeout 20 nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null |
+    sed -E 's/^0000([0-9A-Fa-f]{4}:)/\1/' | tr 'A-F' 'a-f' | paste -sd, -)
+step 30 gen-nccl.xml "$VFIO_P2P" --sysfs-root / gen nccl --as-is --nvlink "$work/topo-m.txt" ||
+    step 30 gen-nccl.xml "$VFIO_P2P" --sysfs-root / gen nccl --as-is ||
+    { [ -n "$bdfs" ] && step 30 gen-nccl.xml "$VFIO_P2P" --sysfs-root / gen nccl --as-is --gpus "$bdfs"; }
 cat >"$work/allreduce1.py" <<'PY'
 # One rank (world size 1): NCCL still detects (or loads) the topology; a 1-element sum.
 import os, sys
@@ -89,10 +93,10 @@ print(f"rank 0: sum {t[0].item()} want 3.0 {'OK' if ok else 'WRONG'}", flush=Tru
 dist.destroy_process_group()
 sys.exit(0 if ok else 3)
 PY
-nccl_env=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV PYTHONUNBUFFERED=1)
-step 120 nccl-dump-run.txt env "${nccl_env[@]}" NCCL_TOPO_DUMP_FILE="$work/nccl-dump.xml" \
+nccl_env=(NCCL_DEBUG=INFO "NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV" PYTHONUNBUFFERED=1)
+step 120 nccl-dump-run.txt env "${nccl_env[@]}" MASTER_PORT=29541 NCCL_TOPO_DUMP_FILE="$work/nccl-dump.xml" \
     python3 "$work/allreduce1.py"
-step 120 nccl-allreduce.txt env "${nccl_env[@]}" NCCL_TOPO_FILE="$work/gen-nccl.xml" \
+step 120 nccl-allreduce.txt env "${nccl_env[@]}" MASTER_PORT=29542 NCCL_TOPO_FILE="$work/gen-nccl.xml" \
     python3 "$work/allreduce1.py"
 step 20 nccl-topo-generated.txt "$AGENT" nccl-topo "$work/gen-nccl.xml"
 step 20 nccl-topo-nccl-dump.txt "$AGENT" nccl-topo "$work/nccl-dump.xml"
@@ -122,7 +126,9 @@ fi
     cat "$work/env.txt"
     echo
     cat "$times"
-    for name in peers.txt cross-process-no-flag.txt report-quick.txt report.txt; do
+    echo "whole run: ${SECONDS} s"
+    for name in peers.txt cross-process-no-flag.txt report-quick.txt report.txt gen-nccl.xml \
+        nccl-dump-run.txt; do
         echo "--- $name (stdout, stderr tail)"
         tail -n 5 "$work/$name" "$work/$name.err" 2>/dev/null
     done
