@@ -161,4 +161,3 @@ pub enum Command {
         send: SendArgs,
     },
 }
-

@@ -109,7 +109,11 @@ pub fn pairs_to_check(gpus: &[Bdf], same_gpu: bool) -> Result<Vec<(Bdf, Bdf)>, S
     }
     Ok(gpus
         .iter()
-        .flat_map(|&src| gpus.iter().filter(move |&&d| d != src).map(move |&d| (src, d)))
+        .flat_map(|&src| {
+            gpus.iter()
+                .filter(move |&&d| d != src)
+                .map(move |&d| (src, d))
+        })
         .collect())
 }
 
@@ -489,7 +493,10 @@ mod tests {
         assert_eq!(pairs_to_check(&[a, b], true).unwrap(), [(a, a), (b, b)]);
         assert_eq!(pairs_to_check(&[a], true).unwrap(), [(a, a)]);
         let one = pairs_to_check(&[a], false).unwrap_err();
-        assert!(one.contains("CUDA sees 1") && one.contains("--same-gpu"), "{one}");
+        assert!(
+            one.contains("CUDA sees 1") && one.contains("--same-gpu"),
+            "{one}"
+        );
         for same in [false, true] {
             assert_eq!(pairs_to_check(&[], same).unwrap_err(), "CUDA sees no GPU");
         }
@@ -601,8 +608,11 @@ mod tests {
         let table = crate::render::cross_process(&[r.clone(), same]);
         assert!(table.contains("0000:00:06.0 → same GPU"), "{table}");
         assert!(table.contains("0000:00:06.0 → 0000:00:07.0"), "{table}");
-        assert!(table.contains("checks CUDA IPC") && table.contains("not P2P"), "{table}");
-        assert!(!crate::render::cross_process(&[r]).contains("not P2P"));
+        assert!(
+            table.contains("checks CUDA IPC") && table.contains("not P2P"),
+            "{table}"
+        );
+        assert!(!crate::render::cross_process(&[r.clone()]).contains("not P2P"));
         assert!((r.write_gbps.unwrap() - 335.544_32).abs() < 1e-3, "{r:?}");
         // Lost writes, a failing writer, a failing owner.
         let exe = stand_in(

@@ -13,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
-use vfio_p2p_agent::cross_process::{self, HandleKind};
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
+use vfio_p2p_agent::cross_process::{self, HandleKind};
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
