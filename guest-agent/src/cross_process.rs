@@ -612,7 +612,7 @@ mod tests {
             table.contains("checks CUDA IPC") && table.contains("not P2P"),
             "{table}"
         );
-        assert!(!crate::render::cross_process(&[r.clone()]).contains("not P2P"));
+        assert!(!crate::render::cross_process(std::slice::from_ref(&r)).contains("not P2P"));
         assert!((r.write_gbps.unwrap() - 335.544_32).abs() < 1e-3, "{r:?}");
         // Lost writes, a failing writer, a failing owner.
         let exe = stand_in(
