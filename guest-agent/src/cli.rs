@@ -119,6 +119,10 @@ pub enum Command {
         /// Size of the checked buffer, in MiB.
         #[arg(long, default_value_t = 64)]
         mib: usize,
+        /// Owner and writer on the same GPU, for each GPU: checks CUDA IPC between two
+        /// processes (works with one GPU), not P2P.
+        #[arg(long)]
+        same_gpu: bool,
     },
     /// One side of `cross-process` (started by it, not by hand).
     #[command(hide = true)]

@@ -78,12 +78,43 @@ pub struct CrossProcessResult {
     /// Writing kernel through the imported mapping (GB/s, 10^9 bytes).
     pub write_gbps: Option<f64>,
     pub error: Option<String>,
+    /// Owner and writer on one GPU (`--same-gpu`): a check of CUDA IPC between two
+    /// processes (handle export/import, descriptor passing), never of P2P.
+    #[serde(default)]
+    pub same_gpu: bool,
 }
 
 impl CrossProcessResult {
+    /// The writes arrived and were checked (for a same-GPU pair: IPC works, not P2P).
     pub fn ok(&self) -> bool {
         self.error.is_none() && self.write.as_ref().is_some_and(WriteCheck::ok)
     }
+}
+
+/// The ordered pairs `cross-process` runs: every pair of two different GPUs (P2P), or,
+/// with `same_gpu`, each GPU with itself (IPC between two processes on one GPU, not P2P).
+pub fn pairs_to_check(gpus: &[Bdf], same_gpu: bool) -> Result<Vec<(Bdf, Bdf)>, String> {
+    if gpus.is_empty() {
+        return Err("CUDA sees no GPU".into());
+    }
+    if same_gpu {
+        return Ok(gpus.iter().map(|&g| (g, g)).collect());
+    }
+    if gpus.len() < 2 {
+        return Err(format!(
+            "P2P needs at least two GPUs; CUDA sees {} (--same-gpu checks IPC between two \
+             processes on one GPU, which is not P2P)",
+            gpus.len()
+        ));
+    }
+    Ok(gpus
+        .iter()
+        .flat_map(|&src| {
+            gpus.iter()
+                .filter(move |&&d| d != src)
+                .map(move |&d| (src, d))
+        })
+        .collect())
 }
 
 /// The largest message either side sends.
@@ -361,26 +392,18 @@ pub fn run_child(
     }
 }
 
-/// Every ordered pair of `gpus` with every kind of `kinds`, one pair at a time, through
-/// children of this binary (`exe`), each pair at most 60 s.
+/// Every pair of `pairs` (from [`pairs_to_check`]) with every kind of `kinds`, one at a
+/// time, through children of this binary (`exe`), each at most 60 s.
 pub fn run_all(
     exe: &Path,
-    gpus: &[Bdf],
+    pairs: &[(Bdf, Bdf)],
     kinds: &[HandleKind],
     mib: usize,
 ) -> Vec<CrossProcessResult> {
     let mut results = Vec::new();
-    for &src in gpus {
-        for &dst in gpus.iter().filter(|d| **d != src) {
-            for &kind in kinds {
-                results.push(run_pair(
-                    exe,
-                    (src, dst),
-                    kind,
-                    mib,
-                    Duration::from_secs(60),
-                ));
-            }
+    for &pair in pairs {
+        for &kind in kinds {
+            results.push(run_pair(exe, pair, kind, mib, Duration::from_secs(60)));
         }
     }
     results
@@ -404,6 +427,7 @@ pub fn run_pair(
         write: None,
         write_gbps: None,
         error: None,
+        same_gpu: src == dst,
     };
     let dir = std::env::temp_dir().join(format!(
         "vfio-p2p-xproc-{}-{src}-{dst}-{}",
@@ -460,6 +484,49 @@ mod tests {
             assert_eq!(HandleKind::parse(k.name()), Some(k));
         }
         assert_eq!(HandleKind::parse("cuda"), None);
+    }
+
+    #[test]
+    fn pairs_are_distinct_gpus_unless_same_gpu_is_asked() {
+        let [a, b]: [Bdf; 2] = ["0000:00:06.0", "0000:00:07.0"].map(|s| s.parse().unwrap());
+        assert_eq!(pairs_to_check(&[a, b], false).unwrap(), [(a, b), (b, a)]);
+        assert_eq!(pairs_to_check(&[a, b], true).unwrap(), [(a, a), (b, b)]);
+        assert_eq!(pairs_to_check(&[a], true).unwrap(), [(a, a)]);
+        let one = pairs_to_check(&[a], false).unwrap_err();
+        assert!(
+            one.contains("CUDA sees 1") && one.contains("--same-gpu"),
+            "{one}"
+        );
+        for same in [false, true] {
+            assert_eq!(pairs_to_check(&[], same).unwrap_err(), "CUDA sees no GPU");
+        }
+    }
+
+    #[test]
+    fn same_gpu_is_a_flag_of_cross_process() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["vfio-p2p-agent", "cross-process"], args].concat());
+            match cli.map(|c| c.command) {
+                Ok(Command::CrossProcess {
+                    handle,
+                    mib,
+                    same_gpu,
+                }) => Ok((handle, mib, same_gpu)),
+                Ok(_) => panic!("not cross-process"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(("both".into(), 64, false)));
+        assert_eq!(
+            parse(&["--same-gpu", "--handle", "posix-fd", "--mib", "8"]),
+            Ok(("posix-fd".into(), 8, true))
+        );
+        assert_eq!(
+            parse(&["--same-gpu=yes"]),
+            Err(clap::error::ErrorKind::TooManyValues)
+        );
     }
 
     #[test]
@@ -533,8 +600,19 @@ mod tests {
             "echo 0.2",
         );
         let r = run_pair(&exe, pair, HandleKind::PosixFd, 64, limit);
-        assert!(r.ok(), "{r:?}");
+        assert!(r.ok() && !r.same_gpu, "{r:?}");
         assert_eq!(r.words, 16 << 20);
+        // Owner and writer on one GPU: the same children, marked as not P2P.
+        let same = run_pair(&exe, (pair.0, pair.0), HandleKind::Legacy, 64, limit);
+        assert!(same.ok() && same.same_gpu, "{same:?}");
+        let table = crate::render::cross_process(&[r.clone(), same]);
+        assert!(table.contains("0000:00:06.0 → same GPU"), "{table}");
+        assert!(table.contains("0000:00:06.0 → 0000:00:07.0"), "{table}");
+        assert!(
+            table.contains("checks CUDA IPC") && table.contains("not P2P"),
+            "{table}"
+        );
+        assert!(!crate::render::cross_process(std::slice::from_ref(&r)).contains("not P2P"));
         assert!((r.write_gbps.unwrap() - 335.544_32).abs() < 1e-3, "{r:?}");
         // Lost writes, a failing writer, a failing owner.
         let exe = stand_in(

@@ -77,7 +77,11 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         } => run_expect(f, sysfs, expect, send),
         Command::Topo { sysfs, expect } => run_topo(f, sysfs, expect),
         Command::Peers { sysfs, expect } => run_peers(f, sysfs, expect),
-        Command::CrossProcess { handle, mib } => run_cross_process(f, handle, *mib),
+        Command::CrossProcess {
+            handle,
+            mib,
+            same_gpu,
+        } => run_cross_process(f, handle, *mib, *same_gpu),
         Command::CrossProcessChild {
             role,
             gpu,
@@ -296,7 +300,8 @@ fn run_report(
     let cross = if across {
         let exe = std::env::current_exe().context("finding this program to start its children")?;
         let bdfs: Vec<_> = gpus.iter().map(|g| g.bus_id).collect();
-        let r = cross_process::run_all(&exe, &bdfs, &HandleKind::ALL, 64);
+        let pairs = cross_process::pairs_to_check(&bdfs, false).map_err(anyhow::Error::msg)?;
+        let r = cross_process::run_all(&exe, &pairs, &HandleKind::ALL, 64);
         phases.lap("cross-process (children per pair)", started);
         Some(r)
     } else {
@@ -398,15 +403,17 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
     })
 }
 
-/// `cross-process`: both handle kinds (or one) for every ordered pair, a pair at a time.
-fn run_cross_process(f: Format, handle: &str, mib: usize) -> Result<u8, CannotRun> {
+/// `cross-process`: both handle kinds (or one) for every ordered pair (or, `same_gpu`,
+/// every GPU with itself), a pair at a time.
+fn run_cross_process(f: Format, handle: &str, mib: usize, same_gpu: bool) -> Result<u8, CannotRun> {
     let kinds: Vec<HandleKind> = match HandleKind::parse(handle) {
         Some(k) => vec![k],
         None => HandleKind::ALL.to_vec(),
     };
-    let gpus: Vec<pci_config::Bdf> = open_gpus()?.iter().map(|g| g.bus_id).collect();
+    let gpus: Vec<pci_config::Bdf> = peers::open_gpus()?.iter().map(|g| g.bus_id).collect();
+    let pairs = cross_process::pairs_to_check(&gpus, same_gpu).map_err(anyhow::Error::msg)?;
     let exe = std::env::current_exe().context("finding this program to start its children")?;
-    let results = cross_process::run_all(&exe, &gpus, &kinds, mib);
+    let results = cross_process::run_all(&exe, &pairs, &kinds, mib);
     emit(f, &results, |r| render::cross_process(r))?;
     Ok(u8::from(!results.iter().all(|r| r.ok())))
 }

@@ -382,8 +382,13 @@ pub fn cross_process(results: &[crate::cross_process::CrossProcessResult]) -> St
             (Some(c), None) => format!("{} BAD (first {})", c.bad_words, c.first_bad.unwrap_or(0)),
             (None, None) => "-".to_string(),
         };
+        let path = if r.same_gpu {
+            format!("{} → same GPU", r.src)
+        } else {
+            format!("{} → {}", r.src, r.dst)
+        };
         t.add_row(vec![
-            format!("{} → {}", r.src, r.dst),
+            path,
             r.kind.name().to_string(),
             r.words.to_string(),
             writes,
@@ -391,5 +396,12 @@ pub fn cross_process(results: &[crate::cross_process::CrossProcessResult]) -> St
                 .map_or_else(|| "-".into(), |g| format!("{g:.1}")),
         ]);
     }
-    format!("{t}\n")
+    let mut out = format!("{t}\n");
+    if results.iter().any(|r| r.same_gpu) {
+        out.push_str(
+            "same GPU: owner and writer are two processes on one GPU; this checks CUDA IPC \
+             (handle export/import, descriptor passing), not P2P\n",
+        );
+    }
+    out
 }

@@ -194,6 +194,7 @@ fn cuda_commands_without_libcuda_exit_2() {
         &["bench", "--quick"],
         &["report", "--quick"],
         &["cross-process"],
+        &["cross-process", "--same-gpu", "--handle", "legacy"],
         &[
             "cross-process-child",
             "owner",
