@@ -6,6 +6,7 @@ pub mod check;
 pub mod expectation;
 pub mod fleet_verdict;
 pub mod guest_layout;
+pub mod iommu_backend;
 pub mod mmio;
 pub mod nvlink;
 pub mod placement;

@@ -20,6 +20,7 @@ fn live_ok(topo: &Topology, gpus: &[Bdf]) -> HostFacts {
             .collect(),
         kvm: NodeProbe::Ok(12),
         deep: BTreeMap::new(),
+        iommu: IommuFacts::not_probed("test"),
     }
 }
 
