@@ -366,7 +366,10 @@ mod tests {
 
     #[test]
     fn iommu_backend_reads_and_a_typo_names_its_line() {
-        assert_eq!(parse("name: a\n").unwrap().iommu_backend, IommuBackend::Legacy);
+        assert_eq!(
+            parse("name: a\n").unwrap().iommu_backend,
+            IommuBackend::Legacy
+        );
         let c = parse("name: a\niommu_backend: iommufd\n").unwrap();
         assert_eq!(c.iommu_backend, IommuBackend::Iommufd);
         let c = parse("name: a\niommu_backend: auto\n").unwrap();

@@ -103,7 +103,11 @@ pub fn bar_mapping(f: &IommuFacts, qemu: Option<&Result<QemuVersion, String>>) -
     let mut fails = Vec::new();
     let mut unknown = Vec::new();
     let mut works = Vec::new();
-    match f.kernel_release.as_deref().map(|r| (r, KernelVersion::parse(r))) {
+    match f
+        .kernel_release
+        .as_deref()
+        .map(|r| (r, KernelVersion::parse(r)))
+    {
         Some((r, Some(v))) if v < need => fails.push(format!(
             "Linux {r} has no VFIO_DEVICE_FEATURE_DMA_BUF (needs {need})"
         )),
@@ -146,12 +150,14 @@ pub fn resolve(
     match requested {
         IommuBackend::Legacy | IommuBackend::Iommufd => (requested, "as requested".into()),
         IommuBackend::Auto => match (offered, bars) {
-            (Offered::Yes(_), _) if !has_cliques => {
-                (IommuBackend::Iommufd, "the host offers iommufd and the VM has no P2P cliques".into())
-            }
-            (Offered::Yes(_), BarMapping::Works(w)) => {
-                (IommuBackend::Iommufd, format!("the host offers iommufd and {w}"))
-            }
+            (Offered::Yes(_), _) if !has_cliques => (
+                IommuBackend::Iommufd,
+                "the host offers iommufd and the VM has no P2P cliques".into(),
+            ),
+            (Offered::Yes(_), BarMapping::Works(w)) => (
+                IommuBackend::Iommufd,
+                format!("the host offers iommufd and {w}"),
+            ),
             (Offered::Yes(_), BarMapping::Fails(why) | BarMapping::Unknown(why)) => (
                 IommuBackend::Legacy,
                 format!("P2P cliques need peer BARs in the IOMMU: {why}"),
@@ -168,7 +174,12 @@ mod tests {
     use super::*;
     use crate::decide::check::KernelConfig;
 
-    fn facts(release: &str, iommu: bool, cdevs: &[&str], cfg: Option<(KernelOption, KernelOption, KernelOption)>) -> IommuFacts {
+    fn facts(
+        release: &str,
+        iommu: bool,
+        cdevs: &[&str],
+        cfg: Option<(KernelOption, KernelOption, KernelOption)>,
+    ) -> IommuFacts {
         IommuFacts {
             dev_iommu: if iommu {
                 NodeProbe::Ok(())
@@ -193,35 +204,56 @@ mod tests {
     use KernelOption::{BuiltIn as Y, Module as M, Off as N};
 
     fn qemu(s: &str) -> Option<Result<QemuVersion, String>> {
-        Some(Ok(crate::read::vmm::parse_qemu_version(&format!("QEMU emulator version {s}")).unwrap()))
+        Some(Ok(crate::read::vmm::parse_qemu_version(&format!(
+            "QEMU emulator version {s}"
+        ))
+        .unwrap()))
     }
 
     #[test]
     fn debian_kernels_offer_no_iommufd_and_say_why() {
         let f = facts("6.12.57+deb13-amd64", false, &[], Some((N, N, N)));
-        let Offered::No { why, fix } = iommufd_offered(&f) else { panic!() };
+        let Offered::No { why, fix } = iommufd_offered(&f) else {
+            panic!()
+        };
         assert!(why.contains("built without CONFIG_IOMMUFD"), "{why}");
         assert!(fix.contains("--iommu-backend legacy"), "{fix}");
         let f = facts("7.2.13+deb14-amd64", false, &[], Some((M, Y, Y)));
-        let Offered::No { fix, .. } = iommufd_offered(&f) else { panic!() };
+        let Offered::No { fix, .. } = iommufd_offered(&f) else {
+            panic!()
+        };
         assert!(fix.contains("modprobe iommufd"), "{fix}");
         let f = facts("7.2.0-lab", true, &["vfio0"], Some((Y, Y, Y)));
         assert!(matches!(iommufd_offered(&f), Offered::Yes(_)));
         let f = facts("7.2.0-lab", true, &[], Some((Y, N, Y)));
-        assert!(matches!(iommufd_offered(&f), Offered::No { why, .. } if why.contains("CONFIG_VFIO_DEVICE_CDEV")));
+        assert!(
+            matches!(iommufd_offered(&f), Offered::No { why, .. } if why.contains("CONFIG_VFIO_DEVICE_CDEV"))
+        );
     }
 
     #[test]
     fn bar_mapping_needs_linux_6_19_and_qemu_11() {
         let new = facts("7.2.0-lab", true, &["vfio0"], Some((Y, Y, Y)));
-        assert!(matches!(bar_mapping(&new, qemu("11.1.3").as_ref()), BarMapping::Works(_)));
-        let BarMapping::Fails(why) = bar_mapping(&new, qemu("10.0.3").as_ref()) else { panic!() };
-        assert!(why.contains("QEMU 10.0.3") && why.contains("11.0.0"), "{why}");
+        assert!(matches!(
+            bar_mapping(&new, qemu("11.1.3").as_ref()),
+            BarMapping::Works(_)
+        ));
+        let BarMapping::Fails(why) = bar_mapping(&new, qemu("10.0.3").as_ref()) else {
+            panic!()
+        };
+        assert!(
+            why.contains("QEMU 10.0.3") && why.contains("11.0.0"),
+            "{why}"
+        );
         let old = facts("6.12.57+deb13-amd64", true, &["vfio0"], Some((Y, Y, N)));
-        let BarMapping::Fails(why) = bar_mapping(&old, qemu("11.1.3").as_ref()) else { panic!() };
+        let BarMapping::Fails(why) = bar_mapping(&old, qemu("11.1.3").as_ref()) else {
+            panic!()
+        };
         assert!(why.contains("6.19"), "{why}");
         let no_dmabuf = facts("7.2.0-lab", true, &["vfio0"], Some((Y, Y, N)));
-        assert!(matches!(bar_mapping(&no_dmabuf, qemu("11.1.3").as_ref()), BarMapping::Fails(w) if w.contains("CONFIG_VFIO_PCI_DMABUF")));
+        assert!(
+            matches!(bar_mapping(&no_dmabuf, qemu("11.1.3").as_ref()), BarMapping::Fails(w) if w.contains("CONFIG_VFIO_PCI_DMABUF"))
+        );
         assert!(matches!(bar_mapping(&new, None), BarMapping::Unknown(w) if w.contains("--qemu")));
     }
 
@@ -231,11 +263,26 @@ mod tests {
         let off = iommufd_offered(&new);
         let ok = bar_mapping(&new, qemu("11.1.3").as_ref());
         let bad = bar_mapping(&new, qemu("10.0.3").as_ref());
-        assert_eq!(resolve(IommuBackend::Auto, &off, &ok, true).0, IommuBackend::Iommufd);
-        assert_eq!(resolve(IommuBackend::Auto, &off, &bad, true).0, IommuBackend::Legacy);
-        assert_eq!(resolve(IommuBackend::Auto, &off, &bad, false).0, IommuBackend::Iommufd);
+        assert_eq!(
+            resolve(IommuBackend::Auto, &off, &ok, true).0,
+            IommuBackend::Iommufd
+        );
+        assert_eq!(
+            resolve(IommuBackend::Auto, &off, &bad, true).0,
+            IommuBackend::Legacy
+        );
+        assert_eq!(
+            resolve(IommuBackend::Auto, &off, &bad, false).0,
+            IommuBackend::Iommufd
+        );
         let debian = iommufd_offered(&facts("6.12.57+deb13-amd64", false, &[], Some((N, N, N))));
-        assert_eq!(resolve(IommuBackend::Auto, &debian, &ok, false).0, IommuBackend::Legacy);
-        assert_eq!(resolve(IommuBackend::Iommufd, &debian, &bad, true).0, IommuBackend::Iommufd);
+        assert_eq!(
+            resolve(IommuBackend::Auto, &debian, &ok, false).0,
+            IommuBackend::Legacy
+        );
+        assert_eq!(
+            resolve(IommuBackend::Iommufd, &debian, &bad, true).0,
+            IommuBackend::Iommufd
+        );
     }
 }

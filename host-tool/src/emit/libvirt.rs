@@ -273,7 +273,10 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersio
     if !version.has_override() {
         args.extend(set_args(&cliques));
         args.extend(iommufd_aliases.iter().flat_map(|a| {
-            ["-set".to_string(), format!("device.{a}.iommufd={IOMMUFD_OBJECT_ID}")]
+            [
+                "-set".to_string(),
+                format!("device.{a}.iommufd={IOMMUFD_OBJECT_ID}"),
+            ]
         }));
     }
     let _ = writeln!(w, "  <qemu:commandline>");

@@ -22,10 +22,7 @@ pub fn probe(root: &Path) -> IommuFacts {
         Some(parse_kernel_config(&text, &path.display().to_string()))
     });
     IommuFacts {
-        dev_iommu: node(
-            &dev_iommu,
-            fs::metadata(&dev_iommu).map(|_| ()),
-        ),
+        dev_iommu: node(&dev_iommu, fs::metadata(&dev_iommu).map(|_| ())),
         vfio_cdevs: node(&cdev_dir, list_cdevs(&cdev_dir)),
         kernel_release,
         kernel_config,
@@ -74,7 +71,11 @@ mod tests {
         let root = dir.path();
         fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
         fs::create_dir_all(root.join("boot")).unwrap();
-        fs::write(root.join("proc/sys/kernel/osrelease"), "6.12.57+deb13-amd64\n").unwrap();
+        fs::write(
+            root.join("proc/sys/kernel/osrelease"),
+            "6.12.57+deb13-amd64\n",
+        )
+        .unwrap();
         fs::write(
             root.join("boot/config-6.12.57+deb13-amd64"),
             "CONFIG_VFIO=m\n# CONFIG_IOMMUFD is not set\nCONFIG_VFIO_PCI=m\n",
@@ -99,11 +100,18 @@ mod tests {
         .unwrap();
         let f = probe(root);
         assert_eq!(f.dev_iommu, NodeProbe::Ok(()));
-        assert_eq!(f.vfio_cdevs, NodeProbe::Ok(vec!["vfio0".into(), "vfio1".into()]));
+        assert_eq!(
+            f.vfio_cdevs,
+            NodeProbe::Ok(vec!["vfio0".into(), "vfio1".into()])
+        );
         let c = f.kernel_config.unwrap();
         assert_eq!(
             (c.iommufd, c.vfio_device_cdev, c.vfio_pci_dmabuf),
-            (KernelOption::Module, KernelOption::BuiltIn, KernelOption::BuiltIn)
+            (
+                KernelOption::Module,
+                KernelOption::BuiltIn,
+                KernelOption::BuiltIn
+            )
         );
     }
 }

@@ -10,7 +10,11 @@ use crate::model::PathKind;
 
 /// The `iommu-backend` row, and with iommufd and cliques the `iommufd-p2p` row.
 /// Without a live host and without `--iommu-backend`, no rows (nothing to say).
-pub(super) fn check_backend(host: &HostFacts, vmm: &VmmFacts, plan: Option<&Plan>) -> Vec<CheckResult> {
+pub(super) fn check_backend(
+    host: &HostFacts,
+    vmm: &VmmFacts,
+    plan: Option<&Plan>,
+) -> Vec<CheckResult> {
     let offered = iommu_backend::iommufd_offered(&host.iommu);
     let requested = match (vmm.iommu_backend, &offered) {
         (Some(r), _) => r,
