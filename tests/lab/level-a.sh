@@ -23,7 +23,8 @@ vp() { C timeout 120 "$VFIO_P2P" "$@"; }
 jqr() { C jq "$@"; }   # jq: reads stdin, so files come from level A's side (/out/...)
 
 mount_shares() {
-    for m in virtio_pci 9pnet_virtio 9p; do modprobe $m || return 1; done
+    # a module built into the kernel (trixie's virtio_pci) is in /sys/module already
+    for m in virtio_pci 9pnet_virtio 9p; do modprobe $m || [ -d /sys/module/$m ] || return 1; done
     mkdir -p $R /out
     mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot $R || return 1
     mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 labout /out || return 1
@@ -732,6 +733,47 @@ stage_guest_topo() {
         case " $labels " in *" $want "*) ;; *) fail "no $want pair among the guest's labels" ;; esac
     done
     NOTE="$n/10 pairs host = guest (PIX PHB NODE SYS), $NOTE"
+}
+
+# cdev: check sees /dev/iommu and the VFIO device cdevs (or their absence, as on every Debian
+# kernel) and says which IOMMU backends this host offers; --iommu-backend iommufd fails with
+# the fix exactly when there is no iommufd, and gen's auto picks what check said
+stage_cdev() {
+    local rc iommu=no cdev=no kv row st
+    local q=/usr/bin/qemu-system-x86_64 pair="$GPU_SW0,$GPU_RP"
+    ensure_vfio $GPUS
+    kv=$(uname -r)
+    [ -e /dev/iommu ] && iommu=yes
+    ls /dev/vfio/devices/vfio* > /dev/null 2>&1 && cdev=yes
+    echo "kernel $kv: /dev/iommu $iommu, VFIO cdevs $cdev"
+    C grep -E 'CONFIG_(IOMMUFD|VFIO_DEVICE_CDEV|VFIO_PCI_DMABUF)[= ]' /boot/config-$kv || echo "(no /boot/config-$kv in the chroot)"
+    rc=0; vp check --gpus "$pair" --qemu $q --format json > /out/check-cdev.json || rc=$?
+    row=$(jqr -r '.checks[] | select(.check == "iommu-backend") | .saw' < /out/check-cdev.json)
+    echo "== check (exit $rc): iommu-backend: $row"
+    if [ $iommu = yes ] && [ $cdev = yes ]; then
+        echo "$row" | grep -q 'legacy and iommufd' || fail "the host has /dev/iommu and VFIO cdevs, check says: $row"
+    else
+        echo "$row" | grep -q 'legacy only' || fail "no iommufd here, check says: $row"
+        [ $iommu = yes ] || echo "$row" | grep -q '/dev/iommu does not exist' || fail "check does not name the missing /dev/iommu: $row"
+    fi
+    rc=0; vp check --gpus "$pair" --qemu $q --iommu-backend iommufd --format json > /out/check-cdev-iommufd.json || rc=$?
+    st=$(jqr -r '.checks[] | select(.check == "iommu-backend") | .status' < /out/check-cdev-iommufd.json)
+    echo "== check --iommu-backend iommufd (exit $rc): iommu-backend $st"
+    if [ $iommu = yes ] && [ $cdev = yes ]; then
+        [ "$st" = pass ] || fail "--iommu-backend iommufd on a host with iommufd: $st"
+    else
+        [ "$st" = fail ] && [ $rc = 2 ] || fail "--iommu-backend iommufd without iommufd: $st, exit $rc (expected fail, 2)"
+        jqr -r '.checks[] | select(.check == "iommu-backend") | .fix' < /out/check-cdev-iommufd.json | grep -q -- '--iommu-backend legacy' ||
+            fail "the failure does not give the fix (--iommu-backend legacy)"
+    fi
+    rc=0; vp gen qemu --gpus "$pair" --iommu-backend auto --qemu $q > /out/gen-auto.txt 2> /out/gen-auto.err || rc=$?
+    cat /out/gen-auto.err
+    if [ $iommu = yes ] && [ $cdev = yes ]; then :; else
+        grep -q 'auto: legacy' /out/gen-auto.err || fail "gen --iommu-backend auto did not pick legacy without iommufd"
+        grep -q iommufd /out/gen-auto.txt && fail "gen auto emitted iommufd on a host without it"
+    fi
+    NOTE="kernel $kv: /dev/iommu $iommu, VFIO cdev $cdev; check: $(echo "$row" | cut -c1-120)"
+    echo "$NOTE"
     [ -z "$WHY" ]
 }
 

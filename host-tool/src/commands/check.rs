@@ -7,6 +7,7 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
+use crate::config::vm::IommuBackend;
 use crate::context::{Context, PlanOptionArgs};
 use crate::decide::check::{self, Vmm, VmmFacts};
 use crate::decide::plan::plan;
@@ -41,6 +42,10 @@ pub struct CheckArgs {
     /// The VM's QEMU command line, to inspect for `-cpu …,kvm=off` and `pci-hole64-size=`.
     #[arg(long, value_name = "STRING", allow_hyphen_values = true)]
     pub qemu_args: Option<String>,
+    /// The IOMMU backend the VM will use: checks the host offers it and, with iommufd,
+    /// that P2P cliques survive it (peer BARs mapped as dma-bufs).
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub iommu_backend: Option<IommuBackend>,
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]
     pub vmm: Vmm,
@@ -56,6 +61,7 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
     let mut facts = VmmFacts {
         vmm: args.vmm,
         qemu_version: args.qemu.as_deref().map(vmm::qemu_version_of),
+        iommu_backend: args.iommu_backend,
         ..VmmFacts::default()
     };
     if let Some(d) = domain {

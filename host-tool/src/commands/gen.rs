@@ -9,18 +9,21 @@ use vfio_p2p_contract::ReportChannel;
 
 use crate::cli::GlobalArgs;
 use crate::collector::store::Store;
-use crate::config::vm::VmConfig;
+use crate::config::vm::{IommuBackend, VmConfig};
 use crate::context::{libvirt_version, Context, PlanningArgs};
 use crate::decide::expectation::{self, Expectation};
 use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
 use crate::decide::guest_paths;
+use crate::decide::iommu_backend;
 use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl, proxmox};
+use crate::host_probe;
+use crate::read::vmm;
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -49,6 +52,14 @@ pub struct GenArgs {
     /// Guest PCIe tree: mirror the host (default) or one root port per GPU.
     #[arg(long, value_enum)]
     pub guest_topology: Option<GuestTopology>,
+    /// IOMMU backend: legacy (VFIO groups), iommufd (/dev/iommu + VFIO cdevs) or auto
+    /// (iommufd where this host offers it and P2P survives it); overrides `iommu_backend:`.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub iommu_backend: Option<IommuBackend>,
+    /// QEMU binary that will run the VM (default: qemu-system-x86_64 on PATH); `auto` asks
+    /// its version whether it maps peer BARs under iommufd.
+    #[arg(long, value_name = "PATH")]
+    pub qemu: Option<PathBuf>,
     /// VM name (overrides the config's).
     #[arg(long)]
     pub name: Option<String>,
@@ -98,6 +109,46 @@ fn report_plan(
     }))
 }
 
+/// `auto` resolved against this host (`/dev/iommu`, VFIO cdevs, kernel) and the QEMU that
+/// will run the VM; an example or a snapshot has no host, so it gets legacy.
+fn iommu_backend(
+    global: &GlobalArgs,
+    args: &GenArgs,
+    requested: IommuBackend,
+    has_cliques: bool,
+) -> IommuBackend {
+    if requested != IommuBackend::Auto {
+        return requested;
+    }
+    let iommu = if global.example.is_some() || global.sysfs_root.is_file() {
+        crate::decide::check::IommuFacts::not_probed("no live host (an example or a snapshot)")
+    } else {
+        host_probe::iommufd::probe(&global.sysfs_root)
+    };
+    let qemu = args
+        .qemu
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(qemu::QEMU_BINARY));
+    let version = Some(vmm::qemu_version_of(&qemu));
+    let offered = iommu_backend::iommufd_offered(&iommu);
+    let bars = iommu_backend::bar_mapping(&iommu, version.as_ref());
+    let (backend, why) = iommu_backend::resolve(requested, &offered, &bars, has_cliques);
+    eprintln!("vfio-p2p: iommu backend auto: {backend} ({why})");
+    backend
+}
+
+/// iommufd asked for outright with cliques: whether peer BARs map is the host's and QEMU's
+/// to say, which `check` looks at.
+fn warn_iommufd_cliques(backend: IommuBackend, requested: IommuBackend, has_cliques: bool) {
+    if backend == IommuBackend::Iommufd && requested == IommuBackend::Iommufd && has_cliques {
+        tracing::warn!(
+            "iommufd with P2P cliques: peer writes fault unless peer BARs are mapped as dma-bufs (Linux >= {}, QEMU >= {}); `vfio-p2p check --iommu-backend iommufd --qemu PATH` tells for this host",
+            crate::model::vmm::KernelVersion::BAR_DMABUF,
+            crate::model::vmm::QemuVersion::BAR_DMABUF
+        );
+    }
+}
+
 /// Stores `plan` for the collector, refusing a CID another domain holds.
 fn register(plan: &DomainPlan, dir: &Path) -> anyhow::Result<()> {
     let store = Store::new(dir);
@@ -132,6 +183,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(t) = args.guest_topology {
         config.guest_topology = t;
+    }
+    if let Some(b) = args.iommu_backend {
+        config.iommu_backend = b;
     }
     if args.format.is_some()
         && matches!(
@@ -194,12 +248,14 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         }
         None => ExpectationSource::Inline,
     };
+    let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let vm = VmDefinition {
         config: &config,
         layout: &layout,
         expectation: &expectation,
         expectation_source,
         hole64,
+        iommu_backend: iommu_backend(global, &args, config.iommu_backend, has_cliques),
     };
     if args.target == GenTarget::Nccl && topo.cpu.is_none() {
         tracing::warn!(
@@ -210,6 +266,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             topo.source
         );
     }
+    warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
     let format = args.format.unwrap_or_default();
     let text = match args.target {
         GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
@@ -217,6 +274,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             let version = libvirt_version(args.libvirt_version);
             if !version.has_override() {
                 tracing::warn!("{}", libvirt::set_form_warning(version));
+            }
+            if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
+                tracing::warn!("{}", libvirt::iommufd_form_warning(version));
             }
             libvirt::domain(&vm, version)
         }

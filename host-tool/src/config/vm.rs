@@ -36,6 +36,29 @@ impl fmt::Display for GuestTopology {
     }
 }
 
+/// How QEMU reaches the host IOMMU for the VM's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IommuBackend {
+    /// VFIO groups and the type1 container (`/dev/vfio/vfio`, `/dev/vfio/N`).
+    #[default]
+    Legacy,
+    /// `/dev/iommu` and the VFIO device cdevs (`/dev/vfio/devices/vfioN`).
+    Iommufd,
+    /// iommufd where the host offers it and P2P still works through it, else legacy.
+    Auto,
+}
+
+impl fmt::Display for IommuBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IommuBackend::Legacy => "legacy",
+            IommuBackend::Iommufd => "iommufd",
+            IommuBackend::Auto => "auto",
+        })
+    }
+}
+
 /// Firmware the guest boots with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -80,6 +103,9 @@ pub struct VmConfigFile {
     pub p2p_level: Option<Spanned<String>>,
     #[serde(default)]
     pub guest_topology: Option<GuestTopology>,
+    /// legacy (default), iommufd or auto; `--iommu-backend` overrides it.
+    #[serde(default)]
+    pub iommu_backend: Option<Spanned<IommuBackend>>,
     /// Guest memory in MiB.
     #[serde(default)]
     pub memory_mib: Option<Spanned<u64>>,
@@ -114,6 +140,7 @@ pub struct VmConfig {
     pub gpus: Vec<Bdf>,
     pub p2p_level: Option<PathKind>,
     pub guest_topology: GuestTopology,
+    pub iommu_backend: IommuBackend,
     pub memory_mib: u64,
     pub vcpus: u32,
     pub guest_numa: bool,
@@ -139,6 +166,7 @@ impl Default for VmConfig {
             gpus: Vec::new(),
             p2p_level: None,
             guest_topology: GuestTopology::Mirror,
+            iommu_backend: IommuBackend::Legacy,
             memory_mib: DEFAULT_MEMORY_MIB,
             vcpus: DEFAULT_VCPUS,
             guest_numa: true,
@@ -219,6 +247,7 @@ impl VmConfig {
             gpus,
             p2p_level,
             guest_topology: file.guest_topology.unwrap_or_default(),
+            iommu_backend: file.iommu_backend.map(|b| b.value).unwrap_or_default(),
             memory_mib,
             vcpus,
             guest_numa: file.guest_numa.unwrap_or(true),
@@ -333,6 +362,24 @@ mod tests {
         let e = parse("name: vm1\nverify: tcp\n").unwrap_err().to_string();
         assert!(e.contains("tcp"), "{e}");
         assert_eq!(parse("name: vm1\nverify: none\n").unwrap().report, None);
+    }
+
+    #[test]
+    fn iommu_backend_reads_and_a_typo_names_its_line() {
+        assert_eq!(
+            parse("name: a\n").unwrap().iommu_backend,
+            IommuBackend::Legacy
+        );
+        let c = parse("name: a\niommu_backend: iommufd\n").unwrap();
+        assert_eq!(c.iommu_backend, IommuBackend::Iommufd);
+        let c = parse("name: a\niommu_backend: auto\n").unwrap();
+        assert_eq!(c.iommu_backend, IommuBackend::Auto);
+        let e = parse("name: a\niommu_backend: iommu-fd\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("iommu-fd"), "{e}");
+        assert!(e.contains("line 2") || e.contains(":2:"), "{e}");
+        assert!(e.contains("legacy") && e.contains("iommufd"), "{e}");
     }
 
     #[test]

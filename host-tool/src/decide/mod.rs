@@ -8,6 +8,7 @@ pub mod fleet_verdict;
 pub mod guest_expanders;
 pub mod guest_layout;
 pub mod guest_paths;
+pub mod iommu_backend;
 pub mod mmio;
 pub mod nvlink;
 pub mod placement;

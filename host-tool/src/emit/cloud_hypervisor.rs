@@ -11,6 +11,7 @@
 use pci_config::clique::OFFSET_FALLBACK;
 
 use super::vm::VmDefinition;
+use crate::config::vm::IommuBackend;
 use crate::model::Topology;
 
 pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
@@ -19,6 +20,8 @@ pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 pub enum CloudHypervisorError {
     #[error("{gpu}: a capability already starts at {offset:#x}, where Cloud Hypervisor puts the clique; it would corrupt the GPU's capability list. Use QEMU >= 8.1 (it moves the clique) or leave this GPU without a clique (no --p2p-level for it)")]
     CapabilityTaken { gpu: pci_config::Bdf, offset: u8 },
+    #[error("Cloud Hypervisor under iommufd cannot map peer BARs (it pins them with IOMMU_IOAS_MAP; the dma-buf path is cloud-hypervisor issue #8895): with vfio_p2p_dma=on the VM does not boot, with it off the {cliques} P2P clique(s) would be advertised and fault. Use --iommu-backend legacy for this VM, or leave it without cliques")]
+    IommufdCliques { cliques: usize },
 }
 
 /// The command line, program first, and warnings for GPUs whose config space could not be checked.
@@ -36,6 +39,17 @@ pub fn argv(
     a.push(format!("boot={},max_phys_bits={phys_bits}", c.vcpus));
     a.push("--memory".into());
     a.push(format!("size={}M", c.memory_mib));
+    if vm.iommu_backend == IommuBackend::Iommufd {
+        let ids: std::collections::BTreeSet<u8> =
+            vm.layout.gpus.iter().filter_map(|g| g.clique).collect();
+        let cliques = ids.len();
+        if cliques > 0 {
+            return Err(CloudHypervisorError::IommufdCliques { cliques });
+        }
+        // without cliques no peer DMA is promised, and BAR mapping (which fails) is off
+        a.push("--platform".into());
+        a.push("iommufd=on,vfio_p2p_dma=off".into());
+    }
     for g in &vm.layout.gpus {
         if let Some(clique) = g.clique {
             match topo.device(&g.host) {

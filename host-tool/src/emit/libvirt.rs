@@ -9,14 +9,24 @@ use std::fmt::Write;
 use pci_config::Bdf;
 use quick_xml::escape::escape;
 
-use super::vm::{cpulist, VmDefinition};
-use crate::config::vm::Firmware;
+use super::vm::{cpulist, VmDefinition, IOMMUFD_OBJECT_ID};
+use crate::config::vm::{Firmware, IommuBackend};
 use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 
 pub use crate::model::domain::QEMU_NS;
 pub use vfio_p2p_contract::CLIQUE_PROPERTY;
 
-pub use crate::model::vmm::{LibvirtVersion, OVERRIDE_SINCE};
+pub use crate::model::vmm::{LibvirtVersion, IOMMUFD_SINCE, OVERRIDE_SINCE};
+
+/// Why an older libvirt gets iommufd through `<qemu:commandline>`; printed as a warning.
+pub fn iommufd_form_warning(version: LibvirtVersion) -> String {
+    format!(
+        "libvirt {version} has no iommufd backend for host devices (<driver iommufd='yes'/> needs {IOMMUFD_SINCE}): \
+         using <qemu:commandline> -object iommufd and an iommufd property per hostdev; libvirt still sets up the VFIO \
+         group, and QEMU must be allowed to open /dev/iommu and /dev/vfio/devices/* (qemu.conf cgroup_device_acl, \
+         namespaces = []); upgrade libvirt"
+    )
+}
 
 /// Why an older libvirt gets the `-set` form; printed as a warning.
 pub fn set_form_warning(version: LibvirtVersion) -> String {
@@ -95,8 +105,9 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     let _ = writeln!(w, "  <devices>");
     write_root_bus(w, vm);
     write_bridges(w, vm);
+    let native_iommufd = vm.iommu_backend == IommuBackend::Iommufd && version.has_iommufd();
     for g in &vm.layout.gpus {
-        write_hostdevs(w, g, controller_index(vm, &g.parent));
+        write_hostdevs(w, g, controller_index(vm, &g.parent), native_iommufd);
     }
     if let Some(r) = vm.config.report {
         // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
@@ -288,19 +299,65 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersio
             crate::decide::mmio::ovmf_mmio64_mb(vm.hole64)
         ));
     }
+    // libvirt without the iommufd backend: the same through QEMU's own options
+    let iommufd_aliases = if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
+        args.push("-object".into());
+        args.push(format!("iommufd,id={IOMMUFD_OBJECT_ID}"));
+        hostdev_aliases(&vm.layout.gpus)
+    } else {
+        Vec::new()
+    };
     if !version.has_override() {
         args.extend(set_args(&cliques));
+        args.extend(iommufd_aliases.iter().flat_map(|a| {
+            [
+                "-set".to_string(),
+                format!("device.{a}.iommufd={IOMMUFD_OBJECT_ID}"),
+            ]
+        }));
     }
     let _ = writeln!(w, "  <qemu:commandline>");
     for a in &args {
         let _ = writeln!(w, "    <qemu:arg value='{}'/>", escape(a.as_str()));
     }
     let _ = writeln!(w, "  </qemu:commandline>");
-    if version.has_override() && !cliques.is_empty() {
+    if version.has_override() && (!cliques.is_empty() || !iommufd_aliases.is_empty()) {
         let _ = writeln!(w, "  <qemu:override>");
-        w.push_str(&override_devices(&cliques, "    "));
+        if iommufd_aliases.is_empty() {
+            w.push_str(&override_devices(&cliques, "    "));
+        } else {
+            w.push_str(&iommufd_override_devices(&iommufd_aliases, &cliques));
+        }
         let _ = writeln!(w, "  </qemu:override>");
     }
+}
+
+/// Every hostdev's alias (all functions of every GPU).
+fn hostdev_aliases(gpus: &[GuestGpu]) -> Vec<String> {
+    gpus.iter()
+        .flat_map(|g| {
+            std::iter::once(g.id.as_str()).chain(g.other_functions.iter().map(|f| f.id.as_str()))
+        })
+        .map(alias_for)
+        .collect()
+}
+
+/// `<qemu:device>` entries naming the iommufd object on every hostdev, with the clique
+/// on the GPUs that have one.
+fn iommufd_override_devices(aliases: &[String], cliques: &[(String, u8)]) -> String {
+    let mut s = String::new();
+    for alias in aliases {
+        let _ = writeln!(
+            s,
+            "    <qemu:device alias='{}'>\n      <qemu:frontend>\n        <qemu:property name='iommufd' type='string' value='{IOMMUFD_OBJECT_ID}'/>",
+            escape(alias.as_str())
+        );
+        if let Some((_, c)) = cliques.iter().find(|(a, _)| a == alias) {
+            let _ = writeln!(s, "        {}", clique_property(*c));
+        }
+        let _ = writeln!(s, "      </qemu:frontend>\n    </qemu:device>");
+    }
+    s
 }
 
 /// (alias, clique) of every GPU that has a clique.
@@ -310,7 +367,12 @@ pub fn clique_entries(gpus: &[GuestGpu]) -> Vec<(String, u8)> {
         .collect()
 }
 
-fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32) {
+fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32, iommufd: bool) {
+    let driver = if iommufd {
+        "<driver name='vfio' iommufd='yes'/>"
+    } else {
+        "<driver name='vfio'/>"
+    };
     let mut functions = vec![(g.host, g.guest, g.id.as_str())];
     functions.extend(
         g.other_functions
@@ -326,7 +388,7 @@ fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32) {
         };
         let _ = writeln!(
             w,
-            "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <driver name='vfio'/>\n      <source>\n        {}\n      </source>\n      <alias name='{}'/>\n      {}\n    </hostdev>",
+            "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      {driver}\n      <source>\n        {}\n      </source>\n      <alias name='{}'/>\n      {}\n    </hostdev>",
             host_address(&host),
             alias_for(id),
             pci_address(&guest, Some(bus_index), multi)

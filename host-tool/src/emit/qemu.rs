@@ -7,8 +7,8 @@
 use clap::ValueEnum;
 use serde_json::{json, Value};
 
-use super::vm::{cpulist, VmDefinition};
-use crate::config::vm::Firmware;
+use super::vm::{cpulist, VmDefinition, IOMMUFD_OBJECT_ID};
+use crate::config::vm::{Firmware, IommuBackend};
 use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
@@ -85,8 +85,9 @@ pub fn bridge_device(b: &GuestBridge) -> DeviceJson {
     m
 }
 
-/// The `-device` JSON objects of a GPU: its own `vfio-pci` then its other functions.
-pub fn gpu_devices(g: &GuestGpu) -> Vec<DeviceJson> {
+/// The `-device` JSON objects of a GPU: its own `vfio-pci` then its other functions;
+/// under iommufd each names the `-object iommufd` (`iommufd` given).
+pub fn gpu_devices(g: &GuestGpu, iommufd: Option<&str>) -> Vec<DeviceJson> {
     let mut out = Vec::new();
     let mut functions: Vec<(pci_config::Bdf, pci_config::Bdf, &str, bool)> =
         vec![(g.host, g.guest, g.id.as_str(), true)];
@@ -108,6 +109,9 @@ pub fn gpu_devices(g: &GuestGpu) -> Vec<DeviceJson> {
         );
         if guest.function == 0 && g.multifunction() {
             m.insert("multifunction", json!(true));
+        }
+        if let Some(id) = iommufd {
+            m.insert("iommufd", json!(id));
         }
         if is_gpu {
             if let Some(c) = g.clique {
@@ -179,11 +183,16 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
             ),
         );
     }
+    let iommufd = (vm.iommu_backend == IommuBackend::Iommufd).then_some(IOMMUFD_OBJECT_ID);
+    if let Some(id) = iommufd {
+        // QEMU opens /dev/iommu once; each vfio-pci then opens its /dev/vfio/devices/vfioN
+        opt("-object", format!("iommufd,id={id}"));
+    }
     for b in &vm.layout.bridges {
         opt("-device", bridge_device(b).to_string());
     }
     for g in &vm.layout.gpus {
-        for d in gpu_devices(g) {
+        for d in gpu_devices(g, iommufd) {
             opt("-device", d.to_string());
         }
     }

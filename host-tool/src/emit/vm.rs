@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::config::vm::VmConfig;
+use crate::config::vm::{IommuBackend, VmConfig};
 use crate::decide::guest_layout::GuestLayout;
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 
@@ -24,7 +24,12 @@ pub struct VmDefinition<'a> {
     pub expectation_source: ExpectationSource,
     /// Size of the guest's 64-bit PCI MMIO window, bytes.
     pub hole64: u64,
+    /// The backend decided for this VM: legacy or iommufd (`auto` is resolved before).
+    pub iommu_backend: IommuBackend,
 }
+
+/// The id of the `-object iommufd` every `vfio-pci` names under the iommufd backend.
+pub const IOMMUFD_OBJECT_ID: &str = "iommufd0";
 
 impl VmDefinition<'_> {
     /// vCPUs and memory (MiB) of guest NUMA node `index`: split evenly, the remainder on the first nodes.

@@ -3,6 +3,7 @@
 //! tests can point it at a directory tree; the ioctl code is in [`vfio_ioctl`] and
 //! [`kvm_probe`], the decisions in [`crate::decide::check`].
 
+pub mod iommufd;
 pub mod kvm_probe;
 pub mod vfio_ioctl;
 
@@ -13,7 +14,7 @@ use std::path::Path;
 
 use pci_config::Bdf;
 
-use crate::decide::check::{HostFacts, ModuleState, NodeProbe};
+use crate::decide::check::{HostFacts, IommuFacts, ModuleState, NodeProbe};
 use crate::model::Topology;
 use crate::read::input_file::{read_attribute_text, read_input_file};
 
@@ -31,6 +32,7 @@ pub fn not_probed(why: &str, topo: &Topology, gpus: &[Bdf]) -> HostFacts {
             .collect(),
         kvm: NodeProbe::Unknown(why.to_string()),
         deep: BTreeMap::new(),
+        iommu: IommuFacts::not_probed(why),
     }
 }
 
@@ -44,7 +46,7 @@ fn groups_of(topo: &Topology, gpus: &[Bdf]) -> Vec<u32> {
     g
 }
 
-fn node<T>(path: &Path, r: io::Result<T>) -> NodeProbe<T> {
+pub(crate) fn node<T>(path: &Path, r: io::Result<T>) -> NodeProbe<T> {
     match r {
         Ok(v) => NodeProbe::Ok(v),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -139,6 +141,7 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
         groups,
         kvm,
         deep: deep_results,
+        iommu: iommufd::probe(root),
     }
 }
 

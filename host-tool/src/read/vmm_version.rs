@@ -33,9 +33,62 @@ impl QemuVersion {
         clique_backport: false,
     };
 
+    /// First QEMU that maps a peer's BARs into an iommufd IOAS: it exports each BAR as a
+    /// VFIO dma-buf (`VFIO_DEVICE_FEATURE_DMA_BUF`) and maps that with `IOMMU_IOAS_MAP_FILE`
+    /// (hw/vfio: dma-buf BAR mapping, Shameer Kolothum's series of Dec 2025/Jan 2026, first
+    /// released in QEMU 11.0). QEMU 10.x maps BARs with `IOMMU_IOAS_MAP`, which cannot pin
+    /// PFNMAP memory: it warns and goes on, and peer writes fault.
+    pub const BAR_DMABUF: QemuVersion = QemuVersion {
+        major: 11,
+        minor: 0,
+        micro: 0,
+        clique_backport: false,
+    };
+
+    /// First QEMU with `-object iommufd` and `vfio-pci,iommufd=` (hw/vfio/iommufd.c, QEMU 8.2).
+    pub const IOMMUFD: QemuVersion = QemuVersion {
+        major: 8,
+        minor: 2,
+        micro: 0,
+        clique_backport: false,
+    };
+
     /// Whether this QEMU places the clique at 0xD4 when 0xC8 is taken.
     pub fn has_clique_fallback(&self) -> bool {
         self.clique_backport || *self >= Self::CLIQUE_FALLBACK
+    }
+}
+
+/// A Linux kernel release, `major.minor` (from `uname -r`: `6.12.57+deb13-amd64`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl KernelVersion {
+    /// First Linux that exports PCI BARs as dma-bufs (`VFIO_DEVICE_FEATURE_DMA_BUF`,
+    /// "vfio/pci: Add dma-buf export support for MMIO regions", CONFIG_VFIO_PCI_DMABUF) and
+    /// takes a dma-buf in `IOMMU_IOAS_MAP_FILE` ("Initial DMABUF support for iommufd"):
+    /// both merged for v6.19 (the NV-Kernels backports #300/#322 name v6.19 as their source).
+    pub const BAR_DMABUF: KernelVersion = KernelVersion {
+        major: 6,
+        minor: 19,
+    };
+
+    /// Parses the start of a release string; `None` when it has no `N.N`.
+    pub fn parse(release: &str) -> Option<KernelVersion> {
+        let mut nums = release.trim().split(['.', '-', '+']).map(str::parse::<u32>);
+        Some(KernelVersion {
+            major: nums.next()?.ok()?,
+            minor: nums.next()?.ok()?,
+        })
+    }
+}
+
+impl fmt::Display for KernelVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
     }
 }
 
@@ -48,6 +101,16 @@ pub struct LibvirtVersion {
 
 /// The first libvirt with `<qemu:override>`.
 pub const OVERRIDE_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 2 };
+
+/// The first libvirt with the iommufd backend for host devices: `<driver iommufd='yes'/>`
+/// in a PCI `<hostdev>` (schema basictypes.rng `hostdevDriver`; libvirt's NEWS.rst, v12.2.0
+/// bug fixes: "Introduced in v12.1.0 by implementing IOMMUFD backend support for host
+/// devices"). v12.2.0 added the domain-wide `<iommufd enabled='yes'/>`. 11.3 (Debian 13)
+/// has neither: checked against its domaincommon.rng/basictypes.rng.
+pub const IOMMUFD_SINCE: LibvirtVersion = LibvirtVersion {
+    major: 12,
+    minor: 1,
+};
 
 impl FromStr for LibvirtVersion {
     type Err = String;
@@ -77,5 +140,9 @@ impl fmt::Display for LibvirtVersion {
 impl LibvirtVersion {
     pub fn has_override(&self) -> bool {
         *self >= OVERRIDE_SINCE
+    }
+
+    pub fn has_iommufd(&self) -> bool {
+        *self >= IOMMUFD_SINCE
     }
 }

@@ -45,6 +45,53 @@ pub struct HostFacts {
     pub kvm: NodeProbe<i32>,
     /// `--deep`: per GPU, what opening it through VFIO showed (`Ok(resettable)`).
     pub deep: BTreeMap<Bdf, NodeProbe<bool>>,
+    /// What the kernel offers for the iommufd backend.
+    pub iommu: IommuFacts,
+}
+
+/// A kernel option as `/boot/config-<release>` sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelOption {
+    BuiltIn,
+    Module,
+    /// `# CONFIG_… is not set`, or not in the file at all.
+    Off,
+}
+
+/// The options of `/boot/config-<release>` that the iommufd backend depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelConfig {
+    /// The file they were read from.
+    pub path: String,
+    pub iommufd: KernelOption,
+    pub vfio_device_cdev: KernelOption,
+    pub vfio_pci_dmabuf: KernelOption,
+}
+
+/// `/dev/iommu`, the VFIO device cdevs and the kernel behind them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IommuFacts {
+    /// `/dev/iommu` (the iommufd character device).
+    pub dev_iommu: NodeProbe<()>,
+    /// `/dev/vfio/devices/vfio*`: one per device bound to a VFIO driver on a kernel with
+    /// `CONFIG_VFIO_DEVICE_CDEV`.
+    pub vfio_cdevs: NodeProbe<Vec<String>>,
+    /// `proc/sys/kernel/osrelease`.
+    pub kernel_release: Option<String>,
+    /// `boot/config-<release>`, when readable.
+    pub kernel_config: Option<KernelConfig>,
+}
+
+impl IommuFacts {
+    /// Nothing known (an embedded example, a snapshot file).
+    pub fn not_probed(why: &str) -> Self {
+        IommuFacts {
+            dev_iommu: NodeProbe::Unknown(why.to_string()),
+            vfio_cdevs: NodeProbe::Unknown(why.to_string()),
+            kernel_release: None,
+            kernel_config: None,
+        }
+    }
 }
 
 /// Which VMM will run the VM.
@@ -68,4 +115,6 @@ pub struct VmmFacts {
     pub vm_config: Option<String>,
     /// The 64-bit MMIO window configured, and where it was found.
     pub hole64: Option<(u64, String)>,
+    /// `--iommu-backend`, if given.
+    pub iommu_backend: Option<crate::config::vm::IommuBackend>,
 }

@@ -5,6 +5,7 @@
 //! `facts` holds what the checks look at, `host_rules` and `vm_rules` the checks,
 //! `report` their outcome.
 
+mod backend_rules;
 mod domain_rules;
 mod facts;
 mod host_rules;
@@ -12,7 +13,10 @@ mod report;
 mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs};
-pub use facts::{HostFacts, ModuleState, NodeProbe, NotProbed, QemuVersion, Vmm, VmmFacts};
+pub use facts::{
+    HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe, NotProbed,
+    QemuVersion, Vmm, VmmFacts,
+};
 pub use report::{CheckReport, CheckResult, Status};
 
 use pci_config::Bdf;
@@ -59,6 +63,7 @@ pub fn run_checks(
         }
     }
     out.push(host_rules::check_kvm(&host.kvm));
+    out.extend(backend_rules::check_backend(host, vmm, plan.as_ref().ok()));
     for g in &selected {
         out.push(host_rules::check_reset(topo, g));
     }

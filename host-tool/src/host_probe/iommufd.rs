@@ -1,0 +1,117 @@
+//! What the kernel offers for the iommufd backend: `/dev/iommu`, the VFIO device cdevs
+//! under `/dev/vfio/devices`, and the options of `/boot/config-<release>` behind them.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use super::node;
+use crate::decide::check::{IommuFacts, KernelConfig, KernelOption};
+
+/// Probes `root` (the sysfs root: `/` on a live host).
+pub fn probe(root: &Path) -> IommuFacts {
+    let dev_iommu = root.join("dev/iommu");
+    let cdev_dir = root.join("dev/vfio/devices");
+    let kernel_release = fs::read_to_string(root.join("proc/sys/kernel/osrelease"))
+        .ok()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    let kernel_config = kernel_release.as_deref().and_then(|r| {
+        let path = root.join(format!("boot/config-{r}"));
+        let text = fs::read_to_string(&path).ok()?;
+        Some(parse_kernel_config(&text, &path.display().to_string()))
+    });
+    IommuFacts {
+        dev_iommu: node(&dev_iommu, fs::metadata(&dev_iommu).map(|_| ())),
+        vfio_cdevs: node(&cdev_dir, list_cdevs(&cdev_dir)),
+        kernel_release,
+        kernel_config,
+    }
+}
+
+fn list_cdevs(dir: &Path) -> io::Result<Vec<String>> {
+    let mut names: Vec<String> = fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("vfio"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The three options the iommufd backend depends on, from a kernel `.config`.
+pub fn parse_kernel_config(text: &str, path: &str) -> KernelConfig {
+    let option = |name: &str| {
+        let prefix = format!("{name}=");
+        match text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        {
+            Some("y") => KernelOption::BuiltIn,
+            Some("m") => KernelOption::Module,
+            _ => KernelOption::Off,
+        }
+    };
+    KernelConfig {
+        path: path.to_string(),
+        iommufd: option("CONFIG_IOMMUFD"),
+        vfio_device_cdev: option("CONFIG_VFIO_DEVICE_CDEV"),
+        vfio_pci_dmabuf: option("CONFIG_VFIO_PCI_DMABUF"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::check::NodeProbe;
+
+    #[test]
+    fn debian_kernel_without_iommufd_and_one_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
+        fs::create_dir_all(root.join("boot")).unwrap();
+        fs::write(
+            root.join("proc/sys/kernel/osrelease"),
+            "6.12.57+deb13-amd64\n",
+        )
+        .unwrap();
+        fs::write(
+            root.join("boot/config-6.12.57+deb13-amd64"),
+            "CONFIG_VFIO=m\n# CONFIG_IOMMUFD is not set\nCONFIG_VFIO_PCI=m\n",
+        )
+        .unwrap();
+        let f = probe(root);
+        assert!(matches!(f.dev_iommu, NodeProbe::Absent(ref p) if p.ends_with("dev/iommu")));
+        assert!(matches!(f.vfio_cdevs, NodeProbe::Absent(_)));
+        assert_eq!(f.kernel_release.as_deref(), Some("6.12.57+deb13-amd64"));
+        let c = f.kernel_config.unwrap();
+        assert_eq!(c.iommufd, KernelOption::Off);
+        assert_eq!(c.vfio_device_cdev, KernelOption::Off);
+
+        fs::create_dir_all(root.join("dev/vfio/devices")).unwrap();
+        fs::write(root.join("dev/iommu"), "").unwrap();
+        fs::write(root.join("dev/vfio/devices/vfio1"), "").unwrap();
+        fs::write(root.join("dev/vfio/devices/vfio0"), "").unwrap();
+        fs::write(
+            root.join("boot/config-6.12.57+deb13-amd64"),
+            "CONFIG_IOMMUFD=m\nCONFIG_VFIO_DEVICE_CDEV=y\nCONFIG_VFIO_PCI_DMABUF=y\n",
+        )
+        .unwrap();
+        let f = probe(root);
+        assert_eq!(f.dev_iommu, NodeProbe::Ok(()));
+        assert_eq!(
+            f.vfio_cdevs,
+            NodeProbe::Ok(vec!["vfio0".into(), "vfio1".into()])
+        );
+        let c = f.kernel_config.unwrap();
+        assert_eq!(
+            (c.iommufd, c.vfio_device_cdev, c.vfio_pci_dmabuf),
+            (
+                KernelOption::Module,
+                KernelOption::BuiltIn,
+                KernelOption::BuiltIn
+            )
+        );
+    }
+}
