@@ -173,7 +173,9 @@ fn register(plan: &DomainPlan, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
+/// The VM's configuration: vm.yaml (or the defaults) with the command line's overrides, and
+/// the flags that only some targets take refused elsewhere.
+fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
     let mut config = match &args.config {
         Some(p) => VmConfig::load(p)?,
         None => VmConfig::default(),
@@ -198,6 +200,41 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
     }
+    Ok(config)
+}
+
+/// Where the guest finds its expectation: the file `--expect-out` names (written here), or
+/// inline in the VM's configuration.
+fn expectation_source(
+    expect_out: Option<&Path>,
+    expectation: &Expectation,
+) -> anyhow::Result<ExpectationSource> {
+    let Some(path) = expect_out else {
+        return Ok(ExpectationSource::Inline);
+    };
+    std::fs::write(path, expectation.to_json() + "\n")
+        .with_context(|| format!("writing the expectation to {}", path.display()))?;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(ExpectationSource::File(abs))
+}
+
+/// NCCL 2.28.9 needs the CPU's arch, vendor, familyid and modelid where its own detection
+/// does not fill them: say so when the host's CPU is not known.
+fn warn_unknown_cpu(topo: &crate::model::Topology) {
+    if topo.cpu.is_some() {
+        return;
+    }
+    tracing::warn!(
+        "the CPU of {} is unknown (no proc/cpuinfo there): the NCCL file's <cpu> has no arch, \
+         vendor, familyid, modelid, and NCCL 2.28.9 refuses such a file where its own detection \
+         does not fill them (\"Attribute arch of node cpu not found\"); generate it from a sysfs \
+         root that has proc/cpuinfo (a live root '/' or a `vfio-p2p snapshot` directory)",
+        topo.source
+    );
+}
+
+pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
+    let config = vm_config(&args)?;
     let ctx = Context::load(
         global,
         &args.planning.options.host,
@@ -239,15 +276,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         .filter_map(|g| topo.device(&g.host))
         .collect();
     let hole64 = mmio::hole64_size(&devices);
-    let expectation_source = match &args.expect_out {
-        Some(path) => {
-            std::fs::write(path, expectation.to_json() + "\n")
-                .with_context(|| format!("writing the expectation to {}", path.display()))?;
-            let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
-            ExpectationSource::File(abs)
-        }
-        None => ExpectationSource::Inline,
-    };
+    let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let vm = VmDefinition {
         config: &config,
@@ -257,14 +286,8 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         hole64,
         iommu_backend: iommu_backend(global, &args, config.iommu_backend, has_cliques),
     };
-    if args.target == GenTarget::Nccl && topo.cpu.is_none() {
-        tracing::warn!(
-            "the CPU of {} is unknown (no proc/cpuinfo there): the NCCL file's <cpu> has no arch, \
-             vendor, familyid, modelid, and NCCL 2.28.9 refuses such a file where its own detection \
-             does not fill them (\"Attribute arch of node cpu not found\"); generate it from a sysfs \
-             root that has proc/cpuinfo (a live root '/' or a `vfio-p2p snapshot` directory)",
-            topo.source
-        );
+    if args.target == GenTarget::Nccl {
+        warn_unknown_cpu(topo);
     }
     warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
     let format = args.format.unwrap_or_default();
