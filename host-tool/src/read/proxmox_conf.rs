@@ -24,8 +24,8 @@ use super::domain_facts::{
     CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
 };
 use super::input_file::read_input_file;
+use super::qemu_argv::set_clique;
 use super::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
-use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// pmxcfs, which holds /etc/pve, refuses files over 1 MiB.
 pub const MAX_PROXMOX_CONF_BYTES: u64 = 1 << 20;
@@ -242,21 +242,11 @@ fn args_line(value: &str, facts: &mut DomainFacts) -> Result<(), String> {
         if opt != "-set" {
             continue;
         }
-        let Some((path, v)) = target.split_once('=') else {
-            continue;
-        };
-        if let Some(id) = path
-            .strip_prefix("device.")
-            .and_then(|p| p.strip_suffix(&format!(".{CLIQUE_PROPERTY}")))
-        {
-            facts
-                .cliques
-                .entry(id.to_string())
-                .or_default()
-                .push(CliqueSetting {
-                    value: v.to_string(),
-                    source: CliqueSource::Commandline,
-                });
+        if let Some((id, value)) = set_clique(target) {
+            facts.cliques.entry(id).or_default().push(CliqueSetting {
+                value,
+                source: CliqueSource::Commandline,
+            });
         }
     }
     facts.commandline_args = words;

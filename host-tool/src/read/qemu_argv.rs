@@ -76,8 +76,8 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
     facts
 }
 
-/// `device.ID.x-nv-gpudirect-clique=K` → (ID, K).
-fn set_clique(v: &str) -> Option<(String, String)> {
+/// `device.ID.x-nv-gpudirect-clique=K` (a `-set` value) → (ID, K).
+pub(crate) fn set_clique(v: &str) -> Option<(String, String)> {
     let (path, value) = v.split_once('=')?;
     let id = path
         .strip_prefix("device.")?
