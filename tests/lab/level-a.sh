@@ -335,8 +335,9 @@ fleet_start() {
         --textfile $FLEET/metrics/vfio_p2p.prom > /out/fleet-collect.log 2>&1 &
 }
 
-# fleet_arm: before each boot of level B, CID 3 is lab-b's; once lab-b's record is in, the plan
-# for CID 3 becomes lab-b-wrong's, so level B's second report is judged against the wrong plan
+# fleet_arm LIMIT: before each boot of level B (at most LIMIT s), CID 3 is lab-b's; once lab-b's
+# record is in, the plan for CID 3 becomes lab-b-wrong's, so level B's second report is judged
+# against the wrong plan
 fleet_arm() {
     [ -n "$FLEET_SWAP" ] && kill "$FLEET_SWAP" 2> /dev/null
     # a boot cut short (nested KVM, then TCG) starts over: no records, the log read from here on
@@ -346,7 +347,7 @@ fleet_arm() {
     cp /out/fleet-plan-right.json $FLEET_A/plans/.lab-b.tmp
     mv $FLEET_A/plans/.lab-b.tmp $FLEET_A/plans/lab-b.json
     (
-        C timeout 400 "$VFIO_P2P" collect --wait lab-b --since "$(date +%s)" --timeout 390 --state-dir $FLEET \
+        C timeout $(($1 + 10)) "$VFIO_P2P" collect --wait lab-b --since "$(date +%s)" --timeout "$1" --state-dir $FLEET \
             > /out/fleet-wait.txt 2>&1
         echo "collect --wait exit $?" >> /out/fleet-wait.txt
         rm -f $FLEET_A/plans/lab-b.json
@@ -506,7 +507,7 @@ boot_b() {
 run_b() {
     echo "== level B, accel $1, limit $2 s"
     [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b.log; return; }
-    fleet_arm
+    fleet_arm "$2"
     b_args "$1" > /out/b-args-$1.sh
     echo "arguments from gen (as changed by the lab): $(cat /out/b-args-$1.sh)"
     eval "set -- $2 $(cat /out/b-args-$1.sh)"
