@@ -652,7 +652,7 @@ stage_fleet() {
     n=$(grep -c "stored " /out/fleet-collect-last.log)
     [ "$n" = 2 ] || fail "the collector stored $n records, not 2"
     for d in lab-b lab-b-wrong; do
-        n=$(ls $FLEET_A/records/$d | grep -vc '^latest.json$')
+        n=$(find $FLEET_A/records/$d -mindepth 1 -maxdepth 1 ! -name latest.json | wc -l)
         [ "$n" = 1 ] || fail "$d has $n boot records, not 1"
     done
     vp verdicts --state-dir $FLEET --format prometheus > /out/fleet-metrics.prom
