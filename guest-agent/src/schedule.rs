@@ -33,17 +33,6 @@ impl Fabric {
     }
 }
 
-/// The fabric of a set of pairs: non-blocking when every pair has all of the GPU's
-/// NVLinks (`links_per_gpu`, from the part table) to the other (so they go to a switch).
-pub fn fabric(pair_nvlinks: &[u32], links_per_gpu: Option<u8>) -> Fabric {
-    match links_per_gpu {
-        Some(l) if !pair_nvlinks.is_empty() && pair_nvlinks.iter().all(|n| *n == u32::from(l)) => {
-            Fabric::NonBlocking
-        }
-        _ => Fabric::Shared,
-    }
-}
-
 /// One pair's fabric and why, from what the agent knows: the NVLinks NVML counts between
 /// the two GPUs (`None` without NVML) and the part table's entry for the GPU.
 pub fn pair_fabric(nvlinks: Option<u32>, part: Option<&GpuPart>) -> (Fabric, String) {
@@ -62,7 +51,10 @@ pub fn pair_fabric(nvlinks: Option<u32>, part: Option<&GpuPart>) -> (Fabric, Str
     if part.boards == Boards::NvSwitch {
         return (
             Fabric::NonBlocking,
-            format!("NV{n}: {} boards wire NVLink through NVSwitch only", part.name),
+            format!(
+                "NV{n}: {} boards wire NVLink through NVSwitch only",
+                part.name
+            ),
         );
     }
     match part.links {
@@ -122,7 +114,11 @@ pub fn plan(
 ) -> Vec<RoundPlan> {
     rounds(gpus)
         .into_iter()
-        .map(|r| r.into_iter().filter(|&(a, b)| measured(a, b)).collect::<Vec<_>>())
+        .map(|r| {
+            r.into_iter()
+                .filter(|&(a, b)| measured(a, b))
+                .collect::<Vec<_>>()
+        })
         .filter(|r| !r.is_empty())
         .map(|pairs| {
             if pairs.len() == 1 {
@@ -270,7 +266,11 @@ mod tests {
             }
             assert_eq!(round.len(), gpus / 2, "{gpus} GPUs: a round of {round:?}");
         }
-        assert_eq!(all.len(), gpus * gpus.saturating_sub(1) / 2, "every pair once");
+        assert_eq!(
+            all.len(),
+            gpus * gpus.saturating_sub(1) / 2,
+            "every pair once"
+        );
         let want = match gpus {
             0 | 1 => 0,
             n if n % 2 == 0 => n - 1,
@@ -287,7 +287,7 @@ mod tests {
 
         #[test]
         fn plan_keeps_exactly_the_measured_pairs(gpus in 2usize..=64, drop_mod in 2usize..7) {
-            let measured = |a: usize, b: usize| (a + b) % drop_mod != 0;
+            let measured = |a: usize, b: usize| !(a + b).is_multiple_of(drop_mod);
             let p = plan(gpus, measured, |_, _| (Fabric::NonBlocking, "switch".into()));
             let got: BTreeSet<_> = p.iter().flat_map(|r| r.pairs.iter().copied()).collect();
             let want: BTreeSet<_> = (0..gpus)
@@ -383,14 +383,5 @@ mod tests {
         assert!((e.total_s - (0.2 * 8.0 + 2.0 * 0.5 * 7.0)).abs() < 1e-9);
         let s = estimate(8, Fabric::Shared, 2, 0.4, 0.5);
         assert!((s.total_s - (0.2 * 8.0 + 2.0 * 0.5 * 28.0)).abs() < 1e-9);
-    }
-
-    #[test]
-    fn fabric_from_link_counts() {
-        assert_eq!(fabric(&[18, 18], Some(18)), Fabric::NonBlocking);
-        assert_eq!(fabric(&[6, 6, 6], Some(18)), Fabric::Shared);
-        assert_eq!(fabric(&[0, 0], Some(18)), Fabric::Shared);
-        assert_eq!(fabric(&[18], None), Fabric::Shared);
-        assert_eq!(fabric(&[], Some(18)), Fabric::Shared);
     }
 }

@@ -70,8 +70,12 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
     let e = r.eight_gpu_estimate(&phases).unwrap();
     // NV18 between H200s: all 18 links to the peer → the NVSwitch fabric.
     assert_eq!(e.fabric, Fabric::NonBlocking);
-    assert_eq!((e.rounds, e.pairs_per_round), (14, 4));
-    assert!((e.total_s - (0.5 * 8.0 + 3.0 * 14.0)).abs() < 1e-9, "{e:?}");
+    // 7 rounds of 4 pairs, each pair both ways at 3.0 s a direction.
+    assert_eq!((e.rounds, e.pairs_per_round), (7, 4));
+    assert!(
+        (e.total_s - (0.5 * 8.0 + 2.0 * 3.0 * 7.0)).abs() < 1e-9,
+        "{e:?}"
+    );
     r.schedule = Some(e);
     r.phases = Some(phases);
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +89,7 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
         .arg(&path)
         .assert()
         .success()
-        .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 14 round(s) of 4 pair(s), estimated 46.0 s"))
+        .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 7 round(s) of 4 pair(s), estimated 46.0 s"))
         .stdout(contains("time: scan and expectation 0.20 s"));
 }
 

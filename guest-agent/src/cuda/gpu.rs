@@ -25,6 +25,14 @@ pub struct Gpu {
     pub(crate) ctx: CUcontext,
 }
 
+// SAFETY: the CUDA driver API is thread-safe and a primary context may be current on
+// several threads at once; a Gpu's handles are only read after `open`, and `bind` keeps
+// its record of the current context per thread. The agent's threads measure disjoint
+// GPU pairs, each with its own streams and events.
+unsafe impl Send for Gpu {}
+// SAFETY: as for Send: nothing in a Gpu changes after `open`.
+unsafe impl Sync for Gpu {}
+
 /// Parses what `cuDeviceGetPCIBusId` prints (`0000:06:00.0`, or with an 8-digit domain
 /// `00000000:06:00.0`, upper case) into a [`Bdf`].
 pub fn parse_bus_id(s: &str) -> Option<Bdf> {
