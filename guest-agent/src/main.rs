@@ -293,16 +293,29 @@ fn run_report(
         ..Default::default()
     };
     phases.lap("scan and expectation", started);
-    let gpus = open_gpus()?;
-    let nvml = Nvml::open();
-    let topo = expectation
-        .as_ref()
-        .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
+    // NVML and the guest's path labels beside the CUDA contexts.
+    let (gpus, (nvml, topo)) = std::thread::scope(|s| {
+        let beside = s.spawn(|| {
+            let nvml = Nvml::open();
+            let topo = expectation
+                .as_ref()
+                .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
+            (nvml, topo)
+        });
+        let gpus = open_gpus();
+        let nvml_topo = beside
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (gpus, nvml_topo)
+    });
+    let gpus = gpus?;
+    phases.lap("CUDA contexts (a thread per GPU; NVML beside)", started);
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
+    phases.lap("peer access and ping-pong flags", started);
     let modules = load_modules(&gpus)?;
-    phases.lap("CUDA setup (contexts, peer access, modules)", started);
+    phases.lap("kernels JIT-compiled (a thread per GPU)", started);
     let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
     let sides = (gpus.as_slice(), modules.as_slice());

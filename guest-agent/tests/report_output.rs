@@ -62,7 +62,9 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
         verbose: false,
         laps: vec![
             ("scan and expectation".into(), 0.2),
-            ("CUDA setup (contexts, peer access, modules)".into(), 0.8),
+            ("CUDA contexts (a thread per GPU; NVML beside)".into(), 0.5),
+            ("peer access and ping-pong flags".into(), 0.1),
+            ("kernels JIT-compiled (a thread per GPU)".into(), 0.2),
             ("verify (one-way writes checked)".into(), 1.0),
             ("bench (latency, bandwidth)".into(), 5.0),
         ],

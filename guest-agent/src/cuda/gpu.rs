@@ -46,7 +46,8 @@ pub fn parse_bus_id(s: &str) -> Option<Bdf> {
 }
 
 impl Gpu {
-    /// Every GPU the driver sees, sorted by PCI address.
+    /// Every GPU the driver sees, sorted by PCI address; their contexts are created a
+    /// thread per GPU (retaining a primary context is most of the setup of a GPU).
     pub fn all() -> Result<Vec<Gpu>, CudaError> {
         let mut n = 0;
         // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
@@ -55,7 +56,13 @@ impl Gpu {
             "cuDeviceGetCount",
             &"-",
         )?;
-        let mut gpus = (0..n).map(Gpu::open).collect::<Result<Vec<_>, _>>()?;
+        let mut gpus = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n).map(|i| s.spawn(move || Gpu::open(i))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         gpus.sort_by_key(|g| g.bus_id);
         Ok(gpus)
     }
