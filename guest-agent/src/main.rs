@@ -113,7 +113,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
             if let Some(n) = simulate {
-                return run_simulated(f, usize::from(*n), !*serial, &plan);
+                return run_simulated(f, usize::from(*n), (!*serial, cli.verbose), &plan);
             }
             let gpus = open_gpus()?;
             let pairs = peers::probe(&gpus, None)?;
@@ -494,11 +494,22 @@ fn load_modules(gpus: &[Gpu]) -> Result<Vec<Module<'_>>> {
 }
 
 /// `bench --simulate N`: the N-GPU schedule on the GPUs at hand (one GPU is enough).
-fn run_simulated(f: Format, n: usize, concurrent: bool, plan: &Plan) -> Result<u8, CannotRun> {
+fn run_simulated(
+    f: Format,
+    n: usize,
+    (concurrent, verbose): (bool, bool),
+    plan: &Plan,
+) -> Result<u8, CannotRun> {
+    let started = Instant::now();
+    let mut phases = report::Phases {
+        verbose,
+        ..Default::default()
+    };
     let gpus = peers::open_gpus()?;
     if gpus.is_empty() {
         return Err(CannotRun(anyhow::anyhow!("CUDA sees no GPU")));
     }
+    phases.lap("CUDA contexts (a thread per GPU)", started);
     let pairs = peers::probe(&gpus, None)?;
     if let Some(p) = pairs.iter().find(|p| !p.enabled) {
         return Err(CannotRun(anyhow::anyhow!(
@@ -508,8 +519,13 @@ fn run_simulated(f: Format, n: usize, concurrent: bool, plan: &Plan) -> Result<u
             p.dst
         )));
     }
+    phases.lap("peer access", started);
     let modules = load_modules(&gpus)?;
-    let run = measure::simulate((&gpus, &modules), n, concurrent, plan)?;
+    phases.lap("kernels JIT-compiled (a thread per GPU)", started);
+    let mut run = measure::simulate((&gpus, &modules), n, concurrent, plan)?;
+    phases.lap("rounds (ping-pong flags, bench)", started);
+    run.phases = Some(phases);
+    run.elapsed_s = started.elapsed().as_secs_f64();
     emit(f, &run, render::simulated)?;
     Ok(u8::from(run.pairs.iter().any(|b| b.pingpong_timed_out)))
 }

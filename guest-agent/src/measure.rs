@@ -227,6 +227,9 @@ pub struct SimulatedRun {
     pub schedule: Vec<Vec<(usize, usize)>>,
     /// Every simulated pair both ways, in the order of the rounds.
     pub pairs: Vec<PairBench>,
+    /// Where the time went (set by the command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<crate::report::Phases>,
     pub elapsed_s: f64,
 }
 
@@ -287,6 +290,7 @@ pub fn simulate(
         rounds: Vec::new(),
         schedule: rounds.iter().map(|r| r.pairs.clone()).collect(),
         pairs: Vec::new(),
+        phases: None,
         elapsed_s: 0.0,
     };
     for (run, round) in runs.into_iter().zip(&rounds) {

@@ -479,6 +479,9 @@ pub fn simulated(s: &SimulatedRun) -> String {
     if let Some(r) = s.rounds.first() {
         out.push_str(&fit(&r.why));
     }
+    if let Some(p) = &s.phases {
+        out.push_str(&fit(&format!("time: {}", p.line())));
+    }
     let serial: f64 = s.rounds.iter().flat_map(|r| &r.pair_bench_s).sum();
     let wall: f64 = s.rounds.iter().map(|r| r.bench_s).sum();
     out.push_str(&fit(&format!(
