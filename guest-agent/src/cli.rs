@@ -20,7 +20,7 @@ pub struct Cli {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
     pub format: Format,
-    /// `report`: also print the time of each phase on stderr as it ends (any format).
+    /// `report`, `bench --simulate`: also print the time of each phase on stderr as it ends.
     #[arg(short, long, global = true)]
     pub verbose: bool,
     #[command(subcommand)]
