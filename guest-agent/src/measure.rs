@@ -34,6 +34,45 @@ pub struct RoundRecord {
     pub pair_bench_s: Vec<f64>,
 }
 
+impl RoundRecord {
+    /// `round` as it ran: `bdf` names each GPU index, `bench` is the round's wall time
+    /// and each pair's own.
+    fn of(
+        round: &RoundPlan,
+        bdf: impl Fn(usize) -> Bdf,
+        verify_s: Option<f64>,
+        (bench_s, pair_bench_s): (f64, &[f64]),
+    ) -> RoundRecord {
+        RoundRecord {
+            pairs: round.pairs.iter().map(|&(a, b)| (bdf(a), bdf(b))).collect(),
+            concurrent: round.concurrent,
+            why: round.why.clone(),
+            verify_s,
+            bench_s,
+            pair_bench_s: pair_bench_s.to_vec(),
+        }
+    }
+}
+
+/// A round's results, each a pair's measurements by report index: the first error, or
+/// all of them.
+fn by_report<T>(results: Vec<Result<Vec<(usize, T)>>>) -> Result<Vec<(usize, T)>> {
+    Ok(results
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// `src → dst` of each report, for progress and errors.
+fn labels(reports: &[PairReport]) -> Vec<String> {
+    reports
+        .iter()
+        .map(|r| format!("{} → {}", r.src, r.dst))
+        .collect()
+}
+
 /// The part table's entry of the GPU at `bdf`, from the PCI device ID the scan read.
 pub fn part_of(scan: Option<&Scan>, bdf: Bdf) -> Option<&'static GpuPart> {
     let g = scan?.gpus.iter().find(|g| g.bdf == bdf)?;
@@ -105,10 +144,7 @@ pub fn verify_by_rounds(
     rounds: &[RoundPlan],
 ) -> Result<Vec<f64>> {
     let enabled = Enabled::of(gpus, reports);
-    let labels: Vec<String> = reports
-        .iter()
-        .map(|r| format!("{} → {}", r.src, r.dst))
-        .collect();
+    let labels = labels(reports);
     let runs = schedule::execute(rounds, &|a, b| {
         enabled
             .both_ways(a, b)
@@ -124,13 +160,7 @@ pub fn verify_by_rounds(
     let mut walls = Vec::with_capacity(runs.len());
     for run in runs {
         walls.push(run.wall_s);
-        for (i, v) in run
-            .results
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-        {
+        for (i, v) in by_report(run.results)? {
             reports[i].verify = Some(v);
         }
     }
@@ -162,10 +192,7 @@ pub fn bench_by_rounds(
     let enabled = Enabled::of(gpus, reports);
     let ordered: usize = reports.iter().filter(|r| r.peer.enabled).count();
     let pb = progress(ordered as u64 * Plan::STEPS);
-    let labels: Vec<String> = reports
-        .iter()
-        .map(|r| format!("{} → {}", r.src, r.dst))
-        .collect();
+    let labels = labels(reports);
     let runs = schedule::execute(rounds, &|a, b| {
         let ways = enabled.both_ways(a, b);
         let both = ways.len() == 2;
@@ -191,27 +218,16 @@ pub fn bench_by_rounds(
     pb.finish_and_clear();
     let mut out = Vec::with_capacity(runs.len());
     for (k, (run, round)) in runs.into_iter().zip(rounds).enumerate() {
-        for (i, b) in run
-            .results
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-        {
+        let verify_s = verify_walls.and_then(|w| w.get(k).copied());
+        out.push(RoundRecord::of(
+            round,
+            |a| gpus[a].bus_id,
+            verify_s,
+            (run.wall_s, &run.pair_s),
+        ));
+        for (i, b) in by_report(run.results)? {
             reports[i].bench = Some(b);
         }
-        out.push(RoundRecord {
-            pairs: round
-                .pairs
-                .iter()
-                .map(|&(a, b)| (gpus[a].bus_id, gpus[b].bus_id))
-                .collect(),
-            concurrent: round.concurrent,
-            why: round.why.clone(),
-            verify_s: verify_walls.and_then(|w| w.get(k).copied()),
-            bench_s: run.wall_s,
-            pair_bench_s: run.pair_s,
-        });
     }
     Ok(out)
 }
@@ -297,18 +313,9 @@ pub fn simulate(
         for b in run.results.into_iter().collect::<Result<Vec<_>>>()? {
             out.pairs.extend(b);
         }
-        out.rounds.push(RoundRecord {
-            pairs: round
-                .pairs
-                .iter()
-                .map(|&(a, b)| (gpus[real(a)].bus_id, gpus[real(b)].bus_id))
-                .collect(),
-            concurrent: round.concurrent,
-            why: round.why.clone(),
-            verify_s: None,
-            bench_s: run.wall_s,
-            pair_bench_s: run.pair_s,
-        });
+        let bdf = |v: usize| gpus[real(v)].bus_id;
+        out.rounds
+            .push(RoundRecord::of(round, bdf, None, (run.wall_s, &run.pair_s)));
     }
     out.elapsed_s = started.elapsed().as_secs_f64();
     Ok(out)
