@@ -157,21 +157,19 @@ pub struct PingPongFlags<'g> {
 }
 
 impl<'g> PingPongFlags<'g> {
-    /// One zeroed 4-byte flag on each GPU; call before anything else allocates there.
-    pub fn allocate(gpus: &'g [Gpu]) -> Result<Self, CudaError> {
+    /// One zeroed 4-byte flag per entry of `gpus` (a GPU listed twice, as a simulated
+    /// schedule lists it, gets a flag per entry); call before anything else allocates there.
+    pub fn allocate(gpus: impl IntoIterator<Item = &'g Gpu>) -> Result<Self, CudaError> {
         let flags = gpus
-            .iter()
+            .into_iter()
             .map(|g| DeviceBuffer::words(g, 1, 0))
             .collect::<Result<_, _>>()?;
         Ok(PingPongFlags { flags })
     }
 
-    /// The flag on `gpu`.
-    fn on(&self, gpu: &Gpu) -> &DeviceBuffer<'g> {
-        self.flags
-            .iter()
-            .find(|f| f.gpu().bus_id == gpu.bus_id)
-            .expect("flags are allocated on every GPU the pairs come from")
+    /// The flag of the `i`-th GPU given to [`PingPongFlags::allocate`].
+    pub fn at(&self, i: usize) -> &DeviceBuffer<'g> {
+        &self.flags[i]
     }
 }
 
@@ -221,15 +219,17 @@ fn timed(
     end.since(&start)
 }
 
-/// Measures `src` → `dst`; peer access must be enabled src→dst (and dst→src for
-/// the ping-pong, which is skipped otherwise). `step` is called after each measurement.
+/// Measures `src` → `dst` with the ping-pong flags `(on src, on dst)`; peer access must be
+/// enabled src→dst (and dst→src for the ping-pong, which is skipped otherwise). `step` is
+/// called after each measurement. `src` and `dst` may be one GPU (a simulated schedule
+/// on one GPU): the same figures, within the GPU, and nothing with peer access disabled.
 pub fn bench_pair(
     (src, src_mod): Side<'_, '_>,
     (dst, dst_mod): Side<'_, '_>,
-    flags: &PingPongFlags<'_>,
+    (flag_src, flag_dst): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
     both_ways: bool,
     plan: &Plan,
-    step: &dyn Fn(&str),
+    step: &(dyn Fn(&str) + Sync),
 ) -> Result<PairBench, CudaError> {
     let sa = Stream::new(src)?;
     let sb = Stream::new(dst)?;
@@ -241,7 +241,7 @@ pub fn bench_pair(
             stop_b: DeviceBuffer::words(dst, 1, 0)?,
             iters: plan.pingpong_iters,
         };
-        pp.run((flags.on(src), flags.on(dst)), plan)?
+        pp.run((flag_src, flag_dst), plan)?
     } else {
         PingPongResult::default()
     };
@@ -441,6 +441,11 @@ impl PairRun<'_, '_> {
         tiny: &(DeviceBuffer<'_>, DeviceBuffer<'_>),
     ) -> Result<(Stat, Stat), CudaError> {
         let (src, dst, plan) = (self.src, self.dst, self.plan);
+        if std::ptr::eq(src, dst) || plan.disabled_copies == 0 {
+            // Not measured: 0 is "none" to the verdict and the tables.
+            let none = || Stat::of(vec![0.0]).expect("one sample");
+            return Ok((none(), none()));
+        }
         peers::disable(src, dst)?;
         peers::disable(dst, src)?;
         let disabled = (|| -> Result<(Stat, Stat), CudaError> {

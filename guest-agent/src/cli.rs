@@ -20,7 +20,7 @@ pub struct Cli {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
     pub format: Format,
-    /// `report`: also print the time of each phase on stderr as it ends (any format).
+    /// `report`, `bench --simulate`: also print the time of each phase on stderr as it ends.
     #[arg(short, long, global = true)]
     pub verbose: bool,
     #[command(subcommand)]
@@ -99,6 +99,14 @@ pub enum Command {
         /// A short run (seconds), smaller buffers and fewer samples.
         #[arg(long)]
         quick: bool,
+        /// Run the schedule of N GPUs on the GPUs at hand (simulated GPU i is GPU i mod
+        /// count; with one GPU every pair is that GPU with itself, not P2P): rounds of
+        /// disjoint pairs at once, as on an NVSwitch fabric.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..=64))]
+        simulate: Option<u16>,
+        /// With --simulate: one pair at a time, to compare.
+        #[arg(long, requires = "simulate")]
+        serial: bool,
     },
     /// Check the NCCL topology file (default: $NCCL_TOPO_FILE) against the GPUs this
     /// guest sees: every GPU and NVLink in it, and what NCCL would get wrong (no CUDA needed).

@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod expect;
 pub mod guest_topo;
 pub mod kernels;
+pub mod measure;
 pub mod nccl_topo;
 pub mod nvml;
 pub mod peers;

@@ -2,14 +2,12 @@
 //!
 //! Exit status: 0 all as expected, 1 a mismatch, 2 cannot run.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
@@ -20,7 +18,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{guest_topo, nccl_topo, render, send, sysfs_scan, verify};
+use vfio_p2p_agent::{guest_topo, measure, nccl_topo, render, send, sysfs_scan};
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);
@@ -108,14 +106,26 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             Ok(u8::from(!check.ok()))
         }
         Command::Verify { sysfs, expect, mib } => run_verify_command(f, sysfs, expect, *mib),
-        Command::Bench { quick } => {
+        Command::Bench {
+            quick,
+            simulate,
+            serial,
+        } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
+            if let Some(n) = simulate {
+                return run_simulated(f, usize::from(*n), (!*serial, cli.verbose), &plan);
+            }
             let gpus = open_gpus()?;
             let pairs = peers::probe(&gpus, None)?;
             let flags = PingPongFlags::allocate(&gpus)?;
             let modules = load_modules(&gpus)?;
             let mut reports = pair_reports(&pairs, None, in_vm());
-            let results = run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
+            let scan = sysfs_scan::scan(Path::new("/")).ok();
+            let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
+            let sides = (gpus.as_slice(), modules.as_slice());
+            measure::bench_by_rounds(sides, &flags, &mut reports, &plan, (&rounds, None))?;
+            let results: Vec<bench::PairBench> =
+                reports.iter().filter_map(|r| r.bench.clone()).collect();
             emit(f, &results, |r| render::bench(r))?;
             let timed_out = results.iter().any(|b| b.pingpong_timed_out);
             Ok(u8::from(timed_out))
@@ -239,7 +249,10 @@ fn run_verify_command(
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
     let words = mib * (1 << 20) / 4;
-    let results = run_verify(&gpus, &modules, &mut reports, words)?;
+    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
+    let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
+    measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
+    let results: Vec<_> = reports.iter().filter_map(|r| r.verify.clone()).collect();
     judge_all(&mut reports, in_vm());
     emit(f, &results, |r| render::verify(r))?;
     if f == Format::Table {
@@ -280,22 +293,38 @@ fn run_report(
         ..Default::default()
     };
     phases.lap("scan and expectation", started);
-    let gpus = open_gpus()?;
-    let nvml = Nvml::open();
-    let topo = expectation
-        .as_ref()
-        .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
+    // NVML and the guest's path labels beside the CUDA contexts.
+    let (gpus, (nvml, topo)) = std::thread::scope(|s| {
+        let beside = s.spawn(|| {
+            let nvml = Nvml::open();
+            let topo = expectation
+                .as_ref()
+                .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
+            (nvml, topo)
+        });
+        let gpus = open_gpus();
+        let nvml_topo = beside
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (gpus, nvml_topo)
+    });
+    let gpus = gpus?;
+    phases.lap("CUDA contexts (a thread per GPU; NVML beside)", started);
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
+    phases.lap("peer access and ping-pong flags", started);
     let modules = load_modules(&gpus)?;
-    phases.lap("CUDA setup (contexts, peer access, modules)", started);
+    phases.lap("kernels JIT-compiled (a thread per GPU)", started);
     let mut reports = pair_reports(&pairs, expectation.as_ref(), vm);
+    let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
+    let sides = (gpus.as_slice(), modules.as_slice());
     let words = if quick { 2 << 20 } else { 16 << 20 };
-    run_verify(&gpus, &modules, &mut reports, words)?;
+    let verify_walls = measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
     phases.lap("verify (one-way writes checked)", started);
     let plan = if quick { Plan::QUICK } else { Plan::FULL };
-    run_bench(&gpus, &modules, &flags, &mut reports, &plan)?;
+    let ran = (rounds.as_slice(), Some(verify_walls.as_slice()));
+    let round_records = measure::bench_by_rounds(sides, &flags, &mut reports, &plan, ran)?;
     phases.lap("bench (latency, bandwidth)", started);
     let cross = if across {
         let exe = std::env::current_exe().context("finding this program to start its children")?;
@@ -323,6 +352,7 @@ fn run_report(
         baseline: None,
         nccl_topo: None,
         schedule: None,
+        rounds: Some(round_records),
         phases: None,
         cross_process: cross,
         elapsed_s: 0.0,
@@ -447,8 +477,57 @@ fn open_gpus() -> Result<Vec<Gpu>> {
     Ok(gpus)
 }
 
+/// The kernels JIT-compiled for every GPU, a thread per GPU (the compile is the larger
+/// part of the setup and each GPU's is independent).
 fn load_modules(gpus: &[Gpu]) -> Result<Vec<Module<'_>>> {
-    Ok(gpus.iter().map(Module::load).collect::<Result<_, _>>()?)
+    let loaded = std::thread::scope(|s| {
+        let handles: Vec<_> = gpus
+            .iter()
+            .map(|g| s.spawn(move || Module::load(g)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect::<Result<Vec<_>, _>>()
+    });
+    Ok(loaded?)
+}
+
+/// `bench --simulate N`: the N-GPU schedule on the GPUs at hand (one GPU is enough).
+fn run_simulated(
+    f: Format,
+    n: usize,
+    (concurrent, verbose): (bool, bool),
+    plan: &Plan,
+) -> Result<u8, CannotRun> {
+    let started = Instant::now();
+    let mut phases = report::Phases {
+        verbose,
+        ..Default::default()
+    };
+    let gpus = peers::open_gpus()?;
+    if gpus.is_empty() {
+        return Err(CannotRun(anyhow::anyhow!("CUDA sees no GPU")));
+    }
+    phases.lap("CUDA contexts (a thread per GPU)", started);
+    let pairs = peers::probe(&gpus, None)?;
+    if let Some(p) = pairs.iter().find(|p| !p.enabled) {
+        return Err(CannotRun(anyhow::anyhow!(
+            "--simulate measures every pair of the GPUs at hand, but {} → {} has no peer \
+             access: hide the others with CUDA_VISIBLE_DEVICES",
+            p.src,
+            p.dst
+        )));
+    }
+    phases.lap("peer access", started);
+    let modules = load_modules(&gpus)?;
+    phases.lap("kernels JIT-compiled (a thread per GPU)", started);
+    let mut run = measure::simulate((&gpus, &modules), n, concurrent, plan)?;
+    phases.lap("rounds (ping-pong flags, bench)", started);
+    run.phases = Some(phases);
+    run.elapsed_s = started.elapsed().as_secs_f64();
+    emit(f, &run, render::simulated)?;
+    Ok(u8::from(run.pairs.iter().any(|b| b.pingpong_timed_out)))
 }
 
 fn pair_reports(
@@ -493,77 +572,4 @@ fn print_summaries(reports: &[PairReport]) {
 
 fn pair_exit(reports: &[PairReport]) -> u8 {
     u8::from(!reports.iter().all(|r| r.as_expected))
-}
-
-fn index_of(gpus: &[Gpu], bdf: pci_config::Bdf) -> usize {
-    gpus.iter()
-        .position(|g| g.bus_id == bdf)
-        .expect("pairs come from these GPUs")
-}
-
-fn run_verify(
-    gpus: &[Gpu],
-    modules: &[Module<'_>],
-    reports: &mut [PairReport],
-    words: usize,
-) -> Result<Vec<verify::VerifyResult>> {
-    let mut out = Vec::new();
-    for r in reports.iter_mut().filter(|r| r.peer.enabled) {
-        let (s, d) = (index_of(gpus, r.src), index_of(gpus, r.dst));
-        let v = verify::verify_pair((&gpus[s], &modules[s]), (&gpus[d], &modules[d]), words)
-            .with_context(|| format!("verifying {} → {}", r.src, r.dst))?;
-        r.verify = Some(v.clone());
-        out.push(v);
-    }
-    Ok(out)
-}
-
-fn progress(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-            .expect("static template is valid"),
-    );
-    pb
-}
-
-fn run_bench(
-    gpus: &[Gpu],
-    modules: &[Module<'_>],
-    flags: &PingPongFlags<'_>,
-    reports: &mut [PairReport],
-    plan: &Plan,
-) -> Result<Vec<bench::PairBench>> {
-    let enabled: Vec<(pci_config::Bdf, pci_config::Bdf)> = reports
-        .iter()
-        .filter(|r| r.peer.enabled)
-        .map(|r| (r.src, r.dst))
-        .collect();
-    let pb = progress(enabled.len() as u64 * Plan::STEPS);
-    let mut out = Vec::new();
-    for r in reports.iter_mut().filter(|r| r.peer.enabled) {
-        let both_ways = enabled.contains(&(r.dst, r.src));
-        let (s, d) = (index_of(gpus, r.src), index_of(gpus, r.dst));
-        let label = format!("{} → {}", r.src, r.dst);
-        let step = |what: &str| {
-            pb.set_message(format!("{label}: {what}"));
-            pb.inc(1);
-        };
-        let b = bench::bench_pair(
-            (&gpus[s], &modules[s]),
-            (&gpus[d], &modules[d]),
-            flags,
-            both_ways,
-            plan,
-            &step,
-        )
-        .with_context(|| format!("measuring {label}"))?;
-        r.bench = Some(b.clone());
-        out.push(b);
-    }
-    pb.finish_and_clear();
-    Ok(out)
 }

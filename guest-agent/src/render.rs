@@ -5,6 +5,7 @@ use comfy_table::{Cell, ColumnConstraint, Table, Width};
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
 use crate::guest_topo::TopoReport;
+use crate::measure::{RoundRecord, SimulatedRun};
 use crate::nccl_topo::NcclTopoCheck;
 use crate::peers::PeerCheck;
 use crate::report::Report;
@@ -311,10 +312,13 @@ pub fn report(r: &Report) -> String {
     if let Some(p) = &r.phases {
         out.push_str(&fit(&format!("time: {}", p.line())));
     }
+    if let Some(rs) = &r.rounds {
+        out.push_str(&rounds(rs));
+    }
     if let Some(e) = &r.schedule {
         out.push_str(&fit(&format!(
-            "pairs measured one at a time; on this fabric 8 GPUs go {}: {} round(s) of {} \
-             pair(s), estimated {:.1} s ({:.2} s setup per GPU, {:.2} s per pair as measured here)",
+            "on this fabric 8 GPUs go {}: {} round(s) of {} pair(s), estimated {:.1} s \
+             ({:.2} s setup per GPU, {:.2} s per pair and direction as measured here)",
             e.fabric.describe(),
             e.rounds,
             e.pairs_per_round,
@@ -403,5 +407,94 @@ pub fn cross_process(results: &[crate::cross_process::CrossProcessResult]) -> St
              (handle export/import, descriptor passing), not P2P\n",
         );
     }
+    out
+}
+
+fn how(concurrent: bool) -> &'static str {
+    if concurrent {
+        "at once"
+    } else {
+        "one pair at a time"
+    }
+}
+
+/// The rounds of disjoint pairs as they ran, a line each: the pairs, at once or one at a
+/// time and why, the round's wall time per pass.
+pub fn rounds(rounds: &[RoundRecord]) -> String {
+    let mut out = String::new();
+    for (k, r) in rounds.iter().enumerate() {
+        let pairs: Vec<String> = r.pairs.iter().map(|(a, b)| format!("{a} ↔ {b}")).collect();
+        let verify = r
+            .verify_s
+            .map(|v| format!("verify {v:.2} s, "))
+            .unwrap_or_default();
+        out.push_str(&fit(&format!(
+            "round {}: {}: {} ({}); {verify}bench {:.2} s",
+            k + 1,
+            pairs.join(", "),
+            how(r.concurrent),
+            r.why,
+            r.bench_s
+        )));
+    }
+    out
+}
+
+/// `bench --simulate N`: a row per simulated pair (both ways), the round's wall time
+/// beside each pair's own.
+pub fn simulated(s: &SimulatedRun) -> String {
+    let mut t = table(&[
+        "round",
+        "simulated pair",
+        "GPUs",
+        "how",
+        "round s",
+        "pair s",
+        "CE GB/s →, ←",
+        "one-way µs",
+    ]);
+    let mut benches = s.pairs.iter();
+    for (k, (r, virt)) in s.rounds.iter().zip(&s.schedule).enumerate() {
+        for (i, ((a, b), (va, vb))) in r.pairs.iter().zip(virt).enumerate() {
+            let (there, back) = (benches.next(), benches.next());
+            let ce = |x: Option<&PairBench>| {
+                x.map_or("-".into(), |b| format!("{:.1}", b.ce_bandwidth_gbps.median))
+            };
+            let one_way = there
+                .and_then(|b| b.one_way_latency_us.as_ref())
+                .map_or("-".into(), |l| format!("{:.3}", l.median));
+            t.add_row(vec![
+                (k + 1).to_string(),
+                format!("{va} ↔ {vb}"),
+                format!("{a}\n↔ {b}"),
+                how(r.concurrent).to_string(),
+                format!("{:.3}", r.bench_s),
+                format!("{:.3}", r.pair_bench_s.get(i).copied().unwrap_or(0.0)),
+                format!("{}, {}", ce(there), ce(back)),
+                one_way,
+            ]);
+        }
+    }
+    let mut out = format!("{t}\n");
+    if let Some(r) = s.rounds.first() {
+        out.push_str(&fit(&r.why));
+    }
+    if let Some(p) = &s.phases {
+        out.push_str(&fit(&format!("time: {}", p.line())));
+    }
+    let serial: f64 = s.rounds.iter().flat_map(|r| &r.pair_bench_s).sum();
+    let wall: f64 = s.rounds.iter().map(|r| r.bench_s).sum();
+    out.push_str(&fit(&format!(
+        "{} GPUs simulated on {}: {} round(s), {wall:.2} s of rounds (the pairs' own times add up \
+         to {serial:.2} s); took {:.2} s",
+        s.simulated_gpus,
+        s.gpus
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        s.rounds.len(),
+        s.elapsed_s
+    )));
     out
 }

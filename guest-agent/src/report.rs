@@ -72,6 +72,10 @@ pub struct Report {
     /// How the pairs were measured and what 8 GPUs would take (absent in older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<crate::schedule::Estimate>,
+    /// The rounds of disjoint pairs as they ran: at once or one pair at a time, and why
+    /// (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<Vec<crate::measure::RoundRecord>>,
     /// Peer access across processes (`report --cross-process`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_process: Option<Vec<crate::cross_process::CrossProcessResult>>,
@@ -113,11 +117,15 @@ impl Phases {
 }
 
 impl Report {
-    /// What 8 GPUs of this kind would take, from this run's phases: the pairs' time
-    /// (verify and bench) per measured ordered pair, and the setup per GPU.
+    /// What 8 GPUs of this kind would take, from this run: the setup per GPU (the phases
+    /// other than verify, bench and cross-process), and the time of one ordered pair: from
+    /// the rounds as they ran (a concurrent round counts as one pair's time), else from
+    /// the verify and bench phases over the measured pairs (reports without rounds). The
+    /// fabric is non-blocking when every measured pair is (see [`crate::schedule::pair_fabric`]).
     pub fn eight_gpu_estimate(&self, phases: &Phases) -> Option<crate::schedule::Estimate> {
-        let measured = self.pairs.iter().filter(|p| p.bench.is_some()).count();
-        if measured == 0 || self.gpus.len() < 2 {
+        use crate::schedule::{pair_fabric, Fabric};
+        let measured: Vec<&PairReport> = self.pairs.iter().filter(|p| p.bench.is_some()).collect();
+        if measured.is_empty() || self.gpus.len() < 2 {
             return None;
         }
         let sum = |pick: &dyn Fn(&str) -> bool| -> f64 {
@@ -131,26 +139,42 @@ impl Report {
         let setup = sum(&|n| {
             !n.starts_with("verify") && !n.starts_with("bench") && !n.starts_with("cross")
         });
-        let pairs = sum(&|n| n.starts_with("verify") || n.starts_with("bench"));
-        let links: Vec<u32> = self
-            .pairs
-            .iter()
-            .map(|p| p.peer.link.as_ref().map_or(0, |l| l.nvlinks))
-            .collect();
-        let per_gpu = self
-            .scan
+        let from_rounds = self
+            .rounds
             .as_ref()
-            .and_then(|s| s.gpus.first())
-            .and_then(|g| u16::from_str_radix(g.device.trim_start_matches("0x"), 16).ok())
-            .and_then(vfio_p2p_contract::nvidia_parts::gpu_part)
-            .and_then(|p| p.links);
-        let fabric = crate::schedule::fabric(&links, per_gpu);
+            .filter(|r| !r.is_empty())
+            .map(|rounds| {
+                let time: f64 = rounds
+                    .iter()
+                    .map(|r| r.verify_s.unwrap_or(0.0) + r.bench_s)
+                    .sum();
+                let steps: usize = rounds
+                    .iter()
+                    .map(|r| if r.concurrent { 1 } else { r.pairs.len() })
+                    .sum();
+                let ways = measured.len() as f64
+                    / rounds.iter().map(|r| r.pairs.len()).sum::<usize>() as f64;
+                time / steps as f64 / ways
+            });
+        let pair_s = from_rounds.unwrap_or_else(|| {
+            sum(&|n| n.starts_with("verify") || n.starts_with("bench")) / measured.len() as f64
+        });
+        let scan = self.scan.as_ref();
+        let all_switched = measured.iter().all(|p| {
+            let nvlinks = p.peer.link.as_ref().map(|l| l.nvlinks);
+            pair_fabric(nvlinks, crate::measure::part_of(scan, p.src)).0 == Fabric::NonBlocking
+        });
+        let fabric = if all_switched {
+            Fabric::NonBlocking
+        } else {
+            Fabric::Shared
+        };
         Some(crate::schedule::estimate(
             8,
             fabric,
             self.gpus.len(),
             setup,
-            pairs / measured as f64,
+            pair_s,
         ))
     }
 

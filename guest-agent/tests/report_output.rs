@@ -62,7 +62,9 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
         verbose: false,
         laps: vec![
             ("scan and expectation".into(), 0.2),
-            ("CUDA setup (contexts, peer access, modules)".into(), 0.8),
+            ("CUDA contexts (a thread per GPU; NVML beside)".into(), 0.5),
+            ("peer access and ping-pong flags".into(), 0.1),
+            ("kernels JIT-compiled (a thread per GPU)".into(), 0.2),
             ("verify (one-way writes checked)".into(), 1.0),
             ("bench (latency, bandwidth)".into(), 5.0),
         ],
@@ -70,8 +72,12 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
     let e = r.eight_gpu_estimate(&phases).unwrap();
     // NV18 between H200s: all 18 links to the peer → the NVSwitch fabric.
     assert_eq!(e.fabric, Fabric::NonBlocking);
-    assert_eq!((e.rounds, e.pairs_per_round), (14, 4));
-    assert!((e.total_s - (0.5 * 8.0 + 3.0 * 14.0)).abs() < 1e-9, "{e:?}");
+    // 7 rounds of 4 pairs, each pair both ways at 3.0 s a direction.
+    assert_eq!((e.rounds, e.pairs_per_round), (7, 4));
+    assert!(
+        (e.total_s - (0.5 * 8.0 + 2.0 * 3.0 * 7.0)).abs() < 1e-9,
+        "{e:?}"
+    );
     r.schedule = Some(e);
     r.phases = Some(phases);
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +91,7 @@ fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
         .arg(&path)
         .assert()
         .success()
-        .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 14 round(s) of 4 pair(s), estimated 46.0 s"))
+        .stdout(contains("8 GPUs go disjoint pairs at once (NVSwitch fabric, non-blocking): 7 round(s) of 4 pair(s), estimated 46.0 s"))
         .stdout(contains("time: scan and expectation 0.20 s"));
 }
 
@@ -118,4 +124,96 @@ fn a_cross_process_section_is_shown_and_judged() {
     r["cross_process"] = serde_json::json!([result("posix_fd", 0), result("legacy", 7)]);
     std::fs::write(&path, r.to_string()).unwrap();
     run().code(1).stdout(contains("7 BAD (first 0)"));
+}
+
+fn round(
+    pairs: &[(&str, &str)],
+    concurrent: bool,
+    verify_s: f64,
+    bench_s: f64,
+) -> serde_json::Value {
+    let pairs: Vec<_> = pairs
+        .iter()
+        .map(|(a, b)| serde_json::json!([a, b]))
+        .collect();
+    let n = pairs.len();
+    serde_json::json!({"pairs": pairs, "concurrent": concurrent,
+        "why": if concurrent { "all 2 pairs non-blocking: NV18" } else { "one pair in this round" },
+        "verify_s": verify_s, "bench_s": bench_s, "pair_bench_s": vec![bench_s; n]})
+}
+
+#[test]
+fn the_rounds_are_printed_and_the_estimate_uses_them() {
+    use vfio_p2p_agent::report::{Phases, Report};
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
+    v["rounds"] = serde_json::json!([round(&[("0000:00:06.0", "0000:00:07.0")], false, 0.2, 1.0)]);
+    let r: Report = serde_json::from_value(v.clone()).unwrap();
+    let phases = Phases {
+        verbose: false,
+        laps: vec![("CUDA contexts (a thread per GPU; NVML beside)".into(), 0.4)],
+    };
+    let e = r.eight_gpu_estimate(&phases).unwrap();
+    // One round of one pair, both ways in 1.2 s: 0.6 s a direction.
+    assert!((e.pair_s - 0.6).abs() < 1e-9, "{e:?}");
+    assert!(
+        (e.total_s - (0.2 * 8.0 + 2.0 * 0.6 * 7.0)).abs() < 1e-9,
+        "{e:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    for columns in [80usize, 120] {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .env("COLUMNS", columns.to_string())
+            .arg("report")
+            .arg("--from")
+            .arg(&path)
+            .assert()
+            .success();
+        let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("round 1: 0000:00:06.0 ↔ 0000:00:07.0: one pair at a time (one pair in this round); verify 0.20 s, bench 1.00 s"),
+            "{text}"
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= columns), "{text}");
+    }
+}
+
+#[test]
+fn a_simulated_schedule_prints_a_row_per_pair() {
+    use vfio_p2p_agent::measure::{RoundRecord, SimulatedRun};
+    let r: vfio_p2p_agent::report::Report =
+        serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
+    let benches: Vec<_> = r.pairs.iter().filter_map(|p| p.bench.clone()).collect();
+    assert_eq!(benches.len(), 2);
+    let gpu = r.gpus[0].bus_id;
+    let rec = |k: usize| -> RoundRecord {
+        serde_json::from_value(round(
+            &[("0000:00:06.0", "0000:00:06.0"); 2],
+            true,
+            0.0,
+            1.5 + k as f64,
+        ))
+        .unwrap()
+    };
+    let sim = SimulatedRun {
+        simulated_gpus: 4,
+        gpus: vec![gpu],
+        rounds: (0..3).map(rec).collect(),
+        schedule: vfio_p2p_agent::schedule::rounds(4),
+        pairs: (0..6).flat_map(|_| benches.clone()).collect(),
+        phases: None,
+        elapsed_s: 8.0,
+    };
+    let text = vfio_p2p_agent::render::simulated(&sim);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(text.matches("at once").count(), 6, "{text}");
+    assert!(flat.contains("0 ↔ 3"), "{text}");
+    assert!(
+        flat.contains("4 GPUs simulated on 0000:00:06.0: 3 round(s), 7.50 s of rounds"),
+        "{text}"
+    );
 }

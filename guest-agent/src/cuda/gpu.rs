@@ -25,6 +25,14 @@ pub struct Gpu {
     pub(crate) ctx: CUcontext,
 }
 
+// SAFETY: the CUDA driver API is thread-safe and a primary context may be current on
+// several threads at once; a Gpu's handles are only read after `open`, and `bind` keeps
+// its record of the current context per thread. The agent's threads measure disjoint
+// GPU pairs, each with its own streams and events.
+unsafe impl Send for Gpu {}
+// SAFETY: as for Send: nothing in a Gpu changes after `open`.
+unsafe impl Sync for Gpu {}
+
 /// Parses what `cuDeviceGetPCIBusId` prints (`0000:06:00.0`, or with an 8-digit domain
 /// `00000000:06:00.0`, upper case) into a [`Bdf`].
 pub fn parse_bus_id(s: &str) -> Option<Bdf> {
@@ -38,7 +46,8 @@ pub fn parse_bus_id(s: &str) -> Option<Bdf> {
 }
 
 impl Gpu {
-    /// Every GPU the driver sees, sorted by PCI address.
+    /// Every GPU the driver sees, sorted by PCI address; their contexts are created a
+    /// thread per GPU (retaining a primary context is most of the setup of a GPU).
     pub fn all() -> Result<Vec<Gpu>, CudaError> {
         let mut n = 0;
         // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
@@ -47,7 +56,13 @@ impl Gpu {
             "cuDeviceGetCount",
             &"-",
         )?;
-        let mut gpus = (0..n).map(Gpu::open).collect::<Result<Vec<_>, _>>()?;
+        let mut gpus = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n).map(|i| s.spawn(move || Gpu::open(i))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         gpus.sort_by_key(|g| g.bus_id);
         Ok(gpus)
     }

@@ -37,6 +37,12 @@ pub struct Module<'g> {
     functions: Vec<(Kernel, CUfunction)>,
 }
 
+// SAFETY: a loaded module and its functions may be used from any thread on which their
+// context is current (`launch` binds it first); nothing in a Module changes after `load`.
+unsafe impl Send for Module<'_> {}
+// SAFETY: as for Send; cuLaunchKernel may be called on one function from several threads.
+unsafe impl Sync for Module<'_> {}
+
 impl<'g> Module<'g> {
     /// JIT-compiles [`PTX`] with the driver, keeping its error log for the message.
     pub fn load(gpu: &'g Gpu) -> Result<Self, CudaError> {
