@@ -115,6 +115,11 @@ p2p_dma() {
         [ "$(cat "$d/vendor")" = 0x10de ] || continue
         mem_on "$d"
         b=$(bar0 "$d"); src=$((b + 0x1000)); dst=$((b + 0x2000))
+        # an unassigned BAR (0) would aim the DMA at RAM; the edu's 32-bit writes cannot reach 4 GiB
+        if [ $((b)) = 0 ] || [ $((dst + 0x1000)) -gt $((0xffffffff)) ]; then
+            echo "LAB-B-P2P gpu=${d##*/} bar0=$b src=$(hex $src) dst=$(hex $dst) want=none read=none mmio=bad result=absent"
+            i=$((i + 1)); continue
+        fi
         k=0; want=""
         while [ $k -lt $P2P_WORDS ]; do
             a=$((0x50320000 + (i << 8) + k))   # "P2", the stand-in, the word
