@@ -136,12 +136,15 @@ p2p_dma() {
             "result=$([ "$got" = "$want" ] && echo lands || echo absent)"
         i=$((i + 1))
     done
-    # the control: nothing in level B (so nothing in its IOMMU mappings) is at this address
+    # the control: neither level B's RAM nor a BAR (what its QEMU maps for DMA) is at this address
     iova=$P2P_CONTROL_IOVA
-    while read -r a _; do
-        case $a in *-*) ;; *) continue ;; esac
-        [ $((0x${a%-*})) -le $((iova)) ] && [ $((0x${a#*-})) -ge $((iova)) ] && echo "LAB-B: $iova is mapped: $a"
-    done < /proc/iomem > /tmp/control
+    grep 'System RAM' /proc/iomem | while read -r a _; do
+        [ $((0x${a%-*})) -le $((iova)) ] && [ $((0x${a#*-})) -ge $((iova)) ] && echo "LAB-B: $iova is RAM: $a"
+    done > /tmp/control
+    cat /sys/bus/pci/devices/*/resource | while read -r a z _; do
+        [ $((a)) != 0 ] && [ $((a)) -le $((iova)) ] && [ $((z)) -ge $((iova)) ] && echo "LAB-B: $iova is a BAR: $a-$z"
+    done >> /tmp/control
+    cat /tmp/control
     edu_dma "$e" $P2P_BUF $iova 3
     echo "LAB-B-P2P-CONTROL iova=$iova mapped=$([ -s /tmp/control ] && echo yes || echo no)"
     echo "LAB-B-P2P-END stand-ins=$i seconds=$(awk "BEGIN { print $(up) - $t0 }")"
