@@ -73,10 +73,10 @@ echo '{"version":1,"vm":"lab-b","domain":"lab-b","boot_id":"0","agent_version":"
 # (bit 0 start/busy, bit 1 direction: 0 = PCI address -> buffer, 1 = buffer -> PCI address);
 # its buffer is at 0x40000 (4 KiB; QEMU aborts on a range outside it). 32-bit register writes
 # set the whole address, so peers must sit below 4 GiB (the stand-ins' BAR 0 is a 32-bit BAR).
-#   LAB-B-P2P gpu=BDF bar0=A src=A dst=A want=W,W,W,W read=W,W,W,W mmio=ok|bad result=lands|absent
+#   LAB-B-P2P gpu=BDF bar0=A src=A dst=A want=W,W read=W,W mmio=ok|bad result=lands|absent
 #   LAB-B-P2P-CONTROL iova=A mapped=no|yes: a write to an IOVA nothing maps (level A logs the fault)
 P2P_BUF=0x40000
-P2P_WORDS=4
+P2P_WORDS=2   # each devmem is a process: ~0.1-0.3 s under nested KVM
 P2P_CONTROL_IOVA=0x40000000   # above level B's 512 MiB of RAM, below q35's PCI hole
 hex() { printf '0x%x' "$1"; }
 rd32() { devmem "$(hex "$1")" 32; }
@@ -94,6 +94,7 @@ edu_dma() {
     wr32 $(($1 + 0x88)) "$3"
     wr32 $(($1 + 0x90)) $((P2P_WORDS * 4))
     wr32 $(($1 + 0x98)) "$4"
+    usleep 120000   # the edu runs a DMA 100 ms (virtual time) after its start
     while [ $(($(rd32 $(($1 + 0x98))) & 1)) = 1 ] && [ $n -lt 200 ]; do usleep 50000; n=$((n + 1)); done
     [ $n -lt 200 ] || echo "LAB-B: edu DMA $4 from $(hex "$2") to $(hex "$3") did not finish"
 }
