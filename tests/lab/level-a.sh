@@ -513,7 +513,8 @@ run_b() {
     eval "set -- $2 $(cat /out/b-args-$1.sh)"
     local limit=$1
     shift
-    C timeout -k 5 "$limit" "$@" -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    # shellcheck disable=SC2046 # p2p_dma_device prints words for QEMU's argv, or nothing
+    C timeout -k 5 "$limit" "$@" $(p2p_dma_device) -nodefaults -display none -monitor none -serial stdio -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         -fw_cfg name=opt/vfio-p2p-lab/wrong-expect.json,file=$O/expect-wrong.json \
         < /dev/null > /out/level-b.log 2>&1
@@ -798,6 +799,114 @@ stage_cdev() {
     fi
     NOTE="kernel $kv: /dev/iommu $iommu, VFIO cdev $cdev; check: $(echo "$row" | cut -c1-120)"
     echo "$NOTE"
+    [ -z "$WHY" ]
+}
+
+# p2p-dma: an IOMMU-routed peer write for real. Level B (stage guest's boot) gets QEMU's edu
+# beside its stand-ins; level-b.sh (p2p_dma) has the edu's DMA engine copy a pattern out of each
+# stand-in's BAR 0 (peer read) and into another page of it (peer write), then writes to an IOVA
+# that nothing maps (the control). The DMA goes edu -> level A's IOMMU (level B's VFIO mappings)
+# -> the peer BAR, the path of a guest's GPU P2P. Whether it lands is what `check` predicts for
+# the backend: legacy VFIO maps peer BARs into the IOMMU; iommufd without dma-buf BARs does not.
+# Timings here are functional (TCG / nested KVM), not performance.
+
+# p2p_dma_device: level B's extra -device (run_b), only when this stage is selected: the edu
+# on vfio-pci (level A's edu has dma_mask widened to 64 bits, tests/lab/run topology_args)
+p2p_dma_device() {
+    case " $LAB_STAGES " in *" p2p-dma "*) ;; *) return 0 ;; esac
+    sysfs_bind $EDU vfio-pci > /dev/null 2>&1 || { echo "note: cannot bind edu $EDU to vfio-pci" >&2; return 0; }
+    echo "-device vfio-pci,host=$EDU,id=p2p-edu"
+}
+
+# p2p_dma_backend: the backend level B ran under (gen's arguments; P2P_BACKEND overrides)
+p2p_dma_backend() {
+    if [ -n "${P2P_BACKEND:-}" ]; then echo "$P2P_BACKEND"
+    elif grep -q iommufd /out/gen.json; then echo iommufd
+    else echo legacy; fi
+}
+
+# p2p_dma_predicted BACKEND: what `check --iommu-backend BACKEND` predicts for a peer write
+# into level B's stand-ins: lands (legacy; iommufd with dma-buf BARs), faults, or unknown
+p2p_dma_predicted() {
+    local row
+    vp check --gpus "$(csv $GPUS_B)" --qemu /usr/bin/qemu-system-x86_64 --iommu-backend "$1" $GEN_OPTS \
+        --format json > /out/check-p2p-dma.json
+    jqr -r '.checks[] | select(.check | test("^iommu")) | "\(.check) \(.status): \(.saw)"' < /out/check-p2p-dma.json >&2
+    row=$(jqr -r '[.checks[] | select(.check == "iommufd-p2p")][0] // {} | "\(.status) \(.saw)"' < /out/check-p2p-dma.json)
+    if jqr -e '.checks[] | select(.check == "iommu-backend") | .saw | startswith("legacy for this VM")' \
+        < /out/check-p2p-dma.json > /dev/null; then echo lands
+    else case $row in
+        "pass "*"peer BARs are mapped"*) echo lands ;;
+        *"peer BARs cannot be mapped"*) echo faults ;;
+        *) echo unknown ;;
+    esac; fi
+}
+
+# p2p_dma_field LINE KEY: the value of KEY=... in a LAB-B-P2P line
+p2p_dma_field() { echo " $1" | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
+# p2p_dma_fault PAGE: level A's IOMMU logged a fault of the edu at this page (dmesg saved first)
+p2p_dma_fault() {
+    case $1 in 0x[0-9a-fA-F]*) ;; *) return 1 ;; esac   # not a number: no arithmetic error in /init
+    # Linux 6.1: "DMAR: [DMA Write NO_PASID] Request device [00:14.0] fault addr 0x40000000 [fault reason ..."
+    grep -qE "device \[$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" /out/p2p-dma-dmesg.txt
+}
+
+# p2p_dma_assert OUTCOME LOG: level B's LAB-B-P2P lines in LOG against the predicted OUTCOME
+# (lands | faults), one verdict per stand-in; the control write must fault in either case.
+# Reusable by a stack whose backend predicts another outcome (iommufd without dma-buf BARs).
+p2p_dma_assert() {
+    local want=$1 log=$2 line gpu host res src dst n=0 seen=""
+    tr -d '\r' < "$log" | sed -n 's/^LAB-B-P2P //p' > /tmp/p2p-lines
+    while read -r line; do
+        gpu=$(p2p_dma_field "$line" gpu); res=$(p2p_dma_field "$line" result)
+        src=$(p2p_dma_field "$line" src); dst=$(p2p_dma_field "$line" dst)
+        host=$(jqr -r --arg g "$gpu" '[.gpus[] | select(.guest_bdf == $g) | .host_bdf][0] // "?"' < /out/expect.json)
+        n=$((n + 1)); seen="$seen $host"
+        [ "$(p2p_dma_field "$line" mmio)" = ok ] || fail "$host (guest $gpu): the pattern did not even read back through MMIO"
+        case $want in
+            lands)
+                echo "$host (guest $gpu): $([ "$res" = lands ] && echo PASS || echo FAIL) lands: wrote $(p2p_dma_field "$line" want), read back $(p2p_dma_field "$line" read)"
+                [ "$res" = lands ] || fail "$host: the peer write did not land (read $(p2p_dma_field "$line" read), want $(p2p_dma_field "$line" want))"
+                p2p_dma_fault "$src" || p2p_dma_fault "$dst" && fail "$host: level A's IOMMU logged a fault at its BAR" ;;
+            faults)
+                echo "$host (guest $gpu): $([ "$res" = absent ] && echo PASS || echo FAIL) faults: read back $(p2p_dma_field "$line" read), DMAR fault $(p2p_dma_fault "$dst" && echo logged || echo missing)"
+                [ "$res" = absent ] || fail "$host: the peer write landed, predicted to fault"
+                p2p_dma_fault "$src" || p2p_dma_fault "$dst" || fail "$host: no DMAR fault of ${EDU#0000:} at $src or $dst in level A" ;;
+            *) fail "no prediction to assert ($want)" ;;
+        esac
+    done < /tmp/p2p-lines
+    for host in $GPUS_B; do case "$seen " in *" $host "*) ;; *) fail "no peer DMA result for stand-in $host" ;; esac; done
+    [ $n = "$(echo $GPUS_B | wc -w)" ] || fail "$n peer DMA results, $(echo $GPUS_B | wc -w) stand-ins"
+    # the control: a write where nothing is mapped must fault, or a fault could not be seen at all
+    line=$(tr -d '\r' < "$log" | sed -n 's/^LAB-B-P2P-CONTROL //p')
+    [ -n "$line" ] || { fail "level B ran no control write"; return; }
+    [ "$(p2p_dma_field "$line" mapped)" = no ] || fail "the control IOVA is mapped in level B: $line"
+    if p2p_dma_fault "$(p2p_dma_field "$line" iova)"; then echo "control: write to $(p2p_dma_field "$line" iova) faulted in level A: PASS"
+    else fail "the control write to $(p2p_dma_field "$line" iova) left no DMAR fault in level A's log"; fi
+}
+
+# p2p_dma_passes OUTCOME LOG: p2p_dma_assert's verdict alone (a subshell: the stage's own
+# failures are untouched)
+# shellcheck disable=SC2030 # WHY and NFAIL are reset for this subshell only, on purpose
+p2p_dma_passes() (WHY=""; NFAIL=0; p2p_dma_assert "$@"; [ -z "$WHY" ])
+
+# shellcheck disable=SC2031 # WHY here is the stage's own; p2p_dma_passes resets a copy
+stage_p2p_dma() {
+    local backend want rc secs
+    grep -q LAB-B-DONE /out/level-b.log 2>/dev/null || { fail "level B did not run (stage guest)"; return 1; }
+    dmesg > /out/p2p-dma-dmesg.txt
+    echo "== level A's IOMMU faults"; grep DMAR /out/p2p-dma-dmesg.txt | grep -i fault
+    echo "== level B"; tr -d '\r' < /out/level-b.log | grep -E '^LAB-B(: p2p-dma|: edu|-P2P)'
+    grep -q '^LAB-B-P2P-END' /out/level-b.log || { fail "level B has no p2p-dma results (edu not passed through?)"; return 1; }
+    backend=$(p2p_dma_backend)
+    want=$(p2p_dma_predicted "$backend")
+    echo "== backend $backend: check predicts the peer write $want"
+    p2p_dma_assert "$want" /out/level-b.log
+    # the assertions can fail: the same results against the other prediction must not pass
+    p2p_dma_passes "$([ "$want" = lands ] && echo faults || echo lands)" /out/level-b.log > /out/p2p-dma-opposite.log &&
+        fail "the results also pass the opposite prediction (see p2p-dma-opposite.log)"
+    secs=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-P2P-END .*seconds=//p')
+    NOTE="$backend: check predicts $want; $(grep -c "^LAB-B-P2P " /out/level-b.log) stand-in(s) $want, control faulted; functional timing (TCG/nested), not performance: ${secs}s in level B"
     [ -z "$WHY" ]
 }
 

@@ -65,6 +65,92 @@ echo 'not json' | hostile garbage
 head -c 1048576 /dev/zero | hostile oversized
 echo '{"version":1,"vm":"lab-b","domain":"lab-b","boot_id":"0","agent_version":"x","measured":false,"agent_exit":0,"gpus":[]}' |
     hostile unknown-field
+# p2p-dma (level-a.sh stage_p2p_dma, only when level A passed QEMU's edu 1234:11e8 through):
+# the edu's DMA engine copies a pattern out of each stand-in's BAR 0 into its own buffer (peer
+# read) and back into another page of that BAR (peer write). Both go device -> level A's IOMMU ->
+# the peer BAR, the path a guest's GPU P2P takes; the pattern is read back through MMIO. edu
+# registers (QEMU docs/specs/edu.rst): 0x80 source, 0x88 destination, 0x90 count, 0x98 command
+# (bit 0 start/busy, bit 1 direction: 0 = PCI address -> buffer, 1 = buffer -> PCI address);
+# its buffer is at 0x40000 (4 KiB; QEMU aborts on a range outside it). 32-bit register writes
+# set the whole address, so peers must sit below 4 GiB (the stand-ins' BAR 0 is a 32-bit BAR).
+#   LAB-B-P2P gpu=BDF bar0=A src=A dst=A want=W,W read=W,W mmio=ok|bad result=lands|absent
+#   LAB-B-P2P-CONTROL iova=A mapped=no|yes: a write to an IOVA nothing maps (level A logs the fault)
+P2P_BUF=0x40000
+P2P_WORDS=2   # each devmem is a process: ~0.1-0.3 s under nested KVM
+P2P_CONTROL_IOVA=0x40000000   # above level B's 512 MiB of RAM, below q35's PCI hole
+hex() { printf '0x%x' "$1"; }
+rd32() { devmem "$(hex "$1")" 32; }
+wr32() { devmem "$(hex "$1")" 32 "$(hex "$2")"; }
+# words ADDR: the P2P_WORDS 32-bit words at ADDR, comma-joined
+words() {
+    local k=0 out=""
+    while [ $k -lt $P2P_WORDS ]; do out="$out${out:+,}$(hex $(($(rd32 $(($1 + k * 4))))))"; k=$((k + 1)); done
+    echo "$out"
+}
+# edu_dma EDU_BAR SRC DST CMD: one copy of P2P_WORDS words; waits (at most 10 s) for its end
+edu_dma() {
+    local n=0
+    wr32 $(($1 + 0x80)) "$2"
+    wr32 $(($1 + 0x88)) "$3"
+    wr32 $(($1 + 0x90)) $((P2P_WORDS * 4))
+    wr32 $(($1 + 0x98)) "$4"
+    usleep 120000   # the edu runs a DMA 100 ms (virtual time) after its start
+    while [ $(($(rd32 $(($1 + 0x98))) & 1)) = 1 ] && [ $n -lt 200 ]; do usleep 50000; n=$((n + 1)); done
+    [ $n -lt 200 ] || echo "LAB-B: edu DMA $4 from $(hex "$2") to $(hex "$3") did not finish"
+}
+bar0() { hex $(($(head -n1 "$1/resource" | cut -d' ' -f1))); }
+# mem_on DEV [BUS_MASTER]: memory decoding (and bus mastering) on, as a driver would set it
+# shellcheck disable=SC2059 # the format is the octal escape of the byte
+mem_on() { printf "\\00$((2 + ${2:-0} * 4))\\000" | dd of="$1/config" bs=1 seek=4 conv=notrunc 2> /dev/null; }
+p2p_dma() {
+    local edu="" e d i=0 b src dst k want got mmio t0 iova a
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat "$d/vendor"):$(cat "$d/device")" = 0x1234:0x11e8 ] && edu=$d
+    done
+    [ -n "$edu" ] || return 0
+    t0=$(up)
+    mem_on "$edu" 1
+    e=$(bar0 "$edu")
+    echo "LAB-B: p2p-dma: edu ${edu##*/} BAR 0 at $e, id $(hex $(($(rd32 "$e"))))"
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat "$d/vendor")" = 0x10de ] || continue
+        mem_on "$d"
+        b=$(bar0 "$d"); src=$((b + 0x1000)); dst=$((b + 0x2000))
+        # an unassigned BAR (0) would aim the DMA at RAM; the edu's 32-bit writes cannot reach 4 GiB
+        if [ $((b)) = 0 ] || [ $((dst + 0x1000)) -gt $((0xffffffff)) ]; then
+            echo "LAB-B-P2P gpu=${d##*/} bar0=$b src=$(hex $src) dst=$(hex $dst) want=none read=none mmio=bad result=absent"
+            i=$((i + 1)); continue
+        fi
+        k=0; want=""
+        while [ $k -lt $P2P_WORDS ]; do
+            a=$((0x50320000 + (i << 8) + k))   # "P2", the stand-in, the word
+            want="$want${want:+,}$(hex $a)"
+            wr32 $((src + k * 4)) $a
+            wr32 $((dst + k * 4)) 0
+            k=$((k + 1))
+        done
+        mmio=ok; [ "$(words $src)" = "$want" ] || mmio=bad
+        edu_dma "$e" $src $P2P_BUF 1   # peer read: stand-in BAR -> edu buffer
+        edu_dma "$e" $P2P_BUF $dst 3   # peer write: edu buffer -> stand-in BAR
+        got=$(words $dst)
+        echo "LAB-B-P2P gpu=${d##*/} bar0=$b src=$(hex $src) dst=$(hex $dst) want=$want read=$got mmio=$mmio" \
+            "result=$([ "$got" = "$want" ] && echo lands || echo absent)"
+        i=$((i + 1))
+    done
+    # the control: neither level B's RAM nor a BAR (what its QEMU maps for DMA) is at this address
+    iova=$P2P_CONTROL_IOVA
+    grep 'System RAM' /proc/iomem | while read -r a _; do
+        [ $((0x${a%-*})) -le $((iova)) ] && [ $((0x${a#*-})) -ge $((iova)) ] && echo "LAB-B: $iova is RAM: $a"
+    done > /tmp/control
+    cat /sys/bus/pci/devices/*/resource | while read -r a z _; do
+        [ $((a)) != 0 ] && [ $((a)) -le $((iova)) ] && [ $((z)) -ge $((iova)) ] && echo "LAB-B: $iova is a BAR: $a-$z"
+    done >> /tmp/control
+    cat /tmp/control
+    edu_dma "$e" $P2P_BUF $iova 3
+    echo "LAB-B-P2P-CONTROL iova=$iova mapped=$([ -s /tmp/control ] && echo yes || echo no)"
+    echo "LAB-B-P2P-END stand-ins=$i seconds=$(awk "BEGIN { print $(up) - $t0 }")"
+}
+p2p_dma
 echo "LAB-B-DONE up $(up)s"
 sync
 poweroff -f
