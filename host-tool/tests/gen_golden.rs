@@ -275,6 +275,71 @@ fn mirror_guest_labels_equal_host_labels() {
     }
 }
 
+/// Issue #22: NICs passed with the GPUs (`--nics`) sit where they sit on the host, so
+/// every GPU–NIC and NIC–NIC pair reads the same label in the guest as in `topo`'s
+/// `gpu_paths`/`nic_paths`. hgx-h100: 8 GPUs + 8 CX-7 (64 GPU–NIC pairs, 28 NIC–NIC);
+/// dual-socket-pcie: 8 GPUs + 2 (16 and 1).
+#[test]
+fn mirror_guest_labels_equal_host_labels_for_nics() {
+    for (ex, expect_pairs) in [("hgx-h100", 64 + 28), ("dual-socket-pcie", 16 + 1)] {
+        let topo_json = Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(["--example", ex, "topo", "--format", "json"])
+            .output()
+            .unwrap();
+        let topo: serde_json::Value = serde_json::from_slice(&topo_json.stdout).unwrap();
+        let bdfs = |key: &str| -> Vec<String> {
+            topo[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["bdf"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let (host_gpus, host_nics) = (bdfs("gpus"), bdfs("nics"));
+        let argv: Vec<String> = serde_json::from_str(&gen(
+            ex,
+            &["qemu", "--format", "json", "--nics", &host_nics.join(",")],
+        ))
+        .unwrap();
+        let places = guest_places(&argv);
+        assert_eq!(places.len(), host_gpus.len() + host_nics.len(), "{ex}");
+        let nic_index = |b: &str| host_nics.iter().position(|n| n == b);
+        let mut table = String::new();
+        let mut pairs = 0;
+        for i in 0..places.len() {
+            for j in i + 1..places.len() {
+                let (a, b) = (places[i].0.as_str(), places[j].0.as_str());
+                let host = match (nic_index(a), nic_index(b)) {
+                    (None, None) => continue,
+                    (Some(n), None) | (None, Some(n)) => {
+                        let g = host_gpus.iter().position(|x| x == a || x == b).unwrap();
+                        topo["nics"][n]["gpu_paths"][g]
+                            .as_str()
+                            .unwrap()
+                            .to_string()
+                    }
+                    (Some(n), Some(m)) => topo["nics"][n]["nic_paths"][m]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                };
+                let path = |k: usize| pci_config::DevicePath {
+                    device: places[k].0.parse().unwrap(),
+                    root: places[k].1,
+                    bridges: &places[k].2,
+                };
+                let guest = pci_config::path_label(&path(i), &path(j));
+                assert_eq!(guest.label(), host, "{ex}: {a} {b}");
+                table.push_str(&format!("{a} {b}  host {host:<4}  guest {guest}\n"));
+                pairs += 1;
+            }
+        }
+        assert_eq!(pairs, expect_pairs, "{ex}");
+        insta::assert_snapshot!(format!("guest-labels-nics-{ex}"), table);
+    }
+}
+
 /// Where mirror cannot keep a label, gen names each pair before the VM exists: without
 /// guest NUMA nodes, hgx-h100's 16 cross-socket pairs read NODE in the guest.
 #[test]

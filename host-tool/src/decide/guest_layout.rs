@@ -333,7 +333,10 @@ fn chosen_nics<'t>(
             Some(d) if d.kind == DeviceKind::Nic => named.push(d),
             _ => return Err(LayoutError::NotANic(*bdf)),
         }
-        if let Some(g) = gpus.iter().find(|g| g.bdf.with_function(0) == bdf.with_function(0)) {
+        if let Some(g) = gpus
+            .iter()
+            .find(|g| g.bdf.with_function(0) == bdf.with_function(0))
+        {
             return Err(LayoutError::NicInGpuSlot(*bdf, g.bdf));
         }
     }

@@ -32,8 +32,7 @@ impl FromStr for NicRef {
             && s.len() <= MAX_NAME
             && s != "."
             && s != ".."
-            && s
-                .chars()
+            && s.chars()
                 .all(|c| c.is_ascii_graphic() && !matches!(c, '/' | ':' | ','));
         if name_like {
             Ok(NicRef::Name(s.to_string()))
@@ -121,9 +120,15 @@ mod tests {
         let net = topo.nic_names[&by_rdma].net[0].clone();
         assert_eq!(topo.resolve_nic(&NicRef::Name(net)).unwrap(), by_rdma);
         let err = topo.resolve_nic(&NicRef::Name("eth9".into())).unwrap_err();
-        assert!(err.contains("'eth9'") && err.contains("PCI address"), "{err}");
+        assert!(
+            err.contains("'eth9'") && err.contains("PCI address"),
+            "{err}"
+        );
         let gpu = topo.gpus().next().unwrap().bdf;
-        assert!(topo.resolve_nic(&NicRef::Bdf(gpu)).unwrap_err().contains("class 02"));
+        assert!(topo
+            .resolve_nic(&NicRef::Bdf(gpu))
+            .unwrap_err()
+            .contains("class 02"));
         let twice = [NicRef::Name("mlx5_0".into()), NicRef::Bdf(by_rdma)];
         assert_eq!(topo.resolve_nics(&twice).unwrap(), vec![by_rdma]);
     }

@@ -90,7 +90,12 @@ fn hgx_h100() -> HostRecord {
         b.endpoint(Attach::Below(dsps[0]), 0, &gpu, None);
         b.endpoint(Attach::Below(dsps[1]), 0, &gpu, None);
         for port in [dsps[2], dsps[3]] {
-            let nic = b.endpoint(Attach::Below(port), 0, &EndpointSpec::nic(CX7.0, CX7.1), None);
+            let nic = b.endpoint(
+                Attach::Below(port),
+                0,
+                &EndpointSpec::nic(CX7.0, CX7.1),
+                None,
+            );
             // As mlx5 names them: the interface by its slot, RDMA devices in probe order.
             let net = format!("ibp{}s0", nic.bus);
             b.nic_names(nic, &net, &format!("mlx5_{rdma}"));
@@ -135,7 +140,11 @@ fn dual_socket_pcie() -> HostRecord {
             &EndpointSpec::nic(CX7.0, CX7.1),
             None,
         );
-        b.nic_names(nic, &format!("ens{}f0np0", nic.bus), &format!("mlx5_{}", bus >> 7));
+        b.nic_names(
+            nic,
+            &format!("ens{}f0np0", nic.bus),
+            &format!("mlx5_{}", bus >> 7),
+        );
     }
     b.build()
 }
