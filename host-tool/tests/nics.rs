@@ -1,0 +1,149 @@
+//! NICs passed with the GPUs (issue #22): named by BDF, interface or RDMA device name,
+//! read from sysfs (`net/`, `infiniband/`), bound and checked like the GPUs, never in a clique.
+
+use assert_cmd::Command;
+
+fn vfio_p2p() -> Command {
+    Command::cargo_bin("vfio-p2p").unwrap()
+}
+
+/// A snapshot of hgx-h100 carries its NICs' `net/` and `infiniband/` names, and `gen`
+/// run on it (`--sysfs-root`) resolves `--nics` by either name to the same vfio-pci device.
+#[test]
+fn names_are_read_from_a_sysfs_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snap");
+    vfio_p2p()
+        .args(["--example", "hgx-h100", "snapshot", "-o"])
+        .arg(&snap)
+        .assert()
+        .success();
+    assert!(snap
+        .join("sys/bus/pci/devices/0000:1a:00.0/infiniband/mlx5_0")
+        .is_dir());
+    let gen = |nics: &str| {
+        let out = vfio_p2p()
+            .arg("--sysfs-root")
+            .arg(&snap)
+            .args([
+                "gen",
+                "qemu",
+                "--format",
+                "argv",
+                "--libvirt-version",
+                "9.0",
+            ])
+            .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", nics])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let by_rdma = gen("mlx5_0");
+    assert!(
+        by_rdma.contains(r#""driver":"vfio-pci","host":"0000:1a:00.0","id":"nic0""#),
+        "{by_rdma}"
+    );
+    assert_eq!(gen("ibp26s0"), by_rdma);
+    assert_eq!(gen("0000:1a:00.0"), by_rdma);
+    // a NIC never carries a clique property
+    let nic_line = by_rdma.lines().find(|l| l.contains("\"nic0\"")).unwrap();
+    assert!(!nic_line.contains("clique"), "{nic_line}");
+}
+
+/// vm.yaml `nics:` with an unknown name: the error names the file, the name and the fix.
+#[test]
+fn unknown_name_in_vm_yaml_names_the_file_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("vm.yaml");
+    std::fs::write(&cfg, "name: a\ngpus: [0000:18:00.0]\nnics: [eth9]\n").unwrap();
+    let out = vfio_p2p()
+        .args(["--example", "hgx-h100", "gen", "qemu", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("vm.yaml: nics: no network interface or RDMA device 'eth9'"),
+        "{err}"
+    );
+    assert!(err.contains("name it by PCI address"), "{err}");
+    // a GPU named as a NIC
+    let out = vfio_p2p()
+        .args([
+            "--example",
+            "hgx-h100",
+            "gen",
+            "qemu",
+            "--nics",
+            "0000:19:00.0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("--nics: 0000:19:00.0 is not a network device"));
+}
+
+/// `check --domain-xml` on a domain `gen libvirt --nics` wrote: the NIC gets the
+/// passed-device checks (IOMMU group, VFIO group, reset), no clique check, and its group
+/// is not "foreign" to the GPUs'.
+#[test]
+fn check_treats_a_domain_nic_as_a_passed_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let xml = dir.path().join("dom.xml");
+    vfio_p2p()
+        .args([
+            "--example",
+            "hgx-h100",
+            "gen",
+            "libvirt",
+            "--libvirt-version",
+            "9.0",
+        ])
+        .args([
+            "--gpus",
+            "0000:18:00.0,0000:19:00.0",
+            "--nics",
+            "mlx5_0",
+            "-o",
+        ])
+        .arg(&xml)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&xml).unwrap();
+    assert_eq!(text.matches("<hostdev ").count(), 3, "{text}");
+    let out = vfio_p2p()
+        .args([
+            "--example",
+            "hgx-h100",
+            "check",
+            "--format",
+            "json",
+            "--domain-xml",
+        ])
+        .arg(&xml)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nic: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["subject"] == "0000:1a:00.0")
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(nic, ["iommu-group", "vfio-group", "reset"]);
+    let plan = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "p2p-plan")
+        .unwrap();
+    assert!(plan["saw"].as_str().unwrap().contains("2 GPU(s)"), "{plan}");
+}
