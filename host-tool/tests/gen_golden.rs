@@ -72,6 +72,12 @@ fn nccl_topology() {
     for ex in EXAMPLES {
         insta::assert_snapshot!(format!("nccl-{ex}"), gen(ex, &["nccl"]));
     }
+    // every GPU and every CX-7 of hgx-h100: each switch holds 2 GPUs and 2 NICs
+    let nics = "0000:1a:00.0,0000:1b:00.0,0000:3c:00.0,0000:3d:00.0,0000:9f:00.0,0000:a0:00.0,0000:bd:00.0,0000:be:00.0";
+    insta::assert_snapshot!(
+        "nccl-hgx-h100-nics",
+        gen("hgx-h100", &["nccl", "--nics", nics])
+    );
 }
 
 #[test]
