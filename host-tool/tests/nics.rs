@@ -147,3 +147,58 @@ fn check_treats_a_domain_nic_as_a_passed_device() {
         .unwrap();
     assert!(plan["saw"].as_str().unwrap().contains("2 GPU(s)"), "{plan}");
 }
+
+/// `place --with-nics`: every hgx-h100 GPU gets the PIX NIC of its own switch, the vm.yaml
+/// written lists them under `nics:`, and `gen` from it passes them beside their GPUs.
+#[test]
+fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vfio_p2p()
+        .args([
+            "--example",
+            "hgx-h100",
+            "place",
+            "--shape",
+            "2x4",
+            "--with-nics",
+        ])
+        .args(["--format", "json", "--write-configs"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut given = std::collections::BTreeSet::new();
+    for vm in r["vms"].as_array().unwrap() {
+        for c in vm["nics"].as_array().unwrap() {
+            assert_eq!(c["path"], "PIX", "{c}");
+            assert!(given.insert(c["nic"].as_str().unwrap().to_string()), "{c}");
+        }
+    }
+    assert_eq!(given.len(), 8);
+    let cfg = dir.path().join("vm0.yaml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        text.contains("nics:\n  - 0000:1a:00.0  # PIX to 0000:18:00.0\n"),
+        "{text}"
+    );
+    let argv = vfio_p2p()
+        .args([
+            "--example",
+            "hgx-h100",
+            "gen",
+            "qemu",
+            "--format",
+            "argv",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let argv = String::from_utf8(argv.stdout).unwrap();
+    assert_eq!(argv.matches(r#""id":"nic"#).count(), 4, "{argv}");
+}

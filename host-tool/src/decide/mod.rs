@@ -10,6 +10,7 @@ pub mod guest_layout;
 pub mod guest_paths;
 pub mod iommu_backend;
 pub mod mmio;
+pub mod nic_affinity;
 pub mod nvlink;
 pub mod placement;
 pub mod plan;
