@@ -202,3 +202,96 @@ fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
     let argv = String::from_utf8(argv.stdout).unwrap();
     assert_eq!(argv.matches(r#""id":"nic"#).count(), 4, "{argv}");
 }
+
+/// `gen nccl --nics` read by the guest agent's `nccl-topo` check, against a guest laid out
+/// as gen decided (the layout's guest addresses, mlx5 numbering its CX-7s in address
+/// order): no problem; the same file against a guest whose NIC sits elsewhere: one.
+#[test]
+fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
+    use std::collections::BTreeMap;
+    use vfio_p2p::decide::guest_layout::{decide_with_nics, GuestTopology, LayoutOptions};
+    use vfio_p2p::model::Topology;
+    use vfio_p2p_agent::nccl_topo::check_text;
+    use vfio_p2p_agent::sysfs_scan::{NetFunction, Scan};
+
+    let gpus = "0000:18:00.0,0000:19:00.0,0000:9d:00.0";
+    let nics = "0000:1a:00.0,0000:1b:00.0,0000:9f:00.0";
+    let xml = String::from_utf8(
+        vfio_p2p()
+            .args([
+                "--example",
+                "hgx-h100",
+                "gen",
+                "nccl",
+                "--gpus",
+                gpus,
+                "--nics",
+                nics,
+            ])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let topo = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").unwrap());
+    let bdfs =
+        |s: &str| -> Vec<pci_config::Bdf> { s.split(',').map(|b| b.parse().unwrap()).collect() };
+    let opts = LayoutOptions {
+        topology: GuestTopology::Mirror,
+        guest_numa: true,
+    };
+    let layout = decide_with_nics(&topo, &bdfs(gpus), &bdfs(nics), &BTreeMap::new(), opts).unwrap();
+    let mut scan: Scan = serde_json::from_value(serde_json::json!({
+        "sysfs_root": "/", "gpus": [], "note": null, "warnings": []
+    }))
+    .unwrap();
+    for g in &layout.gpus {
+        scan.gpus.push(
+            serde_json::from_value(serde_json::json!({
+                "bdf": g.guest, "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
+                "driver": "nvidia", "config_bytes": 4096, "caps_readable": true,
+                "clique": null, "cap_offset": null, "cap_linked": null, "problem": null,
+                "link_speed": null, "link_width": null, "max_link_speed": null,
+                "max_link_width": null, "numa_node": null
+            }))
+            .unwrap(),
+        );
+    }
+    let mut guest_nics: BTreeMap<pci_config::Bdf, NetFunction> = BTreeMap::new();
+    let mut order: Vec<_> = layout.nics.iter().map(|n| n.guest).collect();
+    order.sort();
+    for (i, b) in order.iter().enumerate() {
+        guest_nics.insert(
+            *b,
+            NetFunction {
+                vendor: 0x15b3,
+                device: 0x1021,
+                rdma: vec![format!("mlx5_{i}")],
+                net: vec![],
+            },
+        );
+    }
+    // the agent compares the arch with its own; the example is x86_64
+    let xml = xml.replace(
+        "arch=\"x86_64\"",
+        &format!(
+            "arch=\"{}\"",
+            match std::env::consts::ARCH {
+                "aarch64" => "arm64",
+                a => a,
+            }
+        ),
+    );
+    let c = check_text(&xml, "gen.xml", &scan, &guest_nics).unwrap();
+    assert_eq!(c.problems, Vec::<String>::new());
+    assert_eq!(c.nics.len(), 3);
+    assert!(c.nics.iter().all(|n| n.in_guest));
+    // one NIC elsewhere in the guest
+    let (first, f) = guest_nics.pop_first().unwrap();
+    guest_nics.insert(pci_config::Bdf::new(0, first.bus + 0x10, 0, 0), f);
+    let c = check_text(&xml, "gen.xml", &scan, &guest_nics).unwrap();
+    assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+    assert!(c.problems[0].contains(&format!(
+        "NIC {first} is in the file but this guest has no network device there"
+    )));
+}
