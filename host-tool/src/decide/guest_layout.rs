@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use crate::model::{BridgeRole, Device, DeviceKind, HostBridgeId, Topology};
+use crate::model::{BridgeRole, Device, HostBridgeId, Topology};
 
 /// First `pcie.0` slot for expander buses: above QEMU's default VGA (1) and NIC (2).
 pub const EXPANDER_FIRST_SLOT: u8 = 0x08;
@@ -30,6 +30,7 @@ pub const ROOT_PORT_FIRST_SLOT: u8 = 0x10;
 const ROOT_BUS_LAST_SLOT: u8 = 0x1e;
 /// Bus numbers between consecutive expander buses: room for the ports and switches below each.
 pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
+use super::guest_devices::{chosen_gpus, chosen_nics, other_functions};
 pub use super::guest_expanders::MAX_EXPANDERS;
 use super::guest_expanders::{expander_assignment, root_node};
 /// The guest's root bus, as QEMU and libvirt name it.
@@ -301,59 +302,6 @@ pub fn decide_with_nics(
     })
 }
 
-/// The host GPUs, sorted and once each; anything else is an error.
-fn chosen_gpus<'t>(topo: &'t Topology, gpus: &[Bdf]) -> Result<Vec<&'t Device>, LayoutError> {
-    if gpus.is_empty() {
-        return Err(LayoutError::NoGpus);
-    }
-    let mut chosen: Vec<&Device> = Vec::new();
-    for bdf in gpus {
-        match topo.device(bdf) {
-            Some(d) if d.is_gpu() => chosen.push(d),
-            _ => return Err(LayoutError::NotAGpu(*bdf)),
-        }
-    }
-    chosen.sort_by_key(|d| d.bdf);
-    chosen.dedup_by_key(|d| d.bdf);
-    Ok(chosen)
-}
-
-/// The named host NICs, sorted and once each, grouped by host slot: named functions of
-/// one host slot (two ports of one card, a PF and its VFs at the same device number)
-/// share one guest slot at their host function numbers, the lowest first. A device
-/// that is not a network controller, or is a chosen GPU's own function, is an error.
-fn chosen_nics<'t>(
-    topo: &'t Topology,
-    nics: &[Bdf],
-    gpus: &[&Device],
-) -> Result<Vec<(&'t Device, Vec<&'t Device>)>, LayoutError> {
-    let mut named: Vec<&Device> = Vec::new();
-    for bdf in nics {
-        match topo.device(bdf) {
-            Some(d) if d.kind == DeviceKind::Nic => named.push(d),
-            _ => return Err(LayoutError::NotANic(*bdf)),
-        }
-        if let Some(g) = gpus
-            .iter()
-            .find(|g| g.bdf.with_function(0) == bdf.with_function(0))
-        {
-            return Err(LayoutError::NicInGpuSlot(*bdf, g.bdf));
-        }
-    }
-    named.sort_by_key(|d| d.bdf);
-    named.dedup_by_key(|d| d.bdf);
-    let mut out: Vec<(&Device, Vec<&Device>)> = Vec::new();
-    for d in named {
-        match out.last_mut() {
-            Some((first, others)) if first.bdf.with_function(0) == d.bdf.with_function(0) => {
-                others.push(d)
-            }
-            _ => out.push((d, Vec::new())),
-        }
-    }
-    Ok(out)
-}
-
 /// One guest NUMA node per host node of the GPUs' root complexes (mirror layout with
 /// guest NUMA).
 fn guest_numa_nodes(
@@ -597,17 +545,6 @@ impl LayoutBuilder<'_> {
         }
         Ok(())
     }
-}
-
-/// The GPU's other functions (audio, USB-C…), which go to the same guest slot.
-fn other_functions<'t>(topo: &'t Topology, gpu: &Device) -> Vec<&'t Device> {
-    let mut functions: Vec<&Device> = topo
-        .sibling_functions(&gpu.bdf)
-        .into_iter()
-        .filter(|d| d.bridge_role().is_none())
-        .collect();
-    functions.sort_by_key(|d| d.bdf);
-    functions
 }
 
 /// The host's bridges above `gpu` that the guest reproduces, when they form a valid

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod expectation;
 pub mod fleet_verdict;
+pub mod guest_devices;
 pub mod guest_expanders;
 pub mod guest_layout;
 pub mod guest_paths;
