@@ -123,16 +123,9 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
     })?;
     let mut gpus = Vec::new();
     let mut warnings = Vec::new();
-    for entry in entries.flatten() {
-        let Some(bdf) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<Bdf>().ok())
-        else {
-            continue;
-        };
+    for (bdf, dir) in pci_devices(entries) {
         // One unreadable device is a warning, as in the host tool: the others still count.
-        match scan_device(&entry.path(), bdf) {
+        match scan_device(&dir, bdf) {
             Ok(Some(gpu)) => gpus.push(gpu),
             Ok(None) => {}
             Err(e) => warnings.push(format!("{bdf}: {e}; left out")),
@@ -151,6 +144,14 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
         gpus,
         note,
         warnings,
+    })
+}
+
+/// The entries of `sys/bus/pci/devices` named by a PCI address, with their paths.
+fn pci_devices(entries: fs::ReadDir) -> impl Iterator<Item = (Bdf, PathBuf)> {
+    entries.flatten().filter_map(|e| {
+        let bdf = e.file_name().to_str()?.parse::<Bdf>().ok()?;
+        Some((bdf, e.path()))
     })
 }
 
@@ -185,15 +186,7 @@ pub fn network_functions(root: &Path) -> std::collections::BTreeMap<Bdf, NetFunc
     let Ok(entries) = fs::read_dir(root.join("sys/bus/pci/devices")) else {
         return out;
     };
-    for entry in entries.flatten() {
-        let Some(bdf) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<Bdf>().ok())
-        else {
-            continue;
-        };
-        let dir = entry.path();
+    for (bdf, dir) in pci_devices(entries) {
         let hex = |name: &str| read_attr(&dir, name).and_then(|v| parse_hex(&v));
         if hex("class").is_none_or(|c| c >> 16 != 0x02) {
             continue;

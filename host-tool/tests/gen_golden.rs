@@ -230,18 +230,23 @@ fn guest_places(
     out
 }
 
+/// `vfio-p2p topo --format json` of an example: the host's labels.
+fn host_topo(example: &str) -> serde_json::Value {
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", example, "topo", "--format", "json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Issue #22: with `mirror`, every GPU pair reads the same PIX/PXB/PHB/NODE/SYS label in
 /// the guest as on the host. The guest label is computed from the emitted QEMU argv
 /// (expanders, their NUMA nodes, ports and switches), the host's from `topo`.
 #[test]
 fn mirror_guest_labels_equal_host_labels() {
     for ex in ["hgx-h100", "dual-socket-pcie"] {
-        let topo_json = Command::cargo_bin("vfio-p2p")
-            .unwrap()
-            .args(["--example", ex, "topo", "--format", "json"])
-            .output()
-            .unwrap();
-        let topo: serde_json::Value = serde_json::from_slice(&topo_json.stdout).unwrap();
+        let topo = host_topo(ex);
         let host_gpus: Vec<&str> = topo["gpus"]
             .as_array()
             .unwrap()
@@ -288,12 +293,7 @@ fn mirror_guest_labels_equal_host_labels() {
 #[test]
 fn mirror_guest_labels_equal_host_labels_for_nics() {
     for (ex, expect_pairs) in [("hgx-h100", 64 + 28), ("dual-socket-pcie", 16 + 1)] {
-        let topo_json = Command::cargo_bin("vfio-p2p")
-            .unwrap()
-            .args(["--example", ex, "topo", "--format", "json"])
-            .output()
-            .unwrap();
-        let topo: serde_json::Value = serde_json::from_slice(&topo_json.stdout).unwrap();
+        let topo = host_topo(ex);
         let bdfs = |key: &str| -> Vec<String> {
             topo[key]
                 .as_array()

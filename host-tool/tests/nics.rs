@@ -7,6 +7,17 @@ fn vfio_p2p() -> Command {
     Command::cargo_bin("vfio-p2p").unwrap()
 }
 
+/// Runs `cmd`, which must succeed; its stdout.
+fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// A snapshot of hgx-h100 carries its NICs' `net/` and `infiniband/` names, and `gen`
 /// run on it (`--sysfs-root`) resolves `--nics` by either name to the same vfio-pci device.
 #[test]
@@ -22,8 +33,8 @@ fn names_are_read_from_a_sysfs_tree() {
         .join("sys/bus/pci/devices/0000:1a:00.0/infiniband/mlx5_0")
         .is_dir());
     let gen = |nics: &str| {
-        let out = vfio_p2p()
-            .arg("--sysfs-root")
+        let mut cmd = vfio_p2p();
+        cmd.arg("--sysfs-root")
             .arg(&snap)
             .args([
                 "gen",
@@ -33,15 +44,8 @@ fn names_are_read_from_a_sysfs_tree() {
                 "--libvirt-version",
                 "9.0",
             ])
-            .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", nics])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+            .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", nics]);
+        String::from_utf8(stdout_of(&mut cmd)).unwrap()
     };
     let by_rdma = gen("mlx5_0");
     assert!(
@@ -153,7 +157,8 @@ fn check_treats_a_domain_nic_as_a_passed_device() {
 #[test]
 fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
     let dir = tempfile::tempdir().unwrap();
-    let out = vfio_p2p()
+    let mut place = vfio_p2p();
+    place
         .args([
             "--example",
             "hgx-h100",
@@ -163,15 +168,8 @@ fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
             "--with-nics",
         ])
         .args(["--format", "json", "--write-configs"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        .arg(dir.path());
+    let r: serde_json::Value = serde_json::from_slice(&stdout_of(&mut place)).unwrap();
     let mut given = std::collections::BTreeSet::new();
     for vm in r["vms"].as_array().unwrap() {
         for c in vm["nics"].as_array().unwrap() {
