@@ -293,3 +293,45 @@ fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
         "NIC {first} is in the file but this guest has no network device there"
     )));
 }
+
+/// The hook on a domain `gen libvirt --nics` wrote, its hostdevs managed='no': prepare
+/// binds the NIC like the GPUs (dry run on the example), and raises no clique finding for it.
+#[test]
+fn the_hook_binds_a_domain_nic_like_a_gpu() {
+    let xml = String::from_utf8(stdout_of(
+        vfio_p2p()
+            .args([
+                "--example",
+                "hgx-h100",
+                "gen",
+                "libvirt",
+                "--libvirt-version",
+                "9.0",
+            ])
+            .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", "mlx5_0"]),
+    ))
+    .unwrap()
+    .replace("managed='yes'", "managed='no'");
+    let out = vfio_p2p()
+        .args(["--example", "hgx-h100", "hook", "run", "--dry-run"])
+        .args(["vm0", "prepare", "begin", "-"])
+        .write_stdin(xml)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("0000:1a:00.0  mlx5_core → (dry run)  (named)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0000:18:00.0  nvidia → (dry run)  (named)"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("1a:00.0"), "{stderr}");
+}
