@@ -1,6 +1,8 @@
 //! Which host devices a guest layout passes: the chosen GPUs with their other functions,
 //! and the NICs passed with them, grouped by host slot (see `guest_layout`).
 
+use std::collections::BTreeMap;
+
 use pci_config::Bdf;
 
 use super::guest_layout::LayoutError;
@@ -35,17 +37,18 @@ pub(super) fn chosen_nics<'t>(
     nics: &[Bdf],
     gpus: &[&Device],
 ) -> Result<Vec<(&'t Device, Vec<&'t Device>)>, LayoutError> {
+    let gpu_slots: BTreeMap<Bdf, Bdf> = gpus
+        .iter()
+        .map(|g| (g.bdf.with_function(0), g.bdf))
+        .collect();
     let mut named: Vec<&Device> = Vec::new();
     for bdf in nics {
         match topo.device(bdf) {
             Some(d) if d.kind == DeviceKind::Nic => named.push(d),
             _ => return Err(LayoutError::NotANic(*bdf)),
         }
-        if let Some(g) = gpus
-            .iter()
-            .find(|g| g.bdf.with_function(0) == bdf.with_function(0))
-        {
-            return Err(LayoutError::NicInGpuSlot(*bdf, g.bdf));
+        if let Some(g) = gpu_slots.get(&bdf.with_function(0)) {
+            return Err(LayoutError::NicInGpuSlot(*bdf, *g));
         }
     }
     named.sort_by_key(|d| d.bdf);

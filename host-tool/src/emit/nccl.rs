@@ -104,6 +104,7 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
         insert(top, &switches, leaf);
     }
     let mut fake = 0u8;
+    let nic_names = guest_rdma_names(vm, topo);
     let mut x = String::from("<system version=\"1\">\n");
     for (numa, mut top) in per_node {
         top = group_cliques(top, &l.gpus, &mut fake);
@@ -118,7 +119,7 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
         let cpu = topo.cpu.as_ref().map(cpu_attrs).unwrap_or_default();
         let _ = writeln!(x, "  <cpu numaid=\"{numa}\"{affinity}{cpu}>");
         for n in &top {
-            write_node(&mut x, n, vm, topo, 2);
+            write_node(&mut x, n, vm, topo, &nic_names, 2);
         }
         let _ = writeln!(x, "  </cpu>");
     }
@@ -212,7 +213,15 @@ fn link_attrs(gpu: Option<&GuestGpu>, topo: &Topology) -> String {
     s
 }
 
-fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, depth: usize) {
+/// Writes `n` and what is below it; `nic_names` are the passed NICs' `<net>` names.
+fn write_node(
+    x: &mut String,
+    n: &Node,
+    vm: &VmDefinition,
+    topo: &Topology,
+    nic_names: &[String],
+    depth: usize,
+) {
     let pad = "  ".repeat(depth);
     let gpus = &vm.layout.gpus;
     match n {
@@ -223,11 +232,11 @@ fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, dept
                 link_attrs(first_device(n, vm), topo)
             );
             for c in children {
-                write_node(x, c, vm, topo, depth + 1);
+                write_node(x, c, vm, topo, nic_names, depth + 1);
             }
             let _ = writeln!(x, "{pad}</pci>");
         }
-        Node::Nic(i) => write_nic(x, *i, vm, topo, &pad),
+        Node::Nic(i) => write_nic(x, *i, vm, topo, &nic_names[*i], &pad),
         Node::Gpu(i) => {
             let g = &gpus[*i];
             let subsystem = subsystem_attrs(topo, &g.host);
@@ -279,7 +288,7 @@ fn subsystem_attrs(topo: &Topology, host: &Bdf) -> String {
 }
 
 /// The `<pci>` of the `i`-th passed NIC with its `<nic><net>`.
-fn write_nic(x: &mut String, i: usize, vm: &VmDefinition, topo: &Topology, pad: &str) {
+fn write_nic(x: &mut String, i: usize, vm: &VmDefinition, topo: &Topology, name: &str, pad: &str) {
     let n = &vm.layout.nics[i];
     let _ = writeln!(
         x,
@@ -294,16 +303,19 @@ fn write_nic(x: &mut String, i: usize, vm: &VmDefinition, topo: &Topology, pad: 
     let _ = writeln!(
         x,
         "{pad}  <nic>\n{pad}    <net name=\"{}\" dev=\"{i}\"/>\n{pad}  </nic>\n{pad}</pci>",
-        guest_rdma_name(vm, topo, i)
+        name
     );
 }
 
 const VENDOR_MELLANOX: u16 = 0x15b3;
 
-/// The RDMA device name the guest's driver gives the `i`-th passed NIC: the host name's
-/// prefix (trailing digits dropped; `mlx5_` for a Mellanox NIC without one), numbered
-/// among the passed NICs of that prefix in guest address order (probe order).
-fn guest_rdma_name(vm: &VmDefinition, topo: &Topology, i: usize) -> String {
+/// The RDMA device name the guest's driver gives each passed NIC (in the layout's order):
+/// the host name's prefix (trailing digits dropped; `mlx5_` for a Mellanox NIC without
+/// one), numbered among the passed NICs of that prefix in guest address order (probe
+/// order); a NIC with no RDMA device gets its host interface name (what NCCL's socket
+/// transport reports).
+fn guest_rdma_names(vm: &VmDefinition, topo: &Topology) -> Vec<String> {
+    let nics = &vm.layout.nics;
     let prefix = |n: &GuestGpu| -> Option<String> {
         let host = topo.nic_names.get(&n.host).and_then(|x| x.rdma.first());
         match host {
@@ -311,20 +323,27 @@ fn guest_rdma_name(vm: &VmDefinition, topo: &Topology, i: usize) -> String {
             None => (n.vendor == VENDOR_MELLANOX).then(|| "mlx5_".to_string()),
         }
     };
-    let nics = &vm.layout.nics;
-    let Some(mine) = prefix(&nics[i]) else {
-        // No RDMA device known: the interface name NCCL's socket transport reports.
-        let net = topo
-            .nic_names
-            .get(&nics[i].host)
-            .and_then(|x| x.net.first());
-        return net.cloned().unwrap_or_else(|| nics[i].id.clone());
-    };
-    let before = nics
-        .iter()
-        .filter(|n| n.guest < nics[i].guest && prefix(n).as_deref() == Some(mine.as_str()))
-        .count();
-    format!("{mine}{before}")
+    let mut order: Vec<usize> = (0..nics.len()).collect();
+    order.sort_by_key(|&i| nics[i].guest);
+    let mut next: BTreeMap<String, usize> = BTreeMap::new();
+    let mut names = vec![String::new(); nics.len()];
+    for i in order {
+        names[i] = match prefix(&nics[i]) {
+            Some(p) => {
+                let k = next.entry(p.clone()).or_insert(0);
+                *k += 1;
+                format!("{p}{}", *k - 1)
+            }
+            None => {
+                let net = topo
+                    .nic_names
+                    .get(&nics[i].host)
+                    .and_then(|x| x.net.first());
+                net.cloned().unwrap_or_else(|| nics[i].id.clone())
+            }
+        };
+    }
+    names
 }
 
 /// The CPU's `arch`, `vendor`, `familyid`, `modelid` as NCCL writes them.

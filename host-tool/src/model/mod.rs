@@ -309,15 +309,6 @@ impl Topology {
     }
 
     /// Other functions of the same slot (a GPU's audio or USB function).
-    /// The network function a host driver names `name` (an interface such as
-    /// `ens1f0np0`, or an RDMA device such as `mlx5_0`).
-    pub fn nic_by_name(&self, name: &str) -> Option<Bdf> {
-        self.nic_names
-            .iter()
-            .find(|(_, n)| n.net.iter().chain(&n.rdma).any(|x| x == name))
-            .map(|(bdf, _)| *bdf)
-    }
-
     pub fn sibling_functions(&self, bdf: &Bdf) -> Vec<&Device> {
         self.devices
             .values()

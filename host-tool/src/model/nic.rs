@@ -1,6 +1,7 @@
 //! A NIC as an operator names it (vm.yaml `nics:`, `gen --nics`): by PCI address, or by
 //! the name its host driver gives it, resolved against what sysfs says.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -56,37 +57,49 @@ impl fmt::Display for NicRef {
 impl Topology {
     /// The host network function `nic` names; an error says what is wrong and the fix.
     pub fn resolve_nic(&self, nic: &NicRef) -> Result<Bdf, String> {
-        match nic {
-            NicRef::Bdf(b) => match self.device(b) {
-                Some(d) if d.kind == DeviceKind::Nic => Ok(*b),
-                Some(_) => Err(format!(
-                    "{b} is not a network device (PCI class 02); `vfio-p2p topo` lists the NICs"
-                )),
-                None => Err(format!(
-                    "no device {b} on {}; `vfio-p2p topo` lists the NICs",
-                    self.source
-                )),
-            },
-            NicRef::Name(n) => self.nic_by_name(n).ok_or_else(|| {
-                format!(
-                    "no network interface or RDMA device '{n}' on {} (sysfs net/ and infiniband/ of its NICs); \
-                     a NIC already bound to vfio-pci has neither: name it by PCI address",
-                    self.source
-                )
-            }),
-        }
+        self.resolve_nics(std::slice::from_ref(nic)).map(|v| v[0])
     }
 
-    /// Every NIC of `nics`, resolved and once each, in the order given.
+    /// Every NIC of `nics`, resolved and once each, in the order given (names looked up
+    /// in one index of the host's interface and RDMA names).
     pub fn resolve_nics(&self, nics: &[NicRef]) -> Result<Vec<Bdf>, String> {
+        let by_name: BTreeMap<&str, Bdf> = self
+            .nic_names
+            .iter()
+            .flat_map(|(bdf, n)| n.net.iter().chain(&n.rdma).map(move |x| (x.as_str(), *bdf)))
+            .collect();
+        let mut seen = BTreeSet::new();
         let mut out: Vec<Bdf> = Vec::with_capacity(nics.len());
         for n in nics {
-            let bdf = self.resolve_nic(n)?;
-            if !out.contains(&bdf) {
+            let bdf = match n {
+                NicRef::Bdf(b) => self.check_nic(b)?,
+                NicRef::Name(name) => *by_name.get(name.as_str()).ok_or_else(|| {
+                    format!(
+                        "no network interface or RDMA device '{name}' on {} (sysfs net/ and infiniband/ of its NICs); \
+                         a NIC already bound to vfio-pci has neither: name it by PCI address",
+                        self.source
+                    )
+                })?,
+            };
+            if seen.insert(bdf) {
                 out.push(bdf);
             }
         }
         Ok(out)
+    }
+
+    /// `b` if it is a network function of this host.
+    fn check_nic(&self, b: &Bdf) -> Result<Bdf, String> {
+        match self.device(b) {
+            Some(d) if d.kind == DeviceKind::Nic => Ok(*b),
+            Some(_) => Err(format!(
+                "{b} is not a network device (PCI class 02); `vfio-p2p topo` lists the NICs"
+            )),
+            None => Err(format!(
+                "no device {b} on {}; `vfio-p2p topo` lists the NICs",
+                self.source
+            )),
+        }
     }
 }
 
