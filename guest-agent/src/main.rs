@@ -464,6 +464,7 @@ fn report_nccl_topo(scan: Option<&sysfs_scan::Scan>) -> Option<nccl_topo::NcclTo
         nccl_topo::check_file(&path, scan).unwrap_or_else(|e| nccl_topo::NcclTopoCheck {
             file: path.display().to_string(),
             gpus: Vec::new(),
+            nics: Vec::new(),
             problems: vec![format!("NCCL_TOPO_FILE cannot be used: {e}")],
         }),
     )

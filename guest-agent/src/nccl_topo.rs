@@ -5,7 +5,10 @@
 //! every `<cpu>`, `ncclTopoAddPci` keys GPUs by `busid`, `ncclTopoAddNvLinks` adds
 //! `count` × the per-link bandwidth from each `<nvlink>` to the GPU named by `target`
 //! (tclass 0x03…) or to one NVSwitch node (tclass 0x0680…), without checking the count
-//! against the hardware.
+//! against the hardware. A NIC is a `<pci>` of class 0x02… holding `<nic><net name>`
+//! (xml.cc `ncclTopoFillNet`); `ncclTopoPopulateNics` keeps a `<net>` only when the
+//! network plugin reports a device of that `name`, so a NIC of the file that this guest
+//! lacks at that address, or names otherwise, is dropped and placed from sysfs instead.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,7 +19,7 @@ use quick_xml::Reader;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::gpu_part;
 
-use crate::sysfs_scan::Scan;
+use crate::sysfs_scan::{NetFunction, Scan};
 
 /// NCCL topology files are a few kB; more is not one.
 const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -39,11 +42,23 @@ pub struct FileGpu {
     pub nvlinks: Vec<FileNvlink>,
 }
 
+/// A NIC `<pci>` node of the file with its `<net>` names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileNic {
+    pub busid: String,
+    pub device: Option<String>,
+    pub nets: Vec<String>,
+    /// Whether the guest has a network function at that address.
+    pub in_guest: bool,
+}
+
 /// The file checked against the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NcclTopoCheck {
     pub file: String,
     pub gpus: Vec<FileGpu>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<FileNic>,
     /// Each mismatch, with what NCCL would do because of it.
     pub problems: Vec<String>,
 }
@@ -59,6 +74,15 @@ impl NcclTopoCheck {
 struct Parsed {
     cpus: Vec<(String, Option<String>)>,
     gpus: Vec<FileGpu>,
+    nics: Vec<FileNic>,
+}
+
+/// What an open element of the file is, for the elements inside it.
+#[derive(Clone, Copy)]
+enum Open {
+    Gpu(usize),
+    Nic(usize),
+    Other,
 }
 
 fn attr(e: &BytesStart, name: &str) -> Option<String> {
@@ -73,11 +97,15 @@ fn is_gpu_pci(e: &BytesStart) -> bool {
     attr(e, "class").is_some_and(|c| c.to_ascii_lowercase().starts_with("0x03"))
 }
 
+fn is_nic_pci(e: &BytesStart) -> bool {
+    attr(e, "class").is_some_and(|c| c.to_ascii_lowercase().starts_with("0x02"))
+}
+
 fn parse(text: &str) -> Result<Parsed, String> {
     let mut r = Reader::from_str(text);
     let mut p = Parsed::default();
-    // Per open element: whether it is a GPU `<pci>` (its index in p.gpus).
-    let mut open: Vec<Option<usize>> = Vec::new();
+    // Per open element: a GPU or NIC `<pci>` (its index), or anything else.
+    let mut open: Vec<Open> = Vec::new();
     let mut saw_system = false;
     loop {
         let (e, empty) = match r.read_event() {
@@ -91,8 +119,15 @@ fn parse(text: &str) -> Result<Parsed, String> {
             Ok(_) => continue,
             Err(e) => return Err(format!("not XML at byte {}: {e}", r.error_position())),
         };
-        let gpu_here = open.iter().rev().find_map(|g| *g);
-        let mut this = None;
+        let gpu_here = open.iter().rev().find_map(|o| match o {
+            Open::Gpu(g) => Some(*g),
+            _ => None,
+        });
+        let nic_here = open.iter().rev().find_map(|o| match o {
+            Open::Nic(n) => Some(*n),
+            _ => None,
+        });
+        let mut this = Open::Other;
         match e.name().into_inner() {
             "system" => saw_system = true,
             "cpu" => p.cpus.push((
@@ -106,7 +141,22 @@ fn parse(text: &str) -> Result<Parsed, String> {
                     in_guest: false,
                     nvlinks: Vec::new(),
                 });
-                this = Some(p.gpus.len() - 1);
+                this = Open::Gpu(p.gpus.len() - 1);
+            }
+            "pci" if is_nic_pci(&e) => {
+                p.nics.push(FileNic {
+                    busid: attr(&e, "busid").unwrap_or_default(),
+                    device: attr(&e, "device"),
+                    nets: Vec::new(),
+                    in_guest: false,
+                });
+                this = Open::Nic(p.nics.len() - 1);
+            }
+            // a `<net>` outside a NIC's `<pci>` is a virtual NIC NCCL attaches to a CPU
+            "net" => {
+                if let Some(n) = nic_here {
+                    p.nics[n].nets.push(attr(&e, "name").unwrap_or_default());
+                }
             }
             "nvlink" => {
                 let Some(g) = gpu_here else {
@@ -142,8 +192,14 @@ fn this_arch() -> &'static str {
     }
 }
 
-/// Checks the NCCL topology text `text` (from `file`) against the guest's `scan`.
-pub fn check_text(text: &str, file: &str, scan: &Scan) -> Result<NcclTopoCheck, String> {
+/// Checks the NCCL topology text `text` (from `file`) against the guest's `scan` and its
+/// network functions `nics`.
+pub fn check_text(
+    text: &str,
+    file: &str,
+    scan: &Scan,
+    nics: &BTreeMap<Bdf, NetFunction>,
+) -> Result<NcclTopoCheck, String> {
     let mut p = parse(text).map_err(|e| format!("{file}: {e}"))?;
     let mut problems = Vec::new();
     for (numa, arch) in &p.cpus {
@@ -205,11 +261,53 @@ pub fn check_text(text: &str, file: &str, scan: &Scan) -> Result<NcclTopoCheck, 
     for g in &p.gpus {
         nvlink_problems(g, &in_file, &seen, &mut problems);
     }
+    for n in &mut p.nics {
+        nic_problems(n, nics, &mut problems);
+    }
     Ok(NcclTopoCheck {
         file: file.to_string(),
         gpus: p.gpus,
+        nics: p.nics,
         problems,
     })
+}
+
+/// A NIC of the file against the guest's network function at its address.
+fn nic_problems(n: &mut FileNic, nics: &BTreeMap<Bdf, NetFunction>, problems: &mut Vec<String>) {
+    let Ok(bdf) = n.busid.parse::<Bdf>() else {
+        problems.push(format!(
+            "NIC busid {:?} is not a PCI address: NCCL cannot place it",
+            n.busid
+        ));
+        return;
+    };
+    let Some(here) = nics.get(&bdf) else {
+        problems.push(format!(
+            "NIC {bdf} is in the file but this guest has no network device there: NCCL drops its <net> {} and GPUDirect RDMA goes through whichever NIC it finds; the file was made for another VM or guest layout",
+            n.nets.join(", ")
+        ));
+        return;
+    };
+    n.in_guest = true;
+    if let Some(d) = n.device.as_deref() {
+        if !same_id(d, &format!("{:x}", here.device)) {
+            problems.push(format!(
+                "NIC {bdf} is device {d} in the file but {:#06x} here",
+                here.device
+            ));
+        }
+    }
+    let names: Vec<&String> = here.rdma.iter().chain(&here.net).collect();
+    for name in n.nets.iter().filter(|x| !names.contains(x)) {
+        problems.push(format!(
+            "NIC {bdf}'s <net name=\"{name}\"> is not what this guest calls it ({}): NCCL trims that entry and places the NIC from sysfs itself; regenerate the file or rename it",
+            if names.is_empty() {
+                "no RDMA device or interface: is its driver loaded?".to_string()
+            } else {
+                names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            }
+        ));
+    }
 }
 
 /// `0x2335` and `2335` are the same ID.
@@ -280,7 +378,8 @@ pub fn check_file(path: &Path, scan: &Scan) -> Result<NcclTopoCheck, String> {
         ));
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    check_text(&text, &path.display().to_string(), scan)
+    let nics = crate::sysfs_scan::network_functions(Path::new(&scan.sysfs_root));
+    check_text(&text, &path.display().to_string(), scan, &nics)
 }
 
 #[cfg(test)]
@@ -325,7 +424,7 @@ mod tests {
     #[test]
     fn a_matching_file_has_no_problems() {
         let s = scan(&[("0000:00:06.0", "0x2335"), ("0000:00:07.0", "0x2335")]);
-        let c = check_text(&good(), "f.xml", &s).unwrap();
+        let c = check_text(&good(), "f.xml", &s, &BTreeMap::new()).unwrap();
         assert_eq!(c.problems, Vec::<String>::new());
         assert_eq!(c.gpus.len(), 2);
         assert!(c
@@ -347,7 +446,7 @@ mod tests {
     </pci>
     <pci busid="0000:00:07.0""#,
             );
-        let c = check_text(&text, "f.xml", &s).unwrap();
+        let c = check_text(&text, "f.xml", &s, &BTreeMap::new()).unwrap();
         let all = c.problems.join("\n");
         assert!(all.contains("has no arch"), "{all}");
         assert!(
@@ -370,18 +469,92 @@ mod tests {
     #[test]
     fn not_a_topology_file() {
         let s = scan(&[]);
-        assert!(check_text("<domain/>", "d.xml", &s)
+        assert!(check_text("<domain/>", "d.xml", &s, &BTreeMap::new())
             .unwrap_err()
             .contains("d.xml: no <system>"));
-        assert!(check_text("<system><pci", "x.xml", &s)
+        assert!(check_text("<system><pci", "x.xml", &s, &BTreeMap::new())
             .unwrap_err()
             .contains("not XML"));
         assert!(check_text(
             r#"<system><pci busid="0000:00:06.0" class="0x030200"><gpu><nvlink count="x"/></gpu></pci></system>"#,
             "n.xml",
-            &s
+            &s,
+            &BTreeMap::new()
         )
         .unwrap_err()
         .contains("not a number"));
+    }
+
+    const WITH_NIC: &str = r#"<system version="1">
+  <cpu numaid="0" arch="ARCH">
+    <pci busid="0000:21:00.0" class="0x060400">
+      <pci busid="0000:23:00.0" class="0x030200" vendor="0x10de" device="0x2330"/>
+      <pci busid="0000:25:00.0" class="0x020000" vendor="0x15b3" device="0x1021">
+        <nic>
+          <net name="mlx5_0" dev="0"/>
+        </nic>
+      </pci>
+    </pci>
+    <nic>
+      <net name="eth0" dev="1"/>
+    </nic>
+  </cpu>
+</system>"#;
+
+    fn cx7(rdma: &[&str]) -> NetFunction {
+        NetFunction {
+            vendor: 0x15b3,
+            device: 0x1021,
+            rdma: rdma.iter().map(|s| s.to_string()).collect(),
+            net: vec!["ibp37s0".into()],
+        }
+    }
+
+    /// A NIC of the file the guest has at that address under that name: no problem; the
+    /// virtual NIC outside any `<pci>` (as in NCCL's own dump) is not a NIC of the file.
+    #[test]
+    fn a_nic_the_guest_has_is_no_problem() {
+        let s = scan(&[("0000:23:00.0", "0x2330")]);
+        let text = WITH_NIC.replace("ARCH", this_arch());
+        let nics = BTreeMap::from([("0000:25:00.0".parse().unwrap(), cx7(&["mlx5_0"]))]);
+        let c = check_text(&text, "f.xml", &s, &nics).unwrap();
+        assert_eq!(c.problems, Vec::<String>::new());
+        assert_eq!(c.nics.len(), 1);
+        assert!(c.nics[0].in_guest);
+        assert_eq!(c.nics[0].nets, ["mlx5_0"]);
+    }
+
+    /// A NIC the guest does not have at that address is a finding; so is one it names
+    /// otherwise, and one of another device ID.
+    #[test]
+    fn a_nic_missing_or_named_otherwise_is_a_finding() {
+        let s = scan(&[("0000:23:00.0", "0x2330")]);
+        let text = WITH_NIC.replace("ARCH", this_arch());
+        let elsewhere = BTreeMap::from([("0000:26:00.0".parse().unwrap(), cx7(&["mlx5_0"]))]);
+        let c = check_text(&text, "f.xml", &s, &elsewhere).unwrap();
+        assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+        assert!(c.problems[0].starts_with(
+            "NIC 0000:25:00.0 is in the file but this guest has no network device there"
+        ));
+        assert!(!c.nics[0].in_guest);
+        let renamed = BTreeMap::from([("0000:25:00.0".parse().unwrap(), cx7(&["mlx5_3"]))]);
+        let c = check_text(&text, "f.xml", &s, &renamed).unwrap();
+        assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+        assert!(c.problems[0]
+            .contains("<net name=\"mlx5_0\"> is not what this guest calls it (mlx5_3, ibp37s0)"));
+        let mut other = cx7(&["mlx5_0"]);
+        other.device = 0x101d;
+        let c = check_text(
+            &text,
+            "f.xml",
+            &s,
+            &BTreeMap::from([("0000:25:00.0".parse().unwrap(), other)]),
+        )
+        .unwrap();
+        assert!(
+            c.problems[0].contains("is device 0x1021 in the file but 0x101d here"),
+            "{:?}",
+            c.problems
+        );
     }
 }

@@ -362,8 +362,24 @@ pub fn nccl_topo(c: &NcclTopoCheck) -> String {
     }
     let mut out = fit(&format!("NCCL topology file {}:", c.file));
     out.push_str(&format!("{t}\n"));
+    if !c.nics.is_empty() {
+        let mut n = table(&["NIC in the NCCL file", "device", "in this guest", "net"]);
+        for nic in &c.nics {
+            n.add_row(vec![
+                nic.busid.clone(),
+                opt(&nic.device),
+                if nic.in_guest { "yes" } else { "NO" }.to_string(),
+                nic.nets.join(", "),
+            ]);
+        }
+        out.push_str(&format!("{n}\n"));
+    }
     if c.ok() {
-        out.push_str(&fit("every GPU and NVLink in it matches this guest"));
+        out.push_str(&fit(if c.nics.is_empty() {
+            "every GPU and NVLink in it matches this guest"
+        } else {
+            "every GPU, NVLink and NIC in it matches this guest"
+        }));
     }
     for p in &c.problems {
         out.push_str(&fit(&format!("problem: {p}")));

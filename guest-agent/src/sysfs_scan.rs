@@ -123,16 +123,9 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
     })?;
     let mut gpus = Vec::new();
     let mut warnings = Vec::new();
-    for entry in entries.flatten() {
-        let Some(bdf) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<Bdf>().ok())
-        else {
-            continue;
-        };
+    for (bdf, dir) in pci_devices(entries) {
         // One unreadable device is a warning, as in the host tool: the others still count.
-        match scan_device(&entry.path(), bdf) {
+        match scan_device(&dir, bdf) {
             Ok(Some(gpu)) => gpus.push(gpu),
             Ok(None) => {}
             Err(e) => warnings.push(format!("{bdf}: {e}; left out")),
@@ -152,6 +145,63 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
         note,
         warnings,
     })
+}
+
+/// The entries of `sys/bus/pci/devices` named by a PCI address, with their paths.
+fn pci_devices(entries: fs::ReadDir) -> impl Iterator<Item = (Bdf, PathBuf)> {
+    entries.flatten().filter_map(|e| {
+        let bdf = e.file_name().to_str()?.parse::<Bdf>().ok()?;
+        Some((bdf, e.path()))
+    })
+}
+
+/// A network function the guest has (PCI class 02), with the names its drivers gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetFunction {
+    pub vendor: u32,
+    pub device: u32,
+    /// RDMA devices (`infiniband/`), what NCCL's IB transport names its `<net>`s.
+    pub rdma: Vec<String>,
+    /// Network interfaces (`net/`), what its socket transport names them.
+    pub net: Vec<String>,
+}
+
+/// The sorted entries of a directory; none when it is absent.
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Every network function below `root/sys/bus/pci/devices`, by address (an unreadable
+/// listing gives none: the NCCL check then finds every NIC of its file missing).
+pub fn network_functions(root: &Path) -> std::collections::BTreeMap<Bdf, NetFunction> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(entries) = fs::read_dir(root.join("sys/bus/pci/devices")) else {
+        return out;
+    };
+    for (bdf, dir) in pci_devices(entries) {
+        let hex = |name: &str| read_attr(&dir, name).and_then(|v| parse_hex(&v));
+        if hex("class").is_none_or(|c| c >> 16 != 0x02) {
+            continue;
+        }
+        out.insert(
+            bdf,
+            NetFunction {
+                vendor: hex("vendor").unwrap_or(0),
+                device: hex("device").unwrap_or(0),
+                rdma: dir_names(&dir.join("infiniband")),
+                net: dir_names(&dir.join("net")),
+            },
+        );
+    }
+    out
 }
 
 fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {

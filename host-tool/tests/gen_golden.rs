@@ -72,6 +72,12 @@ fn nccl_topology() {
     for ex in EXAMPLES {
         insta::assert_snapshot!(format!("nccl-{ex}"), gen(ex, &["nccl"]));
     }
+    // every GPU and every CX-7 of hgx-h100: each switch holds 2 GPUs and 2 NICs
+    let nics = "0000:1a:00.0,0000:1b:00.0,0000:3c:00.0,0000:3d:00.0,0000:9f:00.0,0000:a0:00.0,0000:bd:00.0,0000:be:00.0";
+    insta::assert_snapshot!(
+        "nccl-hgx-h100-nics",
+        gen("hgx-h100", &["nccl", "--nics", nics])
+    );
 }
 
 #[test]
@@ -224,18 +230,23 @@ fn guest_places(
     out
 }
 
+/// `vfio-p2p topo --format json` of an example: the host's labels.
+fn host_topo(example: &str) -> serde_json::Value {
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", example, "topo", "--format", "json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Issue #22: with `mirror`, every GPU pair reads the same PIX/PXB/PHB/NODE/SYS label in
 /// the guest as on the host. The guest label is computed from the emitted QEMU argv
 /// (expanders, their NUMA nodes, ports and switches), the host's from `topo`.
 #[test]
 fn mirror_guest_labels_equal_host_labels() {
     for ex in ["hgx-h100", "dual-socket-pcie"] {
-        let topo_json = Command::cargo_bin("vfio-p2p")
-            .unwrap()
-            .args(["--example", ex, "topo", "--format", "json"])
-            .output()
-            .unwrap();
-        let topo: serde_json::Value = serde_json::from_slice(&topo_json.stdout).unwrap();
+        let topo = host_topo(ex);
         let host_gpus: Vec<&str> = topo["gpus"]
             .as_array()
             .unwrap()
@@ -272,6 +283,66 @@ fn mirror_guest_labels_equal_host_labels() {
         }
         assert_eq!(pairs, 28, "{ex}");
         insta::assert_snapshot!(format!("guest-labels-{ex}"), table);
+    }
+}
+
+/// Issue #22: NICs passed with the GPUs (`--nics`) sit where they sit on the host, so
+/// every GPU–NIC and NIC–NIC pair reads the same label in the guest as in `topo`'s
+/// `gpu_paths`/`nic_paths`. hgx-h100: 8 GPUs + 8 CX-7 (64 GPU–NIC pairs, 28 NIC–NIC);
+/// dual-socket-pcie: 8 GPUs + 2 (16 and 1).
+#[test]
+fn mirror_guest_labels_equal_host_labels_for_nics() {
+    for (ex, expect_pairs) in [("hgx-h100", 64 + 28), ("dual-socket-pcie", 16 + 1)] {
+        let topo = host_topo(ex);
+        let bdfs = |key: &str| -> Vec<String> {
+            topo[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["bdf"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let (host_gpus, host_nics) = (bdfs("gpus"), bdfs("nics"));
+        let argv: Vec<String> = serde_json::from_str(&gen(
+            ex,
+            &["qemu", "--format", "json", "--nics", &host_nics.join(",")],
+        ))
+        .unwrap();
+        let places = guest_places(&argv);
+        assert_eq!(places.len(), host_gpus.len() + host_nics.len(), "{ex}");
+        let nic_index = |b: &str| host_nics.iter().position(|n| n == b);
+        let mut table = String::new();
+        let mut pairs = 0;
+        for i in 0..places.len() {
+            for j in i + 1..places.len() {
+                let (a, b) = (places[i].0.as_str(), places[j].0.as_str());
+                let host = match (nic_index(a), nic_index(b)) {
+                    (None, None) => continue,
+                    (Some(n), None) | (None, Some(n)) => {
+                        let g = host_gpus.iter().position(|x| x == a || x == b).unwrap();
+                        topo["nics"][n]["gpu_paths"][g]
+                            .as_str()
+                            .unwrap()
+                            .to_string()
+                    }
+                    (Some(n), Some(m)) => topo["nics"][n]["nic_paths"][m]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                };
+                let path = |k: usize| pci_config::DevicePath {
+                    device: places[k].0.parse().unwrap(),
+                    root: places[k].1,
+                    bridges: &places[k].2,
+                };
+                let guest = pci_config::path_label(&path(i), &path(j));
+                assert_eq!(guest.label(), host, "{ex}: {a} {b}");
+                table.push_str(&format!("{a} {b}  host {host:<4}  guest {guest}\n"));
+                pairs += 1;
+            }
+        }
+        assert_eq!(pairs, expect_pairs, "{ex}");
+        insta::assert_snapshot!(format!("guest-labels-nics-{ex}"), table);
     }
 }
 

@@ -189,3 +189,61 @@ fn gpu_to_gpu_links_name_the_peer_and_its_class() {
     assert_eq!(link[2], ("tclass".to_string(), "0x030200".to_string()));
     assert_eq!(e.keys().filter(|p| p.contains("/nvlink")).count(), 2);
 }
+
+/// NICs passed with the GPUs (`--nics`) are in the file as NCCL 2.28.9 writes a NIC
+/// (xml.cc `ncclTopoFillNet`, `ncclTopoGetXmlFromSys`): a `<pci>` at the guest address
+/// gen gave it, inside the same guest switch as the GPUs it is PIX to on the host, holding
+/// `<nic><net name dev/>`; what only the running NIC knows (speed, port, guid, maxconn,
+/// gdr, latency) is left for NCCL to fill.
+#[test]
+fn nics_sit_in_their_gpus_switch_as_nccl_writes_them() {
+    let xml = vfio_p2p(&[
+        "--example",
+        "hgx-h100",
+        "gen",
+        "nccl",
+        "--gpus",
+        "0000:18:00.0,0000:19:00.0,0000:9d:00.0",
+        "--nics",
+        "mlx5_0,ibp27s0,0000:9f:00.0",
+    ]);
+    let e = elements(&xml);
+    let nets: Vec<(&String, &Vec<(String, String)>)> = e
+        .iter()
+        .filter(|(p, _)| p.ends_with("]") && p.contains("/net["))
+        .collect();
+    assert_eq!(nets.len(), 3, "{xml}");
+    for (path, attrs) in &nets {
+        let names: Vec<&str> = attrs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["name", "dev"], "{path}");
+        // system/cpu[N]/pci[switch]/pci[nic]/nic/net[..]
+        let steps: Vec<&str> = path.split('/').collect();
+        assert_eq!(steps.len(), 6, "{path}");
+        let nic_pci = &e[&steps[..4].join("/")];
+        let keys: Vec<&str> = nic_pci.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "busid",
+                "class",
+                "vendor",
+                "device",
+                "subsystem_vendor",
+                "subsystem_device",
+                "link_speed",
+                "link_width"
+            ]
+        );
+        assert_eq!(nic_pci[1].1, "0x020000");
+        // a GPU sits in the same switch
+        let switch = steps[..3].join("/");
+        assert!(
+            e.iter().any(|(p, a)| p.starts_with(&switch)
+                && p.matches('/').count() == 3
+                && a.iter().any(|(k, v)| k == "class" && v == "0x030200")),
+            "{switch}: no GPU beside the NIC\n{xml}"
+        );
+    }
+    let names: Vec<&str> = nets.iter().map(|(_, a)| a[0].1.as_str()).collect();
+    assert_eq!(names, ["mlx5_0", "mlx5_1", "mlx5_2"]);
+}

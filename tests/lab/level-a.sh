@@ -713,12 +713,13 @@ topo_b_boot() { # ACCEL LIMIT: one boot; console to /out/level-b-topo.log
     shift
     C timeout -k 5 "$limit" "$@" -nodefaults -display none -monitor none -serial stdio -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1 lab_b=topo" \
+        -fw_cfg name=opt/vfio-p2p-lab/nccl-topo.xml,file=$O/nccl-topo.xml \
         < /dev/null > /out/level-b-topo.log 2>&1
     echo "level B (topo) QEMU exit $?"
 }
 
 stage_guest_topo() {
-    local rc t0 accel=$ACCEL_B a b host guest want got n=0 labels=""
+    local rc accel a b host guest want got n=0 labels=""
     ensure_vfio $GPUS
     printf 'name: lab-b-topo\nmemory_mib: %s\nvcpus: %s\nguest_topology: mirror\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" > /out/vm-b-topo.yaml
     rc=0; vp gen qemu --config $O/vm-b-topo.yaml --gpus "$(csv $GPUS)" $GEN_OPTS --format json \
@@ -733,6 +734,11 @@ stage_guest_topo() {
     # (other warnings are expected: the ACS-less switch pair, the GPUs without a clique)
     grep -q 'in the guest, .* on the host' /out/gen-topo.err &&
         fail "gen warned that a pair's label will differ: $(grep 'in the guest, .* on the host' /out/gen-topo.err | head -n1)"
+    # the NCCL file for the same guest, handed to level B through fw_cfg (checked below)
+    rc=0; vp gen nccl --config $O/vm-b-topo.yaml --gpus "$(csv $GPUS)" $GEN_OPTS -o $O/nccl-topo.xml \
+        2> /out/gen-nccl-topo.err || rc=$?
+    cat /out/nccl-topo.xml /out/gen-nccl-topo.err
+    [ $rc = 0 ] || { fail "gen nccl (mirror, all five) exited $rc"; return 1; }
     boot_b topo_b_boot /out/level-b-topo.log
     accel=$B_ACCEL
     NOTE="level B under $accel: $B_SECS s"
@@ -757,7 +763,14 @@ stage_guest_topo() {
     for want in PIX PHB NODE SYS; do
         case " $labels " in *" $want "*) ;; *) fail "no $want pair among the guest's labels" ;; esac
     done
-    NOTE="$n/10 pairs host = guest (PIX PHB NODE SYS), $NOTE"
+    # the agent in level B checked gen's NCCL file against what that guest sees
+    tr -d '\r' < /out/level-b-topo.log | sed -n '/^LAB-B-NCCLTOPO-BEGIN/,/^LAB-B-NCCLTOPO-END/p' | sed '1d;$d' > /out/b-NCCLTOPO.json
+    rc=$(tr -d '\r' < /out/level-b-topo.log | sed -n 's/^LAB-B-NCCLTOPO-END rc=//p')
+    is_json /out/b-NCCLTOPO.json || { fail "agent nccl-topo printed no JSON (rc '$rc')"; return 1; }
+    [ "$rc" = 0 ] || fail "agent nccl-topo exited '$rc': $(jqr -c .problems < /out/b-NCCLTOPO.json)"
+    got=$(jqr -r '[.gpus[] | select(.in_guest)] | length' < /out/b-NCCLTOPO.json)
+    [ "$got" = 5 ] || fail "$got of the NCCL file's GPUs are in the guest, want 5"
+    NOTE="$n/10 pairs host = guest (PIX PHB NODE SYS), NCCL file agrees ($got/5 GPUs, 0 problems), $NOTE"
 }
 
 # cdev: check sees /dev/iommu and the VFIO device cdevs (or their absence, as on every Debian

@@ -42,6 +42,12 @@ if grep -q 'lab_b=topo' /proc/cmdline; then
     echo "LAB-B: NUMA nodes online: $(cat /sys/devices/system/node/online)"
     for d in /sys/bus/pci/devices/*; do echo "LAB-B: $(readlink -f "$d") numa_node $(cat "$d/numa_node")"; done
     section TOPO vfio-p2p-agent topo --format json
+    # gen nccl's file for this guest (fw_cfg), checked against what the guest sees
+    if cat $FW/opt/vfio-p2p-lab/nccl-topo.xml/raw > /tmp/nccl-topo.xml 2> /dev/null; then
+        section NCCLTOPO vfio-p2p-agent --format json nccl-topo /tmp/nccl-topo.xml
+    else
+        echo "LAB-B: no fw_cfg opt/vfio-p2p-lab/nccl-topo.xml"
+    fi
     echo "LAB-B-DONE up $(up)s"
     sync
     poweroff -f

@@ -15,6 +15,7 @@ use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::host_probe;
 use crate::model::domain::DomainFacts;
+use crate::model::DeviceKind;
 use crate::read::domain_xml::read_domain_xml_file;
 use crate::read::proxmox_conf::read_proxmox_conf_file;
 use crate::read::vmm;
@@ -102,6 +103,34 @@ fn selected_gpus(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) 
     }
 }
 
+/// The domain's hostdevs that are NICs here: passed devices like the GPUs, never in a clique.
+fn domain_nics(topo: &crate::model::Topology) -> impl Fn(&DomainFacts) -> Vec<Bdf> + '_ {
+    move |d| {
+        d.hostdevs
+            .iter()
+            .map(|h| h.bdf)
+            .filter(|b| topo.device(b).is_some_and(|d| d.kind == DeviceKind::Nic))
+            .collect()
+    }
+}
+
+/// What /dev says about the IOMMU groups of `devices` (and KVM, VFIO): probed on a live
+/// host, "not probed" for an example or a snapshot file.
+fn probe_host(
+    global: &GlobalArgs,
+    topo: &crate::model::Topology,
+    devices: &[Bdf],
+    deep: bool,
+) -> check::HostFacts {
+    if global.example.is_some() {
+        host_probe::not_probed("an embedded example has no live host", topo, devices)
+    } else if global.sysfs_root.is_file() {
+        host_probe::not_probed("a snapshot file has no /dev", topo, devices)
+    } else {
+        host_probe::gather(&global.sysfs_root, topo, devices, deep)
+    }
+}
+
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
     ctx.require_gpus("check")?;
@@ -129,16 +158,16 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     if args.deep {
         tracing::warn!("--deep opens every selected GPU through VFIO, which resets it");
     }
-    let host = if global.example.is_some() {
-        host_probe::not_probed("an embedded example has no live host", topo, &gpus)
-    } else if global.sysfs_root.is_file() {
-        host_probe::not_probed("a snapshot file has no /dev", topo, &gpus)
-    } else {
-        host_probe::gather(&global.sysfs_root, topo, &gpus, args.deep)
-    };
+    let nics = domain.as_ref().map(domain_nics(topo)).unwrap_or_default();
+    let mut host = probe_host(global, topo, &gpus, args.deep);
+    if !nics.is_empty() {
+        host.groups
+            .extend(probe_host(global, topo, &nics, false).groups);
+    }
     let vmm = vmm_facts(&args, domain.as_ref());
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
+    report.extend(check::nic_checks(topo, &gpus, &nics, &host));
     if let (Some(d), Some(_)) = (&domain, &args.proxmox_conf) {
         let level = ctx.plan_options(&args.plan, None).p2p_level;
         report.extend(check::clique_checks(topo, d, level, PROXMOX_FIX));

@@ -23,6 +23,7 @@ use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl, proxmox};
 use crate::host_probe;
+use crate::model::NicRef;
 use crate::read::vmm;
 
 /// Which configuration to write.
@@ -49,6 +50,10 @@ pub struct GenArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub planning: PlanningArgs,
+    /// NICs or SR-IOV VFs to pass with the GPUs: BDFs, interface names (ens1f0np0) or RDMA
+    /// device names (mlx5_0); replaces the config's `nics:`. Placed where they sit on the host.
+    #[arg(long, value_delimiter = ',', value_name = "NIC,...")]
+    pub nics: Vec<NicRef>,
     /// Guest PCIe tree: mirror the host (default) or one root port per GPU.
     #[arg(long, value_enum)]
     pub guest_topology: Option<GuestTopology>,
@@ -183,6 +188,9 @@ fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
     if let Some(n) = &args.name {
         config.name = n.clone();
     }
+    if !args.nics.is_empty() {
+        config.nics = args.nics.clone();
+    }
     if let Some(t) = args.guest_topology {
         config.guest_topology = t;
     }
@@ -251,9 +259,17 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         &gpus,
         &ctx.plan_options(&args.planning.options, config.p2p_level),
     )?;
-    let mut layout = guest_layout::decide(
+    let nics = topo.resolve_nics(&config.nics).map_err(|e| {
+        let from = args.config.as_ref().filter(|_| args.nics.is_empty());
+        match from {
+            Some(path) => anyhow::anyhow!("{}: nics: {e}", path.display()),
+            None => anyhow::anyhow!("--nics: {e}"),
+        }
+    })?;
+    let mut layout = guest_layout::decide_with_nics(
         topo,
         &gpus,
+        &nics,
         &p.assignments,
         LayoutOptions {
             topology: config.guest_topology,
@@ -271,8 +287,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
     let devices: Vec<_> = layout
-        .gpus
-        .iter()
+        .passed()
         .filter_map(|g| topo.device(&g.host))
         .collect();
     let hole64 = mmio::hole64_size(&devices);

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
+use crate::decide::nic_affinity::{NicChoice, NicPool};
 use crate::decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
@@ -39,6 +40,10 @@ pub struct PlaceArgs {
     /// Refuse VMs whose worst PCIe path between GPUs is worse than this (pix, pxb, phb, node, sys).
     #[arg(long, value_name = "LEVEL")]
     pub max_path: Option<PathKind>,
+    /// Give each placed GPU the free NIC nearest to it when that is PIX or PXB (GPUDirect
+    /// RDMA); say per GPU which NIC it got, or that the host has none such.
+    #[arg(long)]
+    pub with_nics: bool,
     /// Write one vm.yaml per placed VM (NAME.yaml) into this directory, for `vfio-p2p gen`.
     #[arg(long, value_name = "DIR")]
     pub write_configs: Option<PathBuf>,
@@ -82,6 +87,9 @@ struct VmReport {
     warnings: Vec<String>,
     /// Why no clique plan could be made (the placement still stands).
     plan_error: Option<String>,
+    /// With `--with-nics`: the NIC each GPU got, or why none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nics: Vec<NicChoice>,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,6 +136,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
                 .collect(),
             warnings: p.warnings,
             plan_error: None,
+            nics: Vec::new(),
             vm,
         },
         Err(e) => VmReport {
@@ -135,6 +144,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
             pairs: Vec::new(),
             warnings: Vec::new(),
             plan_error: Some(e.to_string()),
+            nics: Vec::new(),
             vm,
         },
     }
@@ -169,6 +179,14 @@ fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
             Some(c) => format!("  - {g}  # clique {c}\n"),
             None => format!("  - {g}  # {no_clique}\n"),
         };
+    }
+    let nics: Vec<&NicChoice> = vm.nics.iter().filter(|c| c.nic.is_some()).collect();
+    if !nics.is_empty() {
+        t += "nics:\n";
+        for c in nics {
+            let (nic, path) = (c.nic.unwrap_or(c.gpu), c.path.unwrap_or(PathKind::X));
+            t += &format!("  - {nic}  # {path} to {}\n", c.gpu);
+        }
     }
     t += &format!("p2p_level: {}\n", p2p_level.label().to_ascii_lowercase());
     t
@@ -271,6 +289,14 @@ fn print_table(r: &PlaceReport) {
             );
         }
     }
+    for vm in &r.vms {
+        for c in &vm.nics {
+            print!(
+                "{}",
+                vfio_p2p_style::wrap(&format!("{}: {c}", vm.vm.name), width)
+            );
+        }
+    }
     for u in &r.unplaced {
         let mut line = format!("{} ({} GPUs): not placed: {}", u.name, u.gpus, u.reason);
         if let Some(w) = u.best_worst_path {
@@ -332,11 +358,17 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
         }
         _ => None,
     };
-    let vms: Vec<VmReport> = placed
+    let mut vms: Vec<VmReport> = placed
         .vms
         .into_iter()
         .map(|vm| plan_vm(&topo, vm, host.p2p_level))
         .collect();
+    if args.with_nics {
+        let mut pool = NicPool::new(&topo, &options.unavailable);
+        for vm in &mut vms {
+            vm.nics = vm.vm.gpus.iter().map(|g| pool.choose(*g)).collect();
+        }
+    }
     let configs_written = match &args.write_configs {
         Some(dir) => write_configs(dir, &vms, host.p2p_level)?,
         None => Vec::new(),

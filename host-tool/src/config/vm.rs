@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
-use crate::model::PathKind;
+use crate::model::{NicRef, PathKind};
 
 /// How the guest's PCIe tree is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
@@ -98,6 +98,10 @@ pub struct VmConfigFile {
     /// GPUs to pass through (host BDFs); `--gpus` replaces the list.
     #[serde(default)]
     pub gpus: Vec<Spanned<String>>,
+    /// NICs or SR-IOV VFs to pass with the GPUs: host BDFs, interface names (`ens1f0np0`)
+    /// or RDMA device names (`mlx5_0`); `--nics` replaces the list.
+    #[serde(default)]
+    pub nics: Vec<Spanned<String>>,
     /// Worst host path that still gets a P2P clique: pix, pxb, phb, node or sys.
     #[serde(default)]
     pub p2p_level: Option<Spanned<String>>,
@@ -138,6 +142,8 @@ pub struct VmConfigFile {
 pub struct VmConfig {
     pub name: String,
     pub gpus: Vec<Bdf>,
+    /// NICs to pass with the GPUs, as named (resolved against the host by `gen`).
+    pub nics: Vec<NicRef>,
     pub p2p_level: Option<PathKind>,
     pub guest_topology: GuestTopology,
     pub iommu_backend: IommuBackend,
@@ -164,6 +170,7 @@ impl Default for VmConfig {
         VmConfig {
             name: DEFAULT_NAME.to_string(),
             gpus: Vec::new(),
+            nics: Vec::new(),
             p2p_level: None,
             guest_topology: GuestTopology::Mirror,
             iommu_backend: IommuBackend::Legacy,
@@ -199,6 +206,7 @@ impl VmConfig {
         }
         let field = |e: super::FieldError| invalid(&e.at, e.message);
         let gpus = super::bdf_list("gpus", &file.gpus).map_err(field)?;
+        let nics = nic_list(&file.nics).map_err(field)?;
         let p2p_level = match &file.p2p_level {
             Some(l) => Some(super::p2p_level(l).map_err(field)?),
             None => None,
@@ -245,6 +253,7 @@ impl VmConfig {
         Ok(VmConfig {
             name,
             gpus,
+            nics,
             p2p_level,
             guest_topology: file.guest_topology.unwrap_or_default(),
             iommu_backend: file.iommu_backend.map(|b| b.value).unwrap_or_default(),
@@ -260,6 +269,25 @@ impl VmConfig {
             report,
         })
     }
+}
+
+/// The `nics:` list: each a BDF or a host name for one, none twice.
+fn nic_list(items: &[Spanned<String>]) -> Result<Vec<NicRef>, super::FieldError> {
+    let mut list: Vec<NicRef> = Vec::with_capacity(items.len());
+    for item in items {
+        let nic: NicRef = item
+            .value
+            .parse()
+            .map_err(|e| super::FieldError::new(&item.referenced, format!("nics: {e}")))?;
+        if list.contains(&nic) {
+            return Err(super::FieldError::new(
+                &item.referenced,
+                format!("nics: {nic} is listed twice"),
+            ));
+        }
+        list.push(nic);
+    }
+    Ok(list)
 }
 
 /// `verify`, `vsock_cid` and `report_port` together: a CID of 3 or more (0-2 are the
@@ -420,6 +448,16 @@ mod tests {
 
     #[test]
     fn bad_bdf_points_at_the_entry() {
+        let c = parse("name: vm1\nnics: [mlx5_0, 0000:1a:00.0]\n").unwrap();
+        assert_eq!(c.nics[0], NicRef::Name("mlx5_0".into()));
+        let e = parse("name: vm1\nnics:\n  - mlx5_0\n  - a/b\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("vm.yaml:4:5: nics: 'a/b' is neither"), "{e}");
+        let e = parse("name: vm1\nnics: [mlx5_0, mlx5_0]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nics: mlx5_0 is listed twice"), "{e}");
         let e = parse("name: vm1\ngpus:\n  - 0000:41:00.0\n  - 41:00.\n")
             .unwrap_err()
             .to_string();

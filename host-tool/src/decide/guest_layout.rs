@@ -30,6 +30,7 @@ pub const ROOT_PORT_FIRST_SLOT: u8 = 0x10;
 const ROOT_BUS_LAST_SLOT: u8 = 0x1e;
 /// Bus numbers between consecutive expander buses: room for the ports and switches below each.
 pub const EXPANDER_BUS_STRIDE: u8 = 0x20;
+use super::guest_devices::{chosen_gpus, chosen_nics, other_functions};
 pub use super::guest_expanders::MAX_EXPANDERS;
 use super::guest_expanders::{expander_assignment, root_node};
 /// The guest's root bus, as QEMU and libvirt name it.
@@ -61,6 +62,10 @@ pub enum LayoutError {
         needed: usize,
         available: usize,
     },
+    #[error("{0} is not a network device on this host (PCI class 02); list the NICs with `vfio-p2p topo`")]
+    NotANic(Bdf),
+    #[error("{0} shares a slot with the GPU {1}, which takes its functions along; drop it from the NICs")]
+    NicInGpuSlot(Bdf, Bdf),
     #[error("more than 32 guest ports below {0}")]
     BusFull(String),
 }
@@ -120,15 +125,17 @@ pub struct GuestFunction {
     pub id: String,
 }
 
-/// A passed-through GPU with its other functions (audio), kept in one guest slot.
+/// A passed-through device (a GPU, or a NIC passed with the GPUs) with its other
+/// functions (a GPU's audio, a NIC's other named ports), kept in one guest slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GuestGpu {
+pub struct GuestDevice {
     pub host: Bdf,
     pub guest: Bdf,
-    /// QEMU device id of the GPU function.
+    /// QEMU device id of the first function (`gpuN`, `nicN`).
     pub id: String,
     /// Bridge whose bus it plugs into.
     pub parent: String,
+    /// The GPUDirect clique (GPUs only; a NIC never carries one).
     pub clique: Option<u8>,
     pub vendor: u16,
     pub device: u16,
@@ -141,7 +148,12 @@ pub struct GuestGpu {
     pub other_functions: Vec<GuestFunction>,
 }
 
-impl GuestGpu {
+/// A passed-through GPU.
+pub type GuestGpu = GuestDevice;
+/// A NIC (or SR-IOV VF) passed with the GPUs: placed like them, never in a clique.
+pub type GuestNic = GuestDevice;
+
+impl GuestDevice {
     /// Whether the guest slot holds several functions (`multifunction=on` on function 0).
     pub fn multifunction(&self) -> bool {
         !self.other_functions.is_empty()
@@ -157,6 +169,9 @@ pub struct GuestLayout {
     pub bridges: Vec<GuestBridge>,
     /// In host BDF order.
     pub gpus: Vec<GuestGpu>,
+    /// NICs passed with the GPUs, in host BDF order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<GuestNic>,
     /// The machine as it is (`as_is`): guest addresses and paths are the host's.
     #[serde(skip)]
     pub as_is: bool,
@@ -173,7 +188,7 @@ impl GuestLayout {
         self.bridges.clear();
         self.numa_nodes.clear();
         self.as_is = true;
-        for g in &mut self.gpus {
+        for g in self.gpus.iter_mut().chain(&mut self.nics) {
             g.guest = g.host;
             g.parent = ROOT_BUS.to_string();
             g.numa_node = g.host_numa_node;
@@ -183,8 +198,13 @@ impl GuestLayout {
         }
     }
 
-    /// Ancestor bridges of a GPU, top first.
-    pub fn ancestors(&self, gpu: &GuestGpu) -> Vec<&GuestBridge> {
+    /// Every passed device: the GPUs, then the NICs.
+    pub fn passed(&self) -> impl Iterator<Item = &GuestDevice> {
+        self.gpus.iter().chain(&self.nics)
+    }
+
+    /// Ancestor bridges of a passed device, top first.
+    pub fn ancestors(&self, gpu: &GuestDevice) -> Vec<&GuestBridge> {
         let mut chain = Vec::new();
         let mut cur = self.bridge(&gpu.parent);
         while let Some(b) = cur {
@@ -211,27 +231,43 @@ struct Node {
     key: NodeKey,
     kind: GuestBridgeKind,
     children: Vec<NodeKey>,
-    gpus: Vec<Bdf>,
+    /// The passed devices (first functions) plugged into this bridge's bus.
+    devices: Vec<Bdf>,
 }
 
-/// Decides the guest tree for `gpus` with the given clique per GPU: the host devices,
-/// the guest NUMA nodes, the tree of bridges, its slots and bus numbers, then each GPU's
-/// place in it.
+/// Decides the guest tree for `gpus` with the given clique per GPU (no NICs).
 pub fn decide(
     topo: &Topology,
     gpus: &[Bdf],
     cliques: &BTreeMap<Bdf, Option<u8>>,
     opts: LayoutOptions,
 ) -> Result<GuestLayout, LayoutError> {
+    decide_with_nics(topo, gpus, &[], cliques, opts)
+}
+
+/// Decides the guest tree for `gpus` (with the given clique per GPU) and the NICs passed
+/// with them: the host devices, the guest NUMA nodes, the tree of bridges (a NIC below
+/// the same mirrored switch, port or expander as on the host), its slots and bus numbers,
+/// then each device's place in it.
+pub fn decide_with_nics(
+    topo: &Topology,
+    gpus: &[Bdf],
+    nics: &[Bdf],
+    cliques: &BTreeMap<Bdf, Option<u8>>,
+    opts: LayoutOptions,
+) -> Result<GuestLayout, LayoutError> {
     let chosen = chosen_gpus(topo, gpus)?;
+    let chosen_nics = chosen_nics(topo, nics, &chosen)?;
+    let mut all: Vec<&Device> = chosen.clone();
+    all.extend(chosen_nics.iter().map(|(first, _)| *first));
     let mirror = opts.topology == GuestTopology::Mirror;
-    let numa_nodes = guest_numa_nodes(topo, &chosen, mirror, opts.guest_numa)?;
+    let numa_nodes = guest_numa_nodes(topo, &all, mirror, opts.guest_numa)?;
     let expanders = if mirror {
-        expander_assignment(topo, &chosen)?
+        expander_assignment(topo, &all)?
     } else {
         BTreeMap::new()
     };
-    let tree = Tree::build(topo, &chosen, &expanders, &numa_nodes);
+    let tree = Tree::build(topo, &all, &expanders, &numa_nodes);
     let mut builder = LayoutBuilder {
         nodes: &tree.nodes,
         bridges: Vec::new(),
@@ -243,7 +279,17 @@ pub fn decide(
     let gpus_out = chosen
         .iter()
         .enumerate()
-        .map(|(i, gpu)| builder.guest_gpu(topo, gpu, i, cliques))
+        .map(|(i, gpu)| {
+            let id = format!("gpu{i}");
+            let others = other_functions(topo, gpu);
+            let clique = cliques.get(&gpu.bdf).copied().flatten();
+            builder.guest_device(gpu, id, &others, clique)
+        })
+        .collect();
+    let nics_out = chosen_nics
+        .iter()
+        .enumerate()
+        .map(|(i, (nic, others))| builder.guest_device(nic, format!("nic{i}"), others, None))
         .collect();
     builder.reject_shared_ports()?;
     Ok(GuestLayout {
@@ -251,25 +297,9 @@ pub fn decide(
         numa_nodes,
         bridges: builder.bridges,
         gpus: gpus_out,
+        nics: nics_out,
         as_is: false,
     })
-}
-
-/// The host GPUs, sorted and once each; anything else is an error.
-fn chosen_gpus<'t>(topo: &'t Topology, gpus: &[Bdf]) -> Result<Vec<&'t Device>, LayoutError> {
-    if gpus.is_empty() {
-        return Err(LayoutError::NoGpus);
-    }
-    let mut chosen: Vec<&Device> = Vec::new();
-    for bdf in gpus {
-        match topo.device(bdf) {
-            Some(d) if d.is_gpu() => chosen.push(d),
-            _ => return Err(LayoutError::NotAGpu(*bdf)),
-        }
-    }
-    chosen.sort_by_key(|d| d.bdf);
-    chosen.dedup_by_key(|d| d.bdf);
-    Ok(chosen)
 }
 
 /// One guest NUMA node per host node of the GPUs' root complexes (mirror layout with
@@ -313,18 +343,18 @@ impl Tree {
             roots: Vec::new(),
         };
         let mirror = !expanders.is_empty();
-        for gpu in chosen {
+        for dev in chosen {
             let expander = expanders
-                .get(&gpu.host_bridge)
+                .get(&dev.host_bridge)
                 .map(|&(hb, node)| tree.expander(hb, node, numa));
             let chain = if mirror {
-                mirrored_chain(topo, gpu)
+                mirrored_chain(topo, dev)
             } else {
                 None
             };
-            let parent = tree.chain(expander, chain, gpu.bdf);
+            let parent = tree.chain(expander, chain, dev.bdf);
             if let Some(p) = tree.nodes.get_mut(&parent) {
-                p.gpus.push(gpu.bdf);
+                p.devices.push(dev.bdf);
             }
         }
         for n in tree.nodes.values_mut() {
@@ -343,7 +373,7 @@ impl Tree {
             key,
             kind,
             children: Vec::new(),
-            gpus: Vec::new(),
+            devices: Vec::new(),
         };
         self.nodes.insert(key, node);
         match parent.and_then(|p| self.nodes.get_mut(&p)) {
@@ -447,19 +477,20 @@ impl LayoutBuilder<'_> {
         Ok(())
     }
 
-    /// The `i`-th GPU's guest address, parent bridge, NUMA node and other functions.
-    fn guest_gpu(
+    /// A passed device's guest address, parent bridge and NUMA node, with its other
+    /// functions (`others`) at the same guest slot.
+    fn guest_device(
         &self,
-        topo: &Topology,
-        gpu: &Device,
-        i: usize,
-        cliques: &BTreeMap<Bdf, Option<u8>>,
-    ) -> GuestGpu {
+        dev: &Device,
+        id: String,
+        others: &[&Device],
+        clique: Option<u8>,
+    ) -> GuestDevice {
         let parent_node = self
             .nodes
             .values()
-            .find(|n| n.gpus.contains(&gpu.bdf))
-            .expect("every chosen GPU was attached to a node above");
+            .find(|n| n.devices.contains(&dev.bdf))
+            .expect("every chosen device was attached to a node above");
         let parent = self.ids[&parent_node.key].clone();
         let parent_bridge = self
             .bridges
@@ -467,29 +498,35 @@ impl LayoutBuilder<'_> {
             .find(|b| b.id == parent)
             .expect("ids and bridges are built together");
         let slot = parent_node
-            .gpus
+            .devices
             .iter()
-            .position(|b| *b == gpu.bdf)
+            .position(|b| *b == dev.bdf)
             .and_then(|p| u8::try_from(p).ok())
             .unwrap_or(0);
-        let guest = Bdf::new(0, parent_bridge.bus, slot, gpu.bdf.function);
+        let guest = Bdf::new(0, parent_bridge.bus, slot, dev.bdf.function);
         let numa_node = self.expander_of(&parent).and_then(|e| match &e.kind {
             GuestBridgeKind::Expander { numa_node, .. } => *numa_node,
             _ => None,
         });
-        let id = format!("gpu{i}");
-        let other_functions = other_functions(topo, gpu, guest, &id);
-        GuestGpu {
-            host: gpu.bdf,
+        let other_functions = others
+            .iter()
+            .map(|d| GuestFunction {
+                host: d.bdf,
+                guest: guest.with_function(d.bdf.function),
+                id: format!("{id}-fn{}", d.bdf.function),
+            })
+            .collect();
+        GuestDevice {
+            host: dev.bdf,
             guest,
             id,
             parent,
-            clique: cliques.get(&gpu.bdf).copied().flatten(),
-            vendor: gpu.vendor,
-            device: gpu.device,
-            class: gpu.class,
+            clique,
+            vendor: dev.vendor,
+            device: dev.device,
+            class: dev.class,
             numa_node,
-            host_numa_node: gpu.numa_node,
+            host_numa_node: dev.numa_node,
             other_functions,
         }
     }
@@ -502,30 +539,12 @@ impl LayoutBuilder<'_> {
                 n.kind,
                 GuestBridgeKind::RootPort { .. } | GuestBridgeKind::SwitchDownstream { .. }
             );
-            if port && n.gpus.len() > 1 {
+            if port && n.devices.len() > 1 {
                 return Err(LayoutError::BusFull(self.ids[&n.key].clone()));
             }
         }
         Ok(())
     }
-}
-
-/// The GPU's other functions (audio, USB-C…), at the same guest slot.
-fn other_functions(topo: &Topology, gpu: &Device, guest: Bdf, id: &str) -> Vec<GuestFunction> {
-    let mut functions: Vec<&Device> = topo
-        .sibling_functions(&gpu.bdf)
-        .into_iter()
-        .filter(|d| d.bridge_role().is_none())
-        .collect();
-    functions.sort_by_key(|d| d.bdf);
-    functions
-        .iter()
-        .map(|d| GuestFunction {
-            host: d.bdf,
-            guest: guest.with_function(d.bdf.function),
-            id: format!("{id}-fn{}", d.bdf.function),
-        })
-        .collect()
 }
 
 /// The host's bridges above `gpu` that the guest reproduces, when they form a valid

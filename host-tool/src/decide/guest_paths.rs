@@ -8,7 +8,7 @@ use std::fmt;
 
 use pci_config::{Bdf, DevicePlace, PathBridge, PathClass, PathKind, RootComplex};
 
-use super::guest_layout::{GuestBridgeKind, GuestGpu, GuestLayout, MAX_EXPANDERS};
+use super::guest_layout::{GuestBridgeKind, GuestDevice, GuestGpu, GuestLayout, MAX_EXPANDERS};
 use crate::model::Topology;
 
 /// Where a GPU sits in the guest: its guest root complex and the bridges above it.
@@ -93,6 +93,9 @@ pub fn guest_labels(topo: &Topology, layout: &GuestLayout) -> Vec<(usize, usize,
 pub struct LabelDifference {
     pub a: Bdf,
     pub b: Bdf,
+    /// Whether `a` (`b`) is a NIC passed with the GPUs rather than a GPU.
+    pub a_nic: bool,
+    pub b_nic: bool,
     pub host: PathKind,
     pub guest: PathKind,
     pub why: String,
@@ -100,31 +103,57 @@ pub struct LabelDifference {
 
 impl fmt::Display for LabelDifference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pair = match (self.a_nic, self.b_nic) {
+            (false, false) => format!("GPUs {} and {}", self.a, self.b),
+            (true, true) => format!("NICs {} and {}", self.a, self.b),
+            (false, true) => format!("GPU {} and NIC {}", self.a, self.b),
+            (true, false) => format!("NIC {} and GPU {}", self.a, self.b),
+        };
         write!(
             f,
-            "GPUs {} and {} will read {} in the guest, {} on the host: {}",
-            self.a, self.b, self.guest, self.host, self.why
+            "{pair} will read {} in the guest, {} on the host: {}",
+            self.guest, self.host, self.why
         )
     }
 }
 
-/// Every pair of a `mirror` layout whose guest label differs from the host's, and why.
+/// Every pair of passed devices (GPU–GPU, GPU–NIC, NIC–NIC) of a `mirror` layout whose
+/// guest label differs from the host's, and why.
 pub fn label_differences(topo: &Topology, layout: &GuestLayout) -> Vec<LabelDifference> {
-    let places: Vec<GuestPlace> = layout.gpus.iter().map(|g| guest_place(layout, g)).collect();
-    guest_labels(topo, layout)
-        .into_iter()
-        .filter_map(|(i, j, class)| {
-            let (a, b) = (&layout.gpus[i], &layout.gpus[j]);
+    let devices: Vec<(&GuestDevice, bool)> = layout
+        .gpus
+        .iter()
+        .map(|g| (g, false))
+        .chain(layout.nics.iter().map(|n| (n, true)))
+        .collect();
+    let places: Vec<GuestPlace> = devices
+        .iter()
+        .map(|(d, _)| guest_place(layout, d))
+        .collect();
+    let mut out = Vec::new();
+    for i in 0..devices.len() {
+        for j in i + 1..devices.len() {
+            let ((a, a_nic), (b, b_nic)) = (devices[i], devices[j]);
             let host = topo.path(&a.host, &b.host).kind;
-            (host != class.kind).then(|| LabelDifference {
-                a: a.host,
-                b: b.host,
-                host,
-                guest: class.kind,
-                why: why(host, class.kind, &places[i], &places[j]),
-            })
-        })
-        .collect()
+            let guest = if layout.as_is {
+                host
+            } else {
+                pci_config::classify(&places[i].place.path(), &places[j].place.path()).kind
+            };
+            if host != guest {
+                out.push(LabelDifference {
+                    a: a.host,
+                    b: b.host,
+                    a_nic,
+                    b_nic,
+                    host,
+                    guest,
+                    why: why(host, guest, &places[i], &places[j]),
+                });
+            }
+        }
+    }
+    out
 }
 
 fn why(host: PathKind, guest: PathKind, a: &GuestPlace, b: &GuestPlace) -> String {
@@ -149,7 +178,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::decide::guest_layout::{decide, GuestTopology, LayoutOptions};
+    use crate::decide::guest_layout::{decide, decide_with_nics, GuestTopology, LayoutOptions};
     use crate::synth;
 
     fn layout(topo: &Topology, guest_numa: bool) -> GuestLayout {
@@ -170,6 +199,37 @@ mod tests {
                 vec![],
                 "{ex}"
             );
+        }
+    }
+
+    /// With every NIC of the examples passed too, every GPU–NIC and NIC–NIC pair keeps
+    /// its host label under mirror.
+    #[test]
+    fn mirror_keeps_gpu_nic_labels_of_the_examples() {
+        for ex in ["hgx-h100", "dual-socket-pcie"] {
+            let topo = Topology::from_record(&synth::example(ex).unwrap());
+            let gpus: Vec<Bdf> = topo.gpus().map(|d| d.bdf).collect();
+            let nics: Vec<Bdf> = topo.nic_names.keys().copied().collect();
+            assert!(nics.len() >= 2, "{ex}");
+            let opts = LayoutOptions {
+                topology: GuestTopology::Mirror,
+                guest_numa: true,
+            };
+            let l = decide_with_nics(&topo, &gpus, &nics, &BTreeMap::new(), opts).unwrap();
+            assert_eq!(l.nics.len(), nics.len());
+            assert_eq!(label_differences(&topo, &l), vec![], "{ex}");
+            // flat loses them, and names each GPU–NIC pair that changes
+            let flat = LayoutOptions {
+                topology: GuestTopology::Flat,
+                guest_numa: true,
+            };
+            let l =
+                decide_with_nics(&topo, &gpus[..2], &nics[..2], &BTreeMap::new(), flat).unwrap();
+            let d = label_differences(&topo, &l);
+            assert!(d.iter().any(|x| !x.a_nic && x.b_nic), "{ex}");
+            assert!(d
+                .iter()
+                .any(|x| x.to_string().starts_with("GPU ") && x.to_string().contains(" and NIC ")));
         }
     }
 

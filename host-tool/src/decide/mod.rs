@@ -5,11 +5,13 @@
 pub mod check;
 pub mod expectation;
 pub mod fleet_verdict;
+pub mod guest_devices;
 pub mod guest_expanders;
 pub mod guest_layout;
 pub mod guest_paths;
 pub mod iommu_backend;
 pub mod mmio;
+pub mod nic_affinity;
 pub mod nvlink;
 pub mod placement;
 pub mod plan;

@@ -50,7 +50,7 @@ pub fn argv(
         a.push("--platform".into());
         a.push("iommufd=on,vfio_p2p_dma=off".into());
     }
-    for g in &vm.layout.gpus {
+    for g in vm.layout.passed() {
         if let Some(clique) = g.clique {
             match topo.device(&g.host) {
                 Some(d) if d.config_complete() => {

@@ -106,7 +106,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     write_root_bus(w, vm);
     write_bridges(w, vm);
     let native_iommufd = vm.iommu_backend == IommuBackend::Iommufd && version.has_iommufd();
-    for g in &vm.layout.gpus {
+    for g in vm.layout.passed() {
         write_hostdevs(w, g, controller_index(vm, &g.parent), native_iommufd);
     }
     if let Some(r) = vm.config.report {
@@ -303,7 +303,7 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersio
     let iommufd_aliases = if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
         args.push("-object".into());
         args.push(format!("iommufd,id={IOMMUFD_OBJECT_ID}"));
-        hostdev_aliases(&vm.layout.gpus)
+        hostdev_aliases(vm.layout.passed())
     } else {
         Vec::new()
     };
@@ -332,9 +332,9 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersio
     }
 }
 
-/// Every hostdev's alias (all functions of every GPU).
-fn hostdev_aliases(gpus: &[GuestGpu]) -> Vec<String> {
-    gpus.iter()
+/// Every hostdev's alias (all functions of every passed GPU and NIC).
+fn hostdev_aliases<'a>(devices: impl Iterator<Item = &'a GuestGpu>) -> Vec<String> {
+    devices
         .flat_map(|g| {
             std::iter::once(g.id.as_str()).chain(g.other_functions.iter().map(|f| f.id.as_str()))
         })

@@ -20,8 +20,25 @@
 //!   cannot see, `tclass="0x068000"`, `count` = the GPU's links; NCCL joins every switch
 //!   into one node), else one per peer GPU (`tclass` = the peer's class).
 //!
+//! - NICs passed with the GPUs (`--nics`): `<pci>` at the NIC's guest address, inside
+//!   the guest switch that holds it, with `busid`, `class`, `vendor`, `device`,
+//!   `subsystem_vendor`, `subsystem_device`, `link_speed`, `link_width` (the order of
+//!   xml.cc `ncclTopoGetXmlFromSys`, which fills the `<pci>` above a NIC), holding
+//!   `<nic><net name=".." dev=".."/></nic>` (xml.cc `ncclTopoFillNet`).
+//!
 //! Left to NCCL, which fills them on every run: `<gpu>`'s `dev`, `sm`, `rank`, `gdr`
-//! (its device index, compute capability, rank in the communicator) and `<nic>` nodes.
+//! (its device index, compute capability, rank in the communicator), and `<net>`'s
+//! `latency`, `speed`, `port`, `guid`, `maxconn`, `gdr`: NCCL 2.28.9 (topo.cc
+//! `ncclTopoPopulateNics`) finds the `<net>` whose `name` its network plugin reports,
+//! sets `dev` to its own index and adds each of those attributes only where the file has
+//! none (`xmlInitAttrInt`), so a value the host cannot know (the port's GUID and link
+//! speed live in the NIC's firmware and the fabric; GPUDirect RDMA support in the guest's
+//! nvidia-peermem/dma-buf) would override the device's truth if written here; they are
+//! left out. `name` is the RDMA device name the guest's driver will give: the host
+//! name's prefix (`mlx5_` of `mlx5_3`; `mlx5_` for any Mellanox NIC) numbered in guest
+//! address order, as mlx5 and other RDMA drivers number devices in probe order. A name
+//! the guest does not have is dropped by NCCL (no `keep`, `ncclTopoTrimXml`), which then
+//! places that NIC from the guest's sysfs itself: mirror puts it where the host has it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -43,14 +60,20 @@ const CLASS_NVSWITCH: &str = "0x068000";
 
 #[derive(Debug, Clone)]
 enum Node {
-    Bridge { busid: Bdf, children: Vec<Node> },
+    Bridge {
+        busid: Bdf,
+        children: Vec<Node>,
+    },
     Gpu(usize),
+    /// A NIC passed with the GPUs (index into the layout's `nics`).
+    Nic(usize),
 }
 
 impl Node {
     fn cliques(&self, gpus: &[GuestGpu], out: &mut Vec<u8>) {
         match self {
             Node::Gpu(i) => out.extend(gpus[*i].clique),
+            Node::Nic(_) => {}
             Node::Bridge { children, .. } => {
                 for c in children {
                     c.cliques(gpus, out);
@@ -65,9 +88,11 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
     let l = vm.layout;
     // Top-level nodes per guest NUMA node, built from each GPU's guest switches.
     let mut per_node: BTreeMap<u32, Vec<Node>> = BTreeMap::new();
-    for (i, g) in l.gpus.iter().enumerate() {
+    let gpus = l.gpus.iter().enumerate().map(|(i, g)| (g, Node::Gpu(i)));
+    let nics = l.nics.iter().enumerate().map(|(i, n)| (n, Node::Nic(i)));
+    for (d, leaf) in gpus.chain(nics) {
         let switches: Vec<Bdf> = l
-            .ancestors(g)
+            .ancestors(d)
             .into_iter()
             .filter(|b| b.kind == GuestBridgeKind::SwitchUpstream)
             .map(|b| {
@@ -75,10 +100,11 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
                 Bdf::new(0, parent_bus, b.slot, 0)
             })
             .collect();
-        let top = per_node.entry(g.numa_node.unwrap_or(0)).or_default();
-        insert(top, &switches, i);
+        let top = per_node.entry(d.numa_node.unwrap_or(0)).or_default();
+        insert(top, &switches, leaf);
     }
     let mut fake = 0u8;
+    let nic_names = guest_rdma_names(vm, topo);
     let mut x = String::from("<system version=\"1\">\n");
     for (numa, mut top) in per_node {
         top = group_cliques(top, &l.gpus, &mut fake);
@@ -93,7 +119,7 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
         let cpu = topo.cpu.as_ref().map(cpu_attrs).unwrap_or_default();
         let _ = writeln!(x, "  <cpu numaid=\"{numa}\"{affinity}{cpu}>");
         for n in &top {
-            write_node(&mut x, n, vm, topo, 2);
+            write_node(&mut x, n, vm, topo, &nic_names, 2);
         }
         let _ = writeln!(x, "  </cpu>");
     }
@@ -101,21 +127,21 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
     x
 }
 
-fn insert(nodes: &mut Vec<Node>, switches: &[Bdf], gpu: usize) {
+fn insert(nodes: &mut Vec<Node>, switches: &[Bdf], leaf: Node) {
     let Some((first, rest)) = switches.split_first() else {
-        nodes.push(Node::Gpu(gpu));
+        nodes.push(leaf);
         return;
     };
     for n in nodes.iter_mut() {
         if let Node::Bridge { busid, children } = n {
             if busid == first {
-                insert(children, rest, gpu);
+                insert(children, rest, leaf);
                 return;
             }
         }
     }
     let mut children = Vec::new();
-    insert(&mut children, rest, gpu);
+    insert(&mut children, rest, leaf);
     nodes.push(Node::Bridge {
         busid: *first,
         children,
@@ -161,10 +187,12 @@ fn group_cliques(top: Vec<Node>, gpus: &[GuestGpu], fake: &mut u8) -> Vec<Node> 
         .collect()
 }
 
-fn first_gpu<'a>(n: &Node, gpus: &'a [GuestGpu]) -> Option<&'a GuestGpu> {
+/// The first device below `n` (a GPU, else a NIC): whose link a bridge reports.
+fn first_device<'a>(n: &Node, vm: &'a VmDefinition) -> Option<&'a GuestGpu> {
     match n {
-        Node::Gpu(i) => gpus.get(*i),
-        Node::Bridge { children, .. } => children.iter().find_map(|c| first_gpu(c, gpus)),
+        Node::Gpu(i) => vm.layout.gpus.get(*i),
+        Node::Nic(i) => vm.layout.nics.get(*i),
+        Node::Bridge { children, .. } => children.iter().find_map(|c| first_device(c, vm)),
     }
 }
 
@@ -185,7 +213,15 @@ fn link_attrs(gpu: Option<&GuestGpu>, topo: &Topology) -> String {
     s
 }
 
-fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, depth: usize) {
+/// Writes `n` and what is below it; `nic_names` are the passed NICs' `<net>` names.
+fn write_node(
+    x: &mut String,
+    n: &Node,
+    vm: &VmDefinition,
+    topo: &Topology,
+    nic_names: &[String],
+    depth: usize,
+) {
     let pad = "  ".repeat(depth);
     let gpus = &vm.layout.gpus;
     match n {
@@ -193,22 +229,17 @@ fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, dept
             let _ = writeln!(
                 x,
                 "{pad}<pci busid=\"{busid}\" class=\"{CLASS_BRIDGE}\"{}>",
-                link_attrs(first_gpu(n, gpus), topo)
+                link_attrs(first_device(n, vm), topo)
             );
             for c in children {
-                write_node(x, c, vm, topo, depth + 1);
+                write_node(x, c, vm, topo, nic_names, depth + 1);
             }
             let _ = writeln!(x, "{pad}</pci>");
         }
+        Node::Nic(i) => write_nic(x, *i, vm, topo, &nic_names[*i], &pad),
         Node::Gpu(i) => {
             let g = &gpus[*i];
-            let subsystem = topo
-                .device(&g.host)
-                .and_then(|d| d.subsystem)
-                .map(|(v, d)| {
-                    format!(" subsystem_vendor=\"{v:#06x}\" subsystem_device=\"{d:#06x}\"")
-                })
-                .unwrap_or_default();
+            let subsystem = subsystem_attrs(topo, &g.host);
             let attrs = format!(
                 "busid=\"{}\" class=\"{:#08x}\" vendor=\"{:#06x}\" device=\"{:#06x}\"{}{subsystem}",
                 g.guest,
@@ -246,6 +277,73 @@ fn write_node(x: &mut String, n: &Node, vm: &VmDefinition, topo: &Topology, dept
             let _ = writeln!(x, "{pad}  </gpu>\n{pad}</pci>");
         }
     }
+}
+
+/// The `subsystem_vendor`/`subsystem_device` attributes of a host device, if known.
+fn subsystem_attrs(topo: &Topology, host: &Bdf) -> String {
+    topo.device(host)
+        .and_then(|d| d.subsystem)
+        .map(|(v, d)| format!(" subsystem_vendor=\"{v:#06x}\" subsystem_device=\"{d:#06x}\""))
+        .unwrap_or_default()
+}
+
+/// The `<pci>` of the `i`-th passed NIC with its `<nic><net>`.
+fn write_nic(x: &mut String, i: usize, vm: &VmDefinition, topo: &Topology, name: &str, pad: &str) {
+    let n = &vm.layout.nics[i];
+    let _ = writeln!(
+        x,
+        "{pad}<pci busid=\"{}\" class=\"{:#08x}\" vendor=\"{:#06x}\" device=\"{:#06x}\"{}{}>",
+        n.guest,
+        n.class,
+        n.vendor,
+        n.device,
+        subsystem_attrs(topo, &n.host),
+        link_attrs(Some(n), topo)
+    );
+    let _ = writeln!(
+        x,
+        "{pad}  <nic>\n{pad}    <net name=\"{}\" dev=\"{i}\"/>\n{pad}  </nic>\n{pad}</pci>",
+        name
+    );
+}
+
+const VENDOR_MELLANOX: u16 = 0x15b3;
+
+/// The RDMA device name the guest's driver gives each passed NIC (in the layout's order):
+/// the host name's prefix (trailing digits dropped; `mlx5_` for a Mellanox NIC without
+/// one), numbered among the passed NICs of that prefix in guest address order (probe
+/// order); a NIC with no RDMA device gets its host interface name (what NCCL's socket
+/// transport reports).
+fn guest_rdma_names(vm: &VmDefinition, topo: &Topology) -> Vec<String> {
+    let nics = &vm.layout.nics;
+    let prefix = |n: &GuestGpu| -> Option<String> {
+        let host = topo.nic_names.get(&n.host).and_then(|x| x.rdma.first());
+        match host {
+            Some(h) => Some(h.trim_end_matches(|c: char| c.is_ascii_digit()).to_string()),
+            None => (n.vendor == VENDOR_MELLANOX).then(|| "mlx5_".to_string()),
+        }
+    };
+    let mut order: Vec<usize> = (0..nics.len()).collect();
+    order.sort_by_key(|&i| nics[i].guest);
+    let mut next: BTreeMap<String, usize> = BTreeMap::new();
+    let mut names = vec![String::new(); nics.len()];
+    for i in order {
+        names[i] = match prefix(&nics[i]) {
+            Some(p) => {
+                let k = next.entry(p.clone()).or_insert(0);
+                *k += 1;
+                format!("{p}{}", *k - 1)
+            }
+            None => {
+                let net = topo
+                    .nic_names
+                    .get(&nics[i].host)
+                    .and_then(|x| x.net.first());
+                net.cloned().unwrap_or_else(|| nics[i].id.clone())
+            }
+        };
+    }
+    names
 }
 
 /// The CPU's `arch`, `vendor`, `familyid`, `modelid` as NCCL writes them.

@@ -32,13 +32,13 @@ pub fn hostpci_id(index: usize) -> String {
 /// The configuration lines, or why the VM does not fit Proxmox's hostpci slots.
 pub fn config(vm: &VmDefinition) -> Result<String, String> {
     let mut functions = Vec::new();
-    for g in &vm.layout.gpus {
+    for g in vm.layout.passed() {
         functions.push((g.host, g.clique, true));
         functions.extend(g.other_functions.iter().map(|f| (f.host, None, false)));
     }
     if functions.len() > MAX_HOSTPCI {
         return Err(format!(
-            "{} GPU functions do not fit Proxmox's {MAX_HOSTPCI} hostpci entries (hostpci0..hostpci15): give the VM fewer GPUs",
+            "{} GPU and NIC functions do not fit Proxmox's {MAX_HOSTPCI} hostpci entries (hostpci0..hostpci15): give the VM fewer GPUs or NICs",
             functions.len()
         ));
     }

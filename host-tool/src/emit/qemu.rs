@@ -85,7 +85,7 @@ pub fn bridge_device(b: &GuestBridge) -> DeviceJson {
     m
 }
 
-/// The `-device` JSON objects of a GPU: its own `vfio-pci` then its other functions;
+/// The `-device` JSON objects of a passed device (GPU or NIC): its own `vfio-pci` then its other functions;
 /// under iommufd each names the `-object iommufd` (`iommufd` given).
 pub fn gpu_devices(g: &GuestGpu, iommufd: Option<&str>) -> Vec<DeviceJson> {
     let mut out = Vec::new();
@@ -191,7 +191,7 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
     for b in &vm.layout.bridges {
         opt("-device", bridge_device(b).to_string());
     }
-    for g in &vm.layout.gpus {
+    for g in vm.layout.passed() {
         for d in gpu_devices(g, iommufd) {
             opt("-device", d.to_string());
         }

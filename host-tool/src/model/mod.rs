@@ -4,6 +4,7 @@
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
 pub mod domain;
+pub mod nic;
 mod path;
 pub mod qemu_argv;
 pub mod vmm;
@@ -19,7 +20,9 @@ use crate::read::{DeviceRecord, HostRecord, ReadWarning, Resource};
 /// The CPU as read from `proc/cpuinfo`: the same type in every stage.
 pub use crate::read::cpuinfo::{CpuArch, CpuIdentity};
 /// A host bridge (PCI domain and root bus) as read: the same type in every stage.
+pub use crate::read::record::NicNames;
 pub use crate::read::HostBridgeId;
+pub use nic::NicRef;
 pub use path::{GpuPath, PathKind};
 /// NVIDIA GPU and NVSwitch parts (shared with the agent).
 pub use vfio_p2p_contract::nvidia_parts;
@@ -198,6 +201,8 @@ pub struct Topology {
     /// NVLink count between GPU pairs (key ordered low, high), when known.
     pub nvlinks: BTreeMap<(Bdf, Bdf), u8>,
     pub warnings: Vec<ReadWarning>,
+    /// Network functions' interface and RDMA device names on the host.
+    pub nic_names: BTreeMap<Bdf, NicNames>,
     /// Each device's bridges from its root port down, computed once: pair paths of a
     /// host with n GPUs ask for them n² times.
     #[serde(skip)]
@@ -238,6 +243,7 @@ impl Topology {
             cpu: host.cpu.clone(),
             nvlinks: BTreeMap::new(),
             warnings: host.warnings.clone(),
+            nic_names: host.nic_names.clone(),
             chains: BTreeMap::new(),
         };
         topo.warnings.extend(topo.devices.values().filter_map(|d| {

@@ -175,6 +175,21 @@ pub struct HostRecord {
     pub cpu: Option<super::cpuinfo::CpuIdentity>,
     #[serde(default)]
     pub warnings: Vec<ReadWarning>,
+    /// The names host drivers give each network function (`net/`, `infiniband/` below
+    /// the device); absent for NICs without a host driver (bound to vfio-pci).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nic_names: BTreeMap<Bdf, NicNames>,
+}
+
+/// A NIC's names on the host: its network interfaces and RDMA devices.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicNames {
+    /// Network interfaces (`net/NAME`), e.g. `ens1f0np0`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net: Vec<String>,
+    /// RDMA devices (`infiniband/NAME`), e.g. `mlx5_0`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma: Vec<String>,
 }
 
 mod hex_bytes {

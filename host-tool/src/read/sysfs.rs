@@ -14,7 +14,7 @@ use pci_config::{Bdf, ConfigSpace, HeaderType};
 use super::attr;
 use super::flat_json;
 use super::input_file::read_attribute_text;
-use super::record::{DeviceRecord, HostBridgeId, HostRecord, ReadWarning};
+use super::record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -88,6 +88,7 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         });
     }
     host.numa_nodes = read_numa_nodes(root, &mut host.warnings);
+    host.nic_names = read_nic_names(root, &host.devices);
     host.kernel_cmdline = read_attribute_text(&root.join("proc/cmdline"), "kernel command line")
         .ok()
         .map(|s| s.trim().to_string());
@@ -596,6 +597,36 @@ fn read_iommu_groups(root: &Path, warnings: &mut Vec<ReadWarning>) -> BTreeMap<B
             if let Ok(bdf) = m.file_name().to_string_lossy().parse::<Bdf>() {
                 out.insert(bdf, id);
             }
+        }
+    }
+    out
+}
+
+/// The entries of a directory, sorted; none when it is absent or unreadable.
+fn dir_names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Each network function's interface and RDMA device names: the entries of its `net/`
+/// and `infiniband/` directories (what `ip link` and `ibv_devices` list).
+fn read_nic_names(root: &Path, devices: &[DeviceRecord]) -> BTreeMap<Bdf, NicNames> {
+    let mut out = BTreeMap::new();
+    for d in devices.iter().filter(|d| d.class >> 16 == 0x02) {
+        let dir = root.join(format!("sys/bus/pci/devices/{}", d.bdf));
+        let names = NicNames {
+            net: dir_names(&dir.join("net")),
+            rdma: dir_names(&dir.join("infiniband")),
+        };
+        if !names.net.is_empty() || !names.rdma.is_empty() {
+            out.insert(d.bdf, names);
         }
     }
     out

@@ -63,6 +63,15 @@ impl TreeWriter<'_> {
         self.mkdir("sys/kernel/iommu_groups")?;
         for d in &host.devices {
             self.device(d)?;
+            if let Some(names) = host.nic_names.get(&d.bdf) {
+                let dir = format!("sys/{}", Self::device_path(d));
+                for n in &names.net {
+                    self.mkdir(&format!("{dir}/net/{n}"))?;
+                }
+                for n in &names.rdma {
+                    self.mkdir(&format!("{dir}/infiniband/{n}"))?;
+                }
+            }
         }
         for (node, cpulist) in &host.numa_nodes {
             self.file(

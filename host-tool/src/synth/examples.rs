@@ -81,6 +81,7 @@ fn hgx_h100() -> HostRecord {
     for d in dsps {
         b.endpoint(Attach::Below(d), 0, &nvswitch, None);
     }
+    let mut rdma = 0;
     for (bus, numa) in [(0x15u8, 0u32), (0x37, 0), (0x9a, 1), (0xb8, 1)] {
         let hb = b.host_bridge(0, bus);
         let rp = b.root_port(hb, Some(numa), Some(ACS_ISOLATING));
@@ -88,18 +89,18 @@ fn hgx_h100() -> HostRecord {
         let gpu = EndpointSpec::gpu(H100_SXM.0, H100_SXM.1, 128);
         b.endpoint(Attach::Below(dsps[0]), 0, &gpu, None);
         b.endpoint(Attach::Below(dsps[1]), 0, &gpu, None);
-        b.endpoint(
-            Attach::Below(dsps[2]),
-            0,
-            &EndpointSpec::nic(CX7.0, CX7.1),
-            None,
-        );
-        b.endpoint(
-            Attach::Below(dsps[3]),
-            0,
-            &EndpointSpec::nic(CX7.0, CX7.1),
-            None,
-        );
+        for port in [dsps[2], dsps[3]] {
+            let nic = b.endpoint(
+                Attach::Below(port),
+                0,
+                &EndpointSpec::nic(CX7.0, CX7.1),
+                None,
+            );
+            // As mlx5 names them: the interface by its slot, RDMA devices in probe order.
+            let net = format!("ibp{}s0", nic.bus);
+            b.nic_names(nic, &net, &format!("mlx5_{rdma}"));
+            rdma += 1;
+        }
     }
     b.build()
 }
@@ -133,11 +134,16 @@ fn dual_socket_pcie() -> HostRecord {
             }
         }
         let nic_port = b.downstream_port(top_usp, Some(ACS_ISOLATING));
-        b.endpoint(
+        let nic = b.endpoint(
             Attach::Below(nic_port),
             0,
             &EndpointSpec::nic(CX7.0, CX7.1),
             None,
+        );
+        b.nic_names(
+            nic,
+            &format!("ens{}f0np0", nic.bus),
+            &format!("mlx5_{}", bus >> 7),
         );
     }
     b.build()

@@ -105,6 +105,16 @@ impl HostBuilder {
         }
     }
 
+    /// The names host drivers give the network function `bdf`.
+    pub fn nic_names(&mut self, bdf: Bdf, net: &str, rdma: &str) -> &mut Self {
+        let names = crate::read::record::NicNames {
+            net: vec![net.to_string()],
+            rdma: vec![rdma.to_string()],
+        };
+        self.host.nic_names.insert(bdf, names);
+        self
+    }
+
     pub fn numa_node(&mut self, id: u32, cpulist: &str) -> &mut Self {
         self.host.numa_nodes.insert(id, cpulist.to_string());
         self

@@ -51,6 +51,12 @@ const SWITCH_GPU: (u16, u16) = (0x10de, 0x26b9);
 ///
 /// Panics when the spec needs more than 8 host bridges or 31 buses below one.
 pub fn server(spec: &ServerSpec) -> HostRecord {
+    server_with_nics(spec, 0)
+}
+
+/// The server with `nics` ConnectX-7 NICs beside the GPUs of each leaf switch (on ports
+/// of their own, after the GPUs'), as HGX boards pair GPUs and NICs.
+pub fn server_with_nics(spec: &ServerSpec, nics: u8) -> HostRecord {
     let mut b = HostBuilder::new("generated server");
     for socket in 0..spec.sockets.len() {
         b.numa_node(
@@ -75,9 +81,15 @@ pub fn server(spec: &ServerSpec) -> HostRecord {
                         b.endpoint(Attach::Below(dsps[0]), function, &gpu, None);
                     }
                 } else {
-                    let (_, dsps) = b.switch(*port, usize::from(leaf.gpus), Some(ACS_ISOLATING));
-                    for d in dsps {
-                        b.endpoint(Attach::Below(d), 0, &gpu, None);
+                    let ports = usize::from(leaf.gpus + nics);
+                    let (_, dsps) = b.switch(*port, ports, Some(ACS_ISOLATING));
+                    let (gpu_ports, nic_ports) = dsps.split_at(usize::from(leaf.gpus));
+                    for d in gpu_ports {
+                        b.endpoint(Attach::Below(*d), 0, &gpu, None);
+                    }
+                    for d in nic_ports {
+                        let nic = EndpointSpec::nic(0x15b3, 0x1021);
+                        b.endpoint(Attach::Below(*d), 0, &nic, None);
                     }
                 }
             }

@@ -80,5 +80,24 @@ pub fn run_checks(
     CheckReport::new(out)
 }
 
+/// NICs passed with the GPUs (the domain's network hostdevs): like a GPU, each one's
+/// IOMMU group must be whole and viable and it must reset between VMs; it never gets a
+/// clique, so no placement check. Group members that are passed GPUs or NICs are ours.
+pub fn nic_checks(
+    topo: &Topology,
+    gpus: &[Bdf],
+    nics: &[Bdf],
+    host: &HostFacts,
+) -> Vec<CheckResult> {
+    let passed: Vec<Bdf> = gpus.iter().chain(nics).copied().collect();
+    let mut out = Vec::new();
+    for n in nics.iter().filter_map(|b| topo.device(b)) {
+        out.push(host_rules::check_group_members(topo, n, &passed));
+        out.push(host_rules::check_group_viable(n, host));
+        out.push(host_rules::check_reset(topo, n));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;
