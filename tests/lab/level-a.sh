@@ -845,8 +845,8 @@ stage_iommufd() {
         --format json --expect-out $O/expect-iommufd.json > /out/gen-iommufd.json 2> /out/gen-iommufd.err || rc=$?
     echo "== gen qemu --iommu-backend iommufd (exit $rc)"; cat /out/gen-iommufd.err /out/gen-iommufd.json
     [ $rc = 0 ] && is_json /out/gen-iommufd.json || { fail "gen qemu --iommu-backend iommufd: exit $rc"; return 1; }
-    jqr -e 'index("-object") as $i | $i != null and (.[$i + 1] | startswith("iommufd,id="))' < /out/gen-iommufd.json > /dev/null ||
-        fail "gen emitted no -object iommufd"
+    jqr -e '. as $a | [range(length - 1) | select($a[.] == "-object" and ($a[. + 1] | startswith("iommufd,id=")))] | length == 1' \
+        < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
     jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
         < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
     [ "$accel" = auto ] && { if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi; }
