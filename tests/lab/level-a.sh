@@ -517,6 +517,26 @@ stage_guest() {
     [ -z "$WHY" ]
 }
 
+# boot_b RUNNER LOG: level B through RUNNER (a function taking ACCEL LIMIT, e.g. run_b_wrapped)
+# under $ACCEL_B; under nested KVM, a guest that does not reach LAB-B-DONE in LOG is retried
+# under TCG (auto only; LOG's KVM attempt is kept as LOG-kvm.log). B_ACCEL: the last accelerator.
+boot_b() {
+    B_ACCEL=$ACCEL_B
+    if [ "$B_ACCEL" = auto ]; then
+        if [ -c /dev/kvm ]; then B_ACCEL=kvm; else B_ACCEL=tcg; fi
+    fi
+    if [ "$B_ACCEL" = kvm ]; then
+        $1 kvm "$(b_limit "$TIMEOUT_B_KVM")"
+        if ! grep -q LAB-B-DONE "$2"; then
+            cp "$2" "${2%.log}-kvm.log"
+            echo "level B under nested KVM did not finish; TCG fallback"
+            if [ "$ACCEL_B" = auto ]; then B_ACCEL=tcg; $1 tcg "$(b_limit "$TIMEOUT_B_TCG")"; fi
+        fi
+    else
+        $1 tcg "$(b_limit "$TIMEOUT_B_TCG")"
+    fi
+}
+
 # guest-wrap: level B started through `vfio-p2p qemu-wrap` from gen's arguments with every
 # clique taken out: the wrapper puts the planned cliques back and the agent finds them
 # (docs/integrations.md: Nova and any other libvirt user)
@@ -544,20 +564,9 @@ stage_guest_wrap() {
     ! grep -q x-nv-gpudirect-clique /out/gen-noclique.json || { fail "cliques left in gen-noclique.json"; return 1; }
     # gen's vhost-vsock-pci (verify: vsock) needs /dev/vhost-vsock; no collector listens here
     modprobe vhost_vsock || fail "modprobe vhost_vsock failed"
-    if [ "$accel" = auto ]; then
-        if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi
-    fi
     t0=$(up)
-    if [ $accel = kvm ]; then
-        run_b_wrapped kvm "$(b_limit "$TIMEOUT_B_KVM")"
-        if ! grep -q LAB-B-DONE /out/level-b-wrap.log; then
-            cp /out/level-b-wrap.log /out/level-b-wrap-kvm.log
-            echo "level B under nested KVM did not finish; TCG fallback"
-            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b_wrapped tcg "$(b_limit "$TIMEOUT_B_TCG")"; }
-        fi
-    else
-        run_b_wrapped tcg "$(b_limit "$TIMEOUT_B_TCG")"
-    fi
+    boot_b run_b_wrapped /out/level-b-wrap.log
+    accel=$B_ACCEL
     NOTE="level B through qemu-wrap under $accel: $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
     echo "LAB-PROGRESS $NOTE"
     tr -d '\r' < /out/level-b-wrap.log | sed 's/^/B| /'
@@ -818,7 +827,7 @@ bar_mapping_seen() {
 }
 
 stage_iommufd() {
-    local q=/usr/bin/qemu-system-x86_64 accel=$ACCEL_B rc t0 row predicted seen want got offsets
+    local q=/usr/bin/qemu-system-x86_64 accel rc t0 row predicted seen want got offsets
     [ -e /dev/iommu ] || { fail "no /dev/iommu: boot the lab kernel (LAB_KERNEL=iommufd)"; return 1; }
     ensure_vfio $GPUS_B
     ls /dev/vfio/devices/vfio* > /dev/null 2>&1 || fail "no VFIO device cdev under /dev/vfio/devices"
@@ -849,18 +858,9 @@ stage_iommufd() {
         < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
     jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
         < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
-    [ "$accel" = auto ] && { if [ -c /dev/kvm ]; then accel=kvm; else accel=tcg; fi; }
     t0=$(up)
-    if [ $accel = kvm ]; then
-        run_b_iommufd kvm "$(b_limit "$TIMEOUT_B_KVM")"
-        if ! grep -q LAB-B-DONE /out/level-b-iommufd.log; then
-            cp /out/level-b-iommufd.log /out/level-b-iommufd-kvm.log
-            echo "level B under nested KVM did not finish; TCG fallback"
-            [ "$ACCEL_B" = auto ] && { accel=tcg; run_b_iommufd tcg "$(b_limit "$TIMEOUT_B_TCG")"; }
-        fi
-    else
-        run_b_iommufd tcg "$(b_limit "$TIMEOUT_B_TCG")"
-    fi
+    boot_b run_b_iommufd /out/level-b-iommufd.log
+    accel=$B_ACCEL
     echo "== QEMU's stderr (BAR mapping)"; cat /out/level-b-iommufd.qemu.log
     tr -d '\r' < /out/level-b-iommufd.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b-iommufd.log || { fail "level B ($accel) with iommufd did not finish"; return 1; }
