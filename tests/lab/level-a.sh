@@ -817,7 +817,7 @@ run_b_iommufd() { # ACCEL LIMIT: level B; console in /out/level-b-iommufd.log, Q
 # bar_mapping_seen QEMU-LOG: mapped | not-mapped | unclear, from QEMU's own words
 bar_mapping_seen() {
     local failed dmabuf mapped_file
-    failed=$(grep -cE 'IOMMU_IOAS_MAP(_FILE)? failed: .*PCI BAR\?|dma-buf unavailable|dma-buf not supported in kernel' "$1")
+    failed=$(grep -cE 'IOMMU_IOAS_MAP(_FILE)? failed: .*PCI BAR\?|peer-to-peer transactions on BARs are not supported|dma-buf unavailable|dma-buf not supported in kernel' "$1")
     dmabuf=$(grep -c 'vfio_region_dmabuf ' "$1")
     mapped_file=$(grep -cE 'iommufd_backend_map_file_dma .*\(0\)' "$1")
     echo "QEMU log: $failed BAR mapping failure(s), $dmabuf BAR dma-buf(s), $mapped_file IOMMU_IOAS_MAP_FILE mapping(s) that succeeded" >&2
