@@ -521,10 +521,11 @@ run_b() {
     echo "level B QEMU exit $?"
 }
 
-# b_section NAME [LOG]: the JSON level B printed for NAME (level-b.sh section) into /out/b-NAME.json;
-# prints the command's exit status. LOG: the console log (default /out/level-b.log)
+# b_section NAME [LOG [OUT]]: the JSON level B printed for NAME (level-b.sh section) into OUT
+# (default /out/b-NAME.json); prints the command's exit status. LOG: the console log (default
+# /out/level-b.log)
 b_section() {
-    tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "/^LAB-B-$1-BEGIN/,/^LAB-B-$1-END/p" | sed '1d;$d' > /out/b-$1.json
+    tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "/^LAB-B-$1-BEGIN/,/^LAB-B-$1-END/p" | sed '1d;$d' > "${3:-/out/b-$1.json}"
     tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "s/^LAB-B-$1-END rc=//p"
 }
 
@@ -920,6 +921,99 @@ stage_p2p_dma() {
         fail "the results also pass the opposite prediction (see p2p-dma-opposite.log)"
     secs=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-P2P-END .*seconds=//p')
     NOTE="$backend: check predicts $want; $(grep -c "^LAB-B-P2P " /out/level-b.log) stand-in(s) $want, control faulted; functional timing (TCG/nested), not performance: ${secs}s in level B"
+
+# iommufd (LAB_KERNEL=iommufd): level B from gen's arguments with --iommu-backend iommufd
+# (-object iommufd + vfio-pci,iommufd=). What `check --iommu-backend iommufd` predicts must be
+# what happens: the clique offset the agent finds in level B, and whether QEMU could map the
+# peer BARs into the IOAS, read from QEMU's own stderr (warnings and -trace lines):
+# - QEMU 10.0 (backends/iommufd.c iommufd_backend_map_dma): IOMMU_IOAS_MAP cannot pin a BAR's
+#   PFNMAP: "IOMMU_IOAS_MAP failed: Bad address, PCI BAR?", then hw/vfio's
+#   "vfio_container_dma_map(...) = -14 (Bad address)", and the VM starts anyway;
+# - QEMU 11.1 (hw/vfio/region.c vfio_region_create_dma_buf, QemuVersion::BAR_DMABUF): each BAR is
+#   exported as a dma-buf (trace vfio_region_dmabuf) and mapped with IOMMU_IOAS_MAP_FILE (trace
+#   iommufd_backend_map_file_dma, ret 0); without the kernel's export it says "dma-buf not
+#   supported in kernel, using mmap fallback, P2P DMA will not work" / "dma-buf unavailable".
+IOMMUFD_TRACE="-trace enable=iommufd_backend_map* -trace enable=vfio_region_dmabuf*"
+
+run_b_iommufd() { # ACCEL LIMIT: level B; console in /out/level-b-iommufd.log, QEMU's stderr in .qemu.log
+    echo "== level B with iommufd, accel $1, limit $2 s"
+    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b-iommufd.log; return; }
+    b_args "$1" /out/gen-iommufd.json > /out/b-iommufd-args-$1.sh
+    echo "arguments from gen (as changed by the lab): $(cat /out/b-iommufd-args-$1.sh)"
+    eval "set -- $2 $(cat /out/b-iommufd-args-$1.sh)"
+    local limit=$1
+    shift
+    C timeout -k 5 "$limit" "$@" $IOMMUFD_TRACE -nodefaults -display none -monitor none -serial stdio -no-reboot \
+        -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
+        < /dev/null > /out/level-b-iommufd.log 2> /out/level-b-iommufd.qemu.log
+    echo "level B QEMU exit $?"
+}
+
+# bar_mapping_seen QEMU-LOG: mapped | not-mapped | unclear, from QEMU's own words
+bar_mapping_seen() {
+    local failed dmabuf mapped_file
+    failed=$(grep -cE 'IOMMU_IOAS_MAP(_FILE)? failed: .*PCI BAR\?|peer-to-peer transactions on BARs are not supported|dma-buf unavailable|dma-buf not supported in kernel' "$1")
+    dmabuf=$(grep -c 'vfio_region_dmabuf ' "$1")
+    mapped_file=$(grep -cE 'iommufd_backend_map_file_dma .*\(0\)' "$1")
+    echo "QEMU log: $failed BAR mapping failure(s), $dmabuf BAR dma-buf(s), $mapped_file IOMMU_IOAS_MAP_FILE mapping(s) that succeeded" >&2
+    if [ "$failed" -gt 0 ]; then echo not-mapped
+    elif [ "$dmabuf" -gt 0 ] && [ "$mapped_file" -gt 0 ]; then echo mapped
+    else echo unclear; fi
+}
+
+stage_iommufd() {
+    local q=/usr/bin/qemu-system-x86_64 accel rc t0 row predicted seen want got offsets
+    [ -e /dev/iommu ] || { fail "no /dev/iommu: boot the lab kernel (LAB_KERNEL=iommufd)"; return 1; }
+    ensure_vfio $GPUS_B
+    ls /dev/vfio/devices/vfio* > /dev/null 2>&1 || fail "no VFIO device cdev under /dev/vfio/devices"
+    modprobe vhost_vsock || [ -d /sys/module/vhost_vsock ] || fail "no vhost_vsock"
+    # the prediction: check with the backend, the QEMU that will run level B and gen's options
+    rc=0; vp check --gpus "$(csv $GPUS_B)" $GEN_OPTS --qemu $q --iommu-backend iommufd --format json > /out/check-iommufd.json || rc=$?
+    echo "== check --iommu-backend iommufd (exit $rc)"; cat /out/check-iommufd.json
+    is_json /out/check-iommufd.json || { fail "check printed no JSON"; return 1; }
+    row=$(jqr -r '.checks[] | select(.check == "iommufd-p2p") | "\(.status | ascii_downcase) \(.saw)"' < /out/check-iommufd.json)
+    echo "iommufd-p2p: $row"
+    case $row in
+        pass*) predicted=mapped ;;
+        warn*"cannot be mapped"* | fail*"cannot be mapped"*) predicted=not-mapped ;;
+        *) fail "check has no iommufd-p2p verdict to test: '$row'"; return 1 ;;
+    esac
+    vp plan --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json > /out/plan-iommufd.json
+    # the offsets check predicts for the GPUs that get a clique ("... at 0xC8" / "falls back to 0xD4")
+    want=$(jqr -r --slurpfile p $O/plan-iommufd.json '[.checks[] | select(.check == "clique-placement")
+            | select(.subject as $s | $p[0].assignments[$s] != null) | .saw | ascii_downcase
+            | if test("0xd4$") then "0xd4" elif test("0xc8$") then "0xc8" else "?" end] | sort | join(" ")' < /out/check-iommufd.json)
+    # the arguments: gen's own, iommufd asked for
+    printf 'name: lab-b-iommufd\nmemory_mib: %s\nvcpus: %s\nguest_topology: %s\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" "$GUEST_TOPOLOGY" > /out/vm-b-iommufd.yaml
+    rc=0; vp gen qemu --config $O/vm-b-iommufd.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --iommu-backend iommufd --qemu $q \
+        --format json --expect-out $O/expect-iommufd.json > /out/gen-iommufd.json 2> /out/gen-iommufd.err || rc=$?
+    echo "== gen qemu --iommu-backend iommufd (exit $rc)"; cat /out/gen-iommufd.err /out/gen-iommufd.json
+    [ $rc = 0 ] && is_json /out/gen-iommufd.json || { fail "gen qemu --iommu-backend iommufd: exit $rc"; return 1; }
+    jqr -e '. as $a | [range(length - 1) | select($a[.] == "-object" and ($a[. + 1] | startswith("iommufd,id=")))] | length == 1' \
+        < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
+    jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
+        < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
+    t0=$(up)
+    boot_b run_b_iommufd /out/level-b-iommufd.log
+    accel=$B_ACCEL
+    echo "== QEMU's stderr (BAR mapping)"; cat /out/level-b-iommufd.qemu.log
+    tr -d '\r' < /out/level-b-iommufd.log | sed 's/^/B| /'
+    grep -q LAB-B-DONE /out/level-b-iommufd.log || { fail "level B ($accel) with iommufd did not finish"; return 1; }
+    seen=$(bar_mapping_seen /out/level-b-iommufd.qemu.log)
+    echo "peer BARs: check predicted $predicted, QEMU's log shows $seen"
+    [ "$seen" = "$predicted" ] || fail "peer BARs: check predicted $predicted, QEMU's log shows $seen"
+    # the guest sees the planned cliques at the offsets check predicted
+    rc=$(b_section SCAN /out/level-b-iommufd.log /out/b-iommufd-SCAN.json)
+    [ "$rc" = 0 ] && is_json /out/b-iommufd-SCAN.json || { fail "agent scan exited '$rc'"; return 1; }
+    got=$(jqr -r '[.gpus[] | select(.clique != null) | .cap_offset] | sort | join(" ")' < /out/b-iommufd-SCAN.json)
+    echo "clique offsets in the guest: [$got], check predicted: [$want]"
+    [ -n "$want" ] && [ "$got" = "$want" ] || fail "clique offsets in the guest [$got], check predicted [$want]"
+    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-iommufd.json)
+    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-iommufd-SCAN.json)
+    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
+    offsets=$(jqr -r '[.gpus[] | select(.clique != null) | .cap_offset] | unique | join(",")' < /out/b-iommufd-SCAN.json)
+    NOTE="$(C qemu-system-x86_64 --version | head -n1 | sed 's/ *Copyright.*//'), Linux $(uname -r): peer BARs $seen as check predicted; cliques at $offsets; level B $accel $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
+    echo "$NOTE"
     [ -z "$WHY" ]
 }
 
