@@ -32,25 +32,12 @@ times=$work/timings.txt
 : >"$times"
 
 # The whole run ends its steps by BUDGET_S seconds [270], whatever hangs.
+# shellcheck disable=SC2034 # read by step.sh
 budget=${BUDGET_S:-270}
 
-# step LIMIT_S NAME CMD…: CMD under a time limit (cut to what is left of the budget), stdout
-# to NAME, stderr to NAME.err, its exit status and wall time appended to timings.txt.
-step() {
-    local limit=$1 name=$2 t0 t1 rc ms left=$((budget - SECONDS)); shift 2
-    if [ "$left" -lt 2 ]; then
-        printf '%-30s skipped: the %d s budget is spent   %s\n' "$name" "$budget" "$*" >>"$times"
-        return 124
-    fi
-    [ "$limit" -gt "$left" ] && limit=$left
-    t0=$(date +%s%N)
-    timeout --kill-after=5 "$limit" "$@" >"$work/$name" 2>"$work/$name.err"
-    rc=$?
-    t1=$(date +%s%N)
-    ms=$(((t1 - t0) / 1000000))
-    printf '%-30s rc=%-3d %d.%03d s   %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) "$*" >>"$times"
-    return $rc
-}
+# step LIMIT_S NAME CMD…: see step.sh
+# shellcheck source=guest-agent/bench/step.sh
+. "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 # 1. Environment.
 {

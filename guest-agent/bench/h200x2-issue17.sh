@@ -41,18 +41,9 @@ trap 'rm -rf "$work"' EXIT
 times=$work/timings.txt
 : >"$times"
 
-# step LIMIT_S NAME CMD…: CMD under a time limit, stdout to NAME, stderr to NAME.err,
-# its exit status and wall time appended to timings.txt (never into NAME).
-step() {
-    local limit=$1 name=$2 t0 t1 rc ms; shift 2
-    t0=$(date +%s%N)
-    timeout --kill-after=5 "$limit" "$@" >"$work/$name" 2>"$work/$name.err"
-    rc=$?
-    t1=$(date +%s%N)
-    ms=$(((t1 - t0) / 1000000))
-    printf '%-34s rc=%-3d %d.%03d s   %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) "$*" >>"$times"
-    return $rc
-}
+# step LIMIT_S NAME CMD…: see step.sh
+# shellcheck source=guest-agent/bench/step.sh
+. "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 {
     date -u

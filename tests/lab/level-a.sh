@@ -481,6 +481,7 @@ boot_b_once() { # LAUNCHER LOG ACCEL: one boot (LAUNCHER ACCEL LIMIT), watched b
     limit=$(b_limit "$TIMEOUT_B_TCG")
     [ "$3" = kvm ] && { limit=$(b_limit "$TIMEOUT_B_KVM"); stall=$STALL_B_KVM; }
     : > "$2"
+    [ "$limit" -ge 30 ] || { echo "no time left for level B under $3"; return; }
     watch_b "$2" "$stall" &
     watcher=$!
     "$1" "$3" "$limit"
@@ -506,7 +507,6 @@ boot_b() {
 # run_b ACCEL TIMEOUT: boot level B from gen's arguments; its console goes to /out/level-b.log
 run_b() {
     echo "== level B, accel $1, limit $2 s"
-    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b.log; return; }
     fleet_arm "$2"
     b_args "$1" > /out/b-args-$1.sh
     echo "arguments from gen (as changed by the lab): $(cat /out/b-args-$1.sh)"
@@ -530,7 +530,7 @@ b_section() {
 }
 
 stage_guest() {
-    local accel=$ACCEL_B t0 rc got want
+    local accel rc got want
     [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
     ensure_vfio $GPUS_B
     # a wrong expectation for the negative run: every clique moved by one (null becomes 7)
@@ -569,7 +569,6 @@ stage_guest() {
 run_b_wrapped() { # ACCEL LIMIT: level B through the wrapper; console and wrapper log in /out/level-b-wrap.log
     local accel=$1 limit=$2
     echo "== level B through qemu-wrap, accel $accel, limit $limit s"
-    [ "$limit" -ge 30 ] || { echo "no time left for level B under $accel"; : > /out/level-b-wrap.log; return; }
     b_args "$accel" /out/gen-noclique.json > /out/b-wrap-args-$accel.sh
     echo "arguments from gen without cliques (as changed by the lab): $(cat /out/b-wrap-args-$accel.sh)"
     eval "set -- $(cat /out/b-wrap-args-$accel.sh)"
@@ -582,7 +581,7 @@ run_b_wrapped() { # ACCEL LIMIT: level B through the wrapper; console and wrappe
 }
 
 stage_guest_wrap() {
-    local accel=$ACCEL_B t0 rc got want n
+    local accel rc got want n
     [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
     ensure_vfio $GPUS_B
     jqr -c 'map(if startswith("{") and ((fromjson? // {}) | .driver == "vfio-pci")
@@ -707,7 +706,6 @@ stage_hook() {
 # bridges of node 0), SYS (node 0 to node 1), through one expander per host bridge on its NUMA node.
 topo_b_boot() { # ACCEL LIMIT: one boot; console to /out/level-b-topo.log
     echo "== level B (topo), accel $1, limit $2 s"
-    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b-topo.log; return; }
     b_args "$1" /out/gen-topo.json > /out/b-topo-args-$1.sh
     eval "set -- $2 $(cat /out/b-topo-args-$1.sh)"
     local limit=$1
@@ -939,7 +937,6 @@ IOMMUFD_TRACE="-trace enable=iommufd_backend_map* -trace enable=vfio_region_dmab
 
 run_b_iommufd() { # ACCEL LIMIT: level B; console in /out/level-b-iommufd.log, QEMU's stderr in .qemu.log
     echo "== level B with iommufd, accel $1, limit $2 s"
-    [ "$2" -ge 30 ] || { echo "no time left for level B under $1"; : > /out/level-b-iommufd.log; return; }
     b_args "$1" /out/gen-iommufd.json > /out/b-iommufd-args-$1.sh
     echo "arguments from gen (as changed by the lab): $(cat /out/b-iommufd-args-$1.sh)"
     eval "set -- $2 $(cat /out/b-iommufd-args-$1.sh)"
@@ -964,7 +961,7 @@ bar_mapping_seen() {
 }
 
 stage_iommufd() {
-    local q=/usr/bin/qemu-system-x86_64 accel rc t0 row predicted seen want got offsets
+    local q=/usr/bin/qemu-system-x86_64 accel rc row predicted seen want got offsets
     [ -e /dev/iommu ] || { fail "no /dev/iommu: boot the lab kernel (LAB_KERNEL=iommufd)"; return 1; }
     ensure_vfio $GPUS_B
     ls /dev/vfio/devices/vfio* > /dev/null 2>&1 || fail "no VFIO device cdev under /dev/vfio/devices"
@@ -995,7 +992,6 @@ stage_iommufd() {
         < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
     jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
         < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
-    t0=$(up)
     boot_b run_b_iommufd /out/level-b-iommufd.log
     accel=$B_ACCEL
     echo "== QEMU's stderr (BAR mapping)"; cat /out/level-b-iommufd.qemu.log
@@ -1014,7 +1010,7 @@ stage_iommufd() {
     got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-iommufd-SCAN.json)
     [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
     offsets=$(jqr -r '[.gpus[] | select(.clique != null) | .cap_offset] | unique | join(",")' < /out/b-iommufd-SCAN.json)
-    NOTE="$(C qemu-system-x86_64 --version | head -n1 | sed 's/ *Copyright.*//'), Linux $(uname -r): peer BARs $seen as check predicted; cliques at $offsets; level B $accel $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
+    NOTE="$(C qemu-system-x86_64 --version | head -n1 | sed 's/ *Copyright.*//'), Linux $(uname -r): peer BARs $seen as check predicted; cliques at $offsets; level B $accel $B_SECS s"
     echo "$NOTE"
     [ -z "$WHY" ]
 }

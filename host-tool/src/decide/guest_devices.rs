@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use pci_config::Bdf;
 
-use super::guest_layout::LayoutError;
+use super::guest_layout::{GuestGpu, LayoutError};
 use crate::model::{Device, DeviceKind, Topology};
 
 /// The host GPUs, sorted and once each; anything else is an error.
@@ -74,4 +74,43 @@ pub(super) fn other_functions<'t>(topo: &'t Topology, gpu: &Device) -> Vec<&'t D
         .collect();
     functions.sort_by_key(|d| d.bdf);
     functions
+}
+
+const VENDOR_MELLANOX: u16 = 0x15b3;
+
+/// The RDMA device name the guest's driver gives each passed NIC (in `nics`' order; the
+/// emitters write it, e.g. `gen nccl`'s `<net name>`):
+/// the host name's prefix (trailing digits dropped; `mlx5_` for a Mellanox NIC without
+/// one), numbered among the passed NICs of that prefix in guest address order (probe
+/// order); a NIC with no RDMA device gets its host interface name (what NCCL's socket
+/// transport reports).
+pub fn guest_rdma_names(nics: &[GuestGpu], topo: &Topology) -> Vec<String> {
+    let prefix = |n: &GuestGpu| -> Option<String> {
+        let host = topo.nic_names.get(&n.host).and_then(|x| x.rdma.first());
+        match host {
+            Some(h) => Some(h.trim_end_matches(|c: char| c.is_ascii_digit()).to_string()),
+            None => (n.vendor == VENDOR_MELLANOX).then(|| "mlx5_".to_string()),
+        }
+    };
+    let mut order: Vec<usize> = (0..nics.len()).collect();
+    order.sort_by_key(|&i| nics[i].guest);
+    let mut next: BTreeMap<String, usize> = BTreeMap::new();
+    let mut names = vec![String::new(); nics.len()];
+    for i in order {
+        names[i] = match prefix(&nics[i]) {
+            Some(p) => {
+                let k = next.entry(p.clone()).or_insert(0);
+                *k += 1;
+                format!("{p}{}", *k - 1)
+            }
+            None => {
+                let net = topo
+                    .nic_names
+                    .get(&nics[i].host)
+                    .and_then(|x| x.net.first());
+                net.cloned().unwrap_or_else(|| nics[i].id.clone())
+            }
+        };
+    }
+    names
 }

@@ -46,6 +46,7 @@ use std::fmt::Write;
 use pci_config::{Bdf, LinkSpeed};
 
 use super::vm::VmDefinition;
+use crate::decide::guest_devices::guest_rdma_names;
 use crate::decide::guest_layout::{GuestBridgeKind, GuestGpu};
 use crate::decide::nvlink::{nvlink_targets, NvlinkTarget};
 use crate::model::{CpuArch, CpuIdentity, Topology};
@@ -104,7 +105,7 @@ pub fn topology_xml(vm: &VmDefinition, topo: &Topology) -> String {
         insert(top, &switches, leaf);
     }
     let mut fake = 0u8;
-    let nic_names = guest_rdma_names(vm, topo);
+    let nic_names = guest_rdma_names(&vm.layout.nics, topo);
     let mut x = String::from("<system version=\"1\">\n");
     for (numa, mut top) in per_node {
         top = group_cliques(top, &l.gpus, &mut fake);
@@ -305,45 +306,6 @@ fn write_nic(x: &mut String, i: usize, vm: &VmDefinition, topo: &Topology, name:
         "{pad}  <nic>\n{pad}    <net name=\"{}\" dev=\"{i}\"/>\n{pad}  </nic>\n{pad}</pci>",
         name
     );
-}
-
-const VENDOR_MELLANOX: u16 = 0x15b3;
-
-/// The RDMA device name the guest's driver gives each passed NIC (in the layout's order):
-/// the host name's prefix (trailing digits dropped; `mlx5_` for a Mellanox NIC without
-/// one), numbered among the passed NICs of that prefix in guest address order (probe
-/// order); a NIC with no RDMA device gets its host interface name (what NCCL's socket
-/// transport reports).
-fn guest_rdma_names(vm: &VmDefinition, topo: &Topology) -> Vec<String> {
-    let nics = &vm.layout.nics;
-    let prefix = |n: &GuestGpu| -> Option<String> {
-        let host = topo.nic_names.get(&n.host).and_then(|x| x.rdma.first());
-        match host {
-            Some(h) => Some(h.trim_end_matches(|c: char| c.is_ascii_digit()).to_string()),
-            None => (n.vendor == VENDOR_MELLANOX).then(|| "mlx5_".to_string()),
-        }
-    };
-    let mut order: Vec<usize> = (0..nics.len()).collect();
-    order.sort_by_key(|&i| nics[i].guest);
-    let mut next: BTreeMap<String, usize> = BTreeMap::new();
-    let mut names = vec![String::new(); nics.len()];
-    for i in order {
-        names[i] = match prefix(&nics[i]) {
-            Some(p) => {
-                let k = next.entry(p.clone()).or_insert(0);
-                *k += 1;
-                format!("{p}{}", *k - 1)
-            }
-            None => {
-                let net = topo
-                    .nic_names
-                    .get(&nics[i].host)
-                    .and_then(|x| x.net.first());
-                net.cloned().unwrap_or_else(|| nics[i].id.clone())
-            }
-        };
-    }
-    names
 }
 
 /// The CPU's `arch`, `vendor`, `familyid`, `modelid` as NCCL writes them.
