@@ -822,12 +822,13 @@ stage_cdev() {
 # the backend: legacy VFIO maps peer BARs into the IOMMU; iommufd without dma-buf BARs does not.
 # Timings here are functional (TCG / nested KVM), not performance.
 
-# p2p_dma_device: level B's extra -device (run_b), only when this stage is selected: the edu
-# on vfio-pci (level A's edu has dma_mask widened to 64 bits, tests/lab/run topology_args)
+# p2p_dma_device [IOMMUFD]: level B's extra -device, the edu on vfio-pci (level A's edu has
+# dma_mask widened to 64 bits, tests/lab/run topology_args): in run_b only when this stage is
+# selected; in run_b_iommufd always, on gen's iommufd object IOMMUFD (stage iommufd asserts it)
 p2p_dma_device() {
-    case " $LAB_STAGES " in *" p2p-dma "*) ;; *) return 0 ;; esac
+    [ -n "${1:-}" ] || case " $LAB_STAGES " in *" p2p-dma "*) ;; *) return 0 ;; esac
     sysfs_bind $EDU vfio-pci > /dev/null 2>&1 || { echo "note: cannot bind edu $EDU to vfio-pci" >&2; return 0; }
-    echo "-device vfio-pci,host=$EDU,id=p2p-edu"
+    echo "-device vfio-pci,host=$EDU,id=p2p-edu${1:+,iommufd=$1}"
 }
 
 # p2p_dma_backend: the backend level B ran under (gen's arguments; P2P_BACKEND overrides)
@@ -856,23 +857,28 @@ p2p_dma_predicted() {
 
 # p2p_dma_field LINE KEY: the value of KEY=... in a LAB-B-P2P line
 p2p_dma_field() { echo " $1" | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
-# p2p_dma_fault PAGE: level A's IOMMU logged a fault of the edu at this page (dmesg saved first)
+# p2p_dma_fault PAGE: level A's IOMMU logged a fault of the edu at this page, in the dmesg lines
+# of this level B's boot (P2P_DMESG, saved first; stage p2p-dma's by default)
 p2p_dma_fault() {
     case $1 in 0x[0-9a-fA-F]*) ;; *) return 1 ;; esac   # not a number: no arithmetic error in /init
     # Linux 6.1: "DMAR: [DMA Write NO_PASID] Request device [00:14.0] fault addr 0x40000000 [fault reason ..."
-    grep -qE "device \[$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" /out/p2p-dma-dmesg.txt
+    grep -qE "device \[$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" \
+        "${P2P_DMESG:-/out/p2p-dma-dmesg.txt}"
 }
+# dmesg_since T: level A's kernel log from uptime T on (one level B's boot; the ring may hold older ones)
+dmesg_since() { dmesg | awk -v t="$1" 'match($0, /^\[ *[0-9.]+\]/) && substr($0, 2, RLENGTH - 2) + 0 >= t'; }
 
-# p2p_dma_assert OUTCOME LOG: level B's LAB-B-P2P lines in LOG against the predicted OUTCOME
-# (lands | faults), one verdict per stand-in; the control write must fault in either case.
-# Reusable by a stack whose backend predicts another outcome (iommufd without dma-buf BARs).
+# p2p_dma_assert OUTCOME LOG [EXPECT]: level B's LAB-B-P2P lines in LOG against the predicted
+# OUTCOME (lands | faults), one verdict per stand-in (named by host BDF through gen's EXPECT,
+# /out/expect.json by default); the control write must fault in either case. Stage iommufd
+# asserts its own boot with it (iommufd without dma-buf BARs: faults).
 p2p_dma_assert() {
-    local want=$1 log=$2 line gpu host res src dst n=0 seen=""
+    local want=$1 log=$2 expect=${3:-/out/expect.json} line gpu host res src dst n=0 seen=""
     tr -d '\r' < "$log" | sed -n 's/^LAB-B-P2P //p' > /tmp/p2p-lines
     while read -r line; do
         gpu=$(p2p_dma_field "$line" gpu); res=$(p2p_dma_field "$line" result)
         src=$(p2p_dma_field "$line" src); dst=$(p2p_dma_field "$line" dst)
-        host=$(jqr -r --arg g "$gpu" '[.gpus[] | select(.guest_bdf == $g) | .host_bdf][0] // "?"' < /out/expect.json)
+        host=$(jqr -r --arg g "$gpu" '[.gpus[] | select(.guest_bdf == $g) | .host_bdf][0] // "?"' < "$expect")
         n=$((n + 1)); seen="$seen $host"
         [ "$(p2p_dma_field "$line" mmio)" = ok ] || fail "$host (guest $gpu): the pattern did not even read back through MMIO"
         case $want in
@@ -942,10 +948,17 @@ run_b_iommufd() { # ACCEL LIMIT: level B; console in /out/level-b-iommufd.log, Q
     eval "set -- $2 $(cat /out/b-iommufd-args-$1.sh)"
     local limit=$1
     shift
-    C timeout -k 5 "$limit" "$@" $IOMMUFD_TRACE -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    # shellcheck disable=SC2046 # p2p_dma_device prints words for QEMU's argv, or nothing
+    C timeout -k 5 "$limit" "$@" $(p2p_dma_device "$(iommufd_object_id)") $IOMMUFD_TRACE -nodefaults -display none -monitor none -serial stdio -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         < /dev/null > /out/level-b-iommufd.log 2> /out/level-b-iommufd.qemu.log
     echo "level B QEMU exit $?"
+}
+
+# iommufd_object_id: the id of gen's -object iommufd (the edu joins it)
+iommufd_object_id() {
+    jqr -r '. as $a | [range(length - 1) | select($a[.] == "-object") | $a[. + 1]
+            | select(startswith("iommufd,")) | capture("(^|,)id=(?<id>[^,]+)").id][0] // empty' < /out/gen-iommufd.json
 }
 
 # bar_mapping_seen QEMU-LOG: mapped | not-mapped | unclear, from QEMU's own words
@@ -960,8 +973,27 @@ bar_mapping_seen() {
     else echo unclear; fi
 }
 
+# iommufd_peer_dma OUTCOME: the edu's peer DMA in the iommufd boot (level-b.sh p2p_dma) against
+# OUTCOME, what check's BAR verdict implies (mapped: lands; not mapped: faults); sets P2P_SEEN
+# shellcheck disable=SC2031 # WHY here is the stage's own; p2p_dma_passes resets a copy
+iommufd_peer_dma() {
+    local n
+    P2P_SEEN="not run"
+    echo "== peer DMA under iommufd (edu on iommufd=$(iommufd_object_id)): check's verdict means it $1"
+    echo "level A's IOMMU faults in this boot:"; grep DMAR /out/iommufd-p2p-dma-dmesg.txt | grep -i fault
+    tr -d '\r' < /out/level-b-iommufd.log | grep -E '^LAB-B(: p2p-dma|: edu|-P2P)'
+    grep -q '^LAB-B-P2P-END' /out/level-b-iommufd.log || { fail "level B with iommufd has no p2p-dma results (edu not passed through?)"; return; }
+    export P2P_DMESG=/out/iommufd-p2p-dma-dmesg.txt
+    p2p_dma_assert "$1" /out/level-b-iommufd.log /out/expect-iommufd.json
+    p2p_dma_passes "$([ "$1" = lands ] && echo faults || echo lands)" /out/level-b-iommufd.log /out/expect-iommufd.json \
+        > /out/iommufd-p2p-dma-opposite.log && fail "the iommufd peer DMA results also pass the opposite prediction"
+    unset P2P_DMESG
+    n=$(tr -d '\r' < /out/level-b-iommufd.log | grep -c '^LAB-B-P2P ')
+    P2P_SEEN="$1 for $n stand-in(s) as predicted, control faulted"
+}
+
 stage_iommufd() {
-    local q=/usr/bin/qemu-system-x86_64 accel rc row predicted seen want got offsets
+    local q=/usr/bin/qemu-system-x86_64 accel rc row predicted seen want got offsets t0
     [ -e /dev/iommu ] || { fail "no /dev/iommu: boot the lab kernel (LAB_KERNEL=iommufd)"; return 1; }
     ensure_vfio $GPUS_B
     ls /dev/vfio/devices/vfio* > /dev/null 2>&1 || fail "no VFIO device cdev under /dev/vfio/devices"
@@ -992,8 +1024,10 @@ stage_iommufd() {
         < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
     jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
         < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
+    t0=$(up)
     boot_b run_b_iommufd /out/level-b-iommufd.log
     accel=$B_ACCEL
+    dmesg_since "$t0" > /out/iommufd-p2p-dma-dmesg.txt
     echo "== QEMU's stderr (BAR mapping)"; cat /out/level-b-iommufd.qemu.log
     tr -d '\r' < /out/level-b-iommufd.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b-iommufd.log || { fail "level B ($accel) with iommufd did not finish"; return 1; }
@@ -1010,7 +1044,8 @@ stage_iommufd() {
     got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-iommufd-SCAN.json)
     [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
     offsets=$(jqr -r '[.gpus[] | select(.clique != null) | .cap_offset] | unique | join(",")' < /out/b-iommufd-SCAN.json)
-    NOTE="$(C qemu-system-x86_64 --version | head -n1 | sed 's/ *Copyright.*//'), Linux $(uname -r): peer BARs $seen as check predicted; cliques at $offsets; level B $accel $B_SECS s"
+    iommufd_peer_dma "$([ "$predicted" = mapped ] && echo lands || echo faults)"
+    NOTE="$(C qemu-system-x86_64 --version | head -n1 | sed 's/ *Copyright.*//'), Linux $(uname -r): peer BARs $seen as check predicted; peer DMA $P2P_SEEN; cliques at $offsets; level B $accel $B_SECS s"
     echo "$NOTE"
     [ -z "$WHY" ]
 }
