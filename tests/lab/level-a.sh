@@ -1004,6 +1004,10 @@ stage_iommufd() {
     is_json /out/check-iommufd.json || { fail "check printed no JSON"; return 1; }
     row=$(jqr -r '.checks[] | select(.check == "iommufd-p2p") | "\(.status | ascii_downcase) \(.saw)"' < /out/check-iommufd.json)
     echo "iommufd-p2p: $row"
+    # the lab kernel has no /boot/config-* in the chroot: a pass rests on its /proc/config.gz
+    # (IKCONFIG_PROC), not on the version alone
+    case $row in pass*) [ ! -e /proc/config.gz ] || echo "$row" | grep -q 'with CONFIG_VFIO_PCI_DMABUF' ||
+        fail "check did not read the kernel's options from /proc/config.gz: '$row'" ;; esac
     case $row in
         pass*) predicted=mapped ;;
         warn*"cannot be mapped"* | fail*"cannot be mapped"*) predicted=not-mapped ;;

@@ -1,12 +1,17 @@
 //! What the kernel offers for the iommufd backend: `/dev/iommu`, the VFIO device cdevs
-//! under `/dev/vfio/devices`, and the options of `/boot/config-<release>` behind them.
+//! under `/dev/vfio/devices`, and the options behind them, from `/boot/config-<release>` or
+//! else the running kernel's own `/proc/config.gz`.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::Path;
 
 use super::node;
 use crate::decide::check::{IommuFacts, KernelConfig, KernelOption};
+use crate::read::input_file::read_input_file;
+
+/// The most a kernel `.config` holds, plain or compressed (a distribution kernel's: ~300 KiB).
+const MAX_KERNEL_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Probes `root` (the sysfs root: `/` on a live host).
 pub fn probe(root: &Path) -> IommuFacts {
@@ -16,17 +21,35 @@ pub fn probe(root: &Path) -> IommuFacts {
         .ok()
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty());
-    let kernel_config = kernel_release.as_deref().and_then(|r| {
-        let path = root.join(format!("boot/config-{r}"));
-        let text = fs::read_to_string(&path).ok()?;
-        Some(parse_kernel_config(&text, &path.display().to_string()))
-    });
+    let kernel_config = kernel_release
+        .as_deref()
+        .and_then(|r| read_kernel_config(root, r));
     IommuFacts {
         dev_iommu: node(&dev_iommu, fs::metadata(&dev_iommu).map(|_| ())),
         vfio_cdevs: node(&cdev_dir, list_cdevs(&cdev_dir)),
         kernel_release,
         kernel_config,
     }
+}
+
+/// The running kernel's options: `/boot/config-<release>` (distribution kernels), else
+/// `/proc/config.gz` (CONFIG_IKCONFIG_PROC: kernels built by hand often have only that);
+/// neither readable, or not gzip: unknown.
+fn read_kernel_config(root: &Path, release: &str) -> Option<KernelConfig> {
+    let boot = root.join(format!("boot/config-{release}"));
+    if let Ok(bytes) = read_input_file(&boot, MAX_KERNEL_CONFIG_BYTES, "kernel config") {
+        let text = String::from_utf8_lossy(&bytes);
+        return Some(parse_kernel_config(&text, &boot.display().to_string()));
+    }
+    let proc = root.join("proc/config.gz");
+    let gz = read_input_file(&proc, MAX_KERNEL_CONFIG_BYTES, "kernel config").ok()?;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .take(MAX_KERNEL_CONFIG_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    Some(parse_kernel_config(&text, &proc.display().to_string()))
 }
 
 fn list_cdevs(dir: &Path) -> io::Result<Vec<String>> {
@@ -113,5 +136,66 @@ mod tests {
                 KernelOption::BuiltIn
             )
         );
+    }
+
+    fn gzip(text: &str) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn a_kernel_without_boot_config_is_read_from_proc_config_gz() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
+        fs::write(
+            root.join("proc/sys/kernel/osrelease"),
+            "7.2.13-lab-iommufd\n",
+        )
+        .unwrap();
+        assert!(probe(root).kernel_config.is_none(), "neither file: unknown");
+        fs::write(
+            root.join("proc/config.gz"),
+            gzip("CONFIG_IOMMUFD=y\nCONFIG_VFIO_DEVICE_CDEV=y\nCONFIG_VFIO_PCI_DMABUF=y\n"),
+        )
+        .unwrap();
+        let c = probe(root).kernel_config.unwrap();
+        assert!(c.path.ends_with("proc/config.gz"), "{}", c.path);
+        assert_eq!(
+            (c.iommufd, c.vfio_device_cdev, c.vfio_pci_dmabuf),
+            (
+                KernelOption::BuiltIn,
+                KernelOption::BuiltIn,
+                KernelOption::BuiltIn
+            )
+        );
+        // /boot's file, when there is one, is the one read
+        fs::create_dir_all(root.join("boot")).unwrap();
+        fs::write(
+            root.join("boot/config-7.2.13-lab-iommufd"),
+            "# CONFIG_IOMMUFD is not set\n",
+        )
+        .unwrap();
+        assert_eq!(
+            probe(root).kernel_config.unwrap().iommufd,
+            KernelOption::Off
+        );
+    }
+
+    #[test]
+    fn a_proc_config_gz_that_is_not_gzip_or_a_bomb_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
+        fs::write(root.join("proc/sys/kernel/osrelease"), "7.2.13\n").unwrap();
+        fs::write(root.join("proc/config.gz"), b"CONFIG_IOMMUFD=y\n").unwrap();
+        assert!(probe(root).kernel_config.is_none(), "not gzip: unknown");
+        // 64 MiB of one option line compresses to ~64 KiB: read no further than the cap
+        let line = "CONFIG_IOMMUFD=y\n".repeat(4 << 20);
+        fs::write(root.join("proc/config.gz"), gzip(&line)).unwrap();
+        let c = probe(root).kernel_config.unwrap();
+        assert_eq!(c.iommufd, KernelOption::BuiltIn);
     }
 }

@@ -49,7 +49,7 @@ pub struct HostFacts {
     pub iommu: IommuFacts,
 }
 
-/// A kernel option as `/boot/config-<release>` sets it.
+/// A kernel option as the running kernel's config (`/boot/config-<release>`, `/proc/config.gz`) sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelOption {
     BuiltIn,
@@ -58,7 +58,7 @@ pub enum KernelOption {
     Off,
 }
 
-/// The options of `/boot/config-<release>` that the iommufd backend depends on.
+/// The options of the running kernel's config that the iommufd backend depends on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelConfig {
     /// The file they were read from.
@@ -78,7 +78,7 @@ pub struct IommuFacts {
     pub vfio_cdevs: NodeProbe<Vec<String>>,
     /// `proc/sys/kernel/osrelease`.
     pub kernel_release: Option<String>,
-    /// `boot/config-<release>`, when readable.
+    /// `boot/config-<release>`, else `proc/config.gz`, when readable.
     pub kernel_config: Option<KernelConfig>,
 }
 
