@@ -44,19 +44,21 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The reference probe's sizes.
+    /// The reference probe's buffer sizes, with batches as short as keep every median
+    /// where the probe's batches put it (2 × H100 NVLink, 2026-11-25: the probe's 100,000
+    /// ping-pongs a round took 2.6 s of the 3.5 s a direction took; see README, Speed).
     pub const FULL: Plan = Plan {
         samples: 5,
         pingpong_samples: 9,
         pingpong_positions: 5,
-        pingpong_iters: 100_000,
-        chase_steps: 20_000,
+        pingpong_iters: 5_000,
+        chase_steps: 10_000,
         chase_words: 1 << 22,
-        memcpy_copies: 10_000,
+        memcpy_copies: 2_000,
         bw_bytes: 256 << 20,
-        bw_copies: 20,
-        disabled_copies: 10,
-        disabled_memcpy_copies: 2_000,
+        bw_copies: 10,
+        disabled_copies: 4,
+        disabled_memcpy_copies: 500,
         // The 2 × H200 figures agreed to ±0 % over 5 samples (issue 17): 3 within 1 %
         // are as good, and a noisy measurement still gets all 5.
         min_samples: 3,
@@ -125,6 +127,10 @@ pub struct PairBench {
     /// Copy-engine copy with peer access disabled both ways: staged through the host.
     pub disabled_bandwidth_gbps: Stat,
     pub disabled_memcpy_latency_us: Stat,
+    /// Seconds each measurement took (warm-up and setup included), in order: where the
+    /// pair's time goes (`report -v`). Absent in reports of earlier agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measure_s: Vec<(String, f64)>,
 }
 
 /// One-way latency with the ping-pong flags at other places than the reference's.
@@ -219,6 +225,32 @@ fn timed(
     end.since(&start)
 }
 
+/// The measurements of one pair as they end: the caller's `step`, and the seconds each took.
+struct Laps<'s> {
+    step: &'s (dyn Fn(&str) + Sync),
+    last: std::time::Instant,
+    laps: Vec<(String, f64)>,
+}
+
+impl<'s> Laps<'s> {
+    fn start(step: &'s (dyn Fn(&str) + Sync)) -> Self {
+        let last = std::time::Instant::now();
+        Laps {
+            step,
+            last,
+            laps: Vec::with_capacity(Plan::STEPS as usize),
+        }
+    }
+
+    fn done(&mut self, what: &str) {
+        let now = std::time::Instant::now();
+        self.laps
+            .push((what.to_string(), (now - self.last).as_secs_f64()));
+        self.last = now;
+        (self.step)(what);
+    }
+}
+
 /// Measures `src` → `dst` with the ping-pong flags `(on src, on dst)`; peer access must be
 /// enabled src→dst (and dst→src for the ping-pong, which is skipped otherwise). `step` is
 /// called after each measurement. `src` and `dst` may be one GPU (a simulated schedule
@@ -231,6 +263,7 @@ pub fn bench_pair(
     plan: &Plan,
     step: &(dyn Fn(&str) + Sync),
 ) -> Result<PairBench, CudaError> {
+    let mut laps = Laps::start(step);
     let sa = Stream::new(src)?;
     let sb = Stream::new(dst)?;
     let pp = if both_ways {
@@ -245,7 +278,7 @@ pub fn bench_pair(
     } else {
         PingPongResult::default()
     };
-    step("one-way latency");
+    laps.done("one-way latency");
     let pair = PairRun {
         src,
         src_mod,
@@ -255,27 +288,27 @@ pub fn bench_pair(
         plan,
     };
     let (remote_read_latency_us, local_read_latency_us) = pair.pointer_chase()?;
-    step("pointer chase");
+    laps.done("pointer chase");
     let tiny = (
         DeviceBuffer::words(src, 1, 0)?,
         DeviceBuffer::words(dst, 1, 0)?,
     );
     let memcpy_latency_us = pair.memcpy_latency(&tiny, plan.memcpy_copies)?;
-    step("memcpy latency");
+    laps.done("memcpy latency");
     let bytes = plan.bw_bytes;
     let (s_src, d_dst) = (
         DeviceBuffer::new(src, bytes)?,
         DeviceBuffer::new(dst, bytes)?,
     );
     let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, plan.bw_copies)?;
-    step("copy-engine bandwidth");
+    laps.done("copy-engine bandwidth");
     let ce_bidir_bandwidth_gbps = pair.bidir_bandwidth(&s_src, &d_dst)?;
-    step("bidirectional bandwidth");
+    laps.done("bidirectional bandwidth");
     let sm_copy_bandwidth_gbps = pair.sm_copy_bandwidth(&s_src, &d_dst)?;
-    step("SM copy bandwidth");
+    laps.done("SM copy bandwidth");
     let (disabled_bandwidth_gbps, disabled_memcpy_latency_us) =
         pair.with_peer_access_disabled(both_ways, &s_src, &d_dst, &tiny)?;
-    step("peer access disabled");
+    laps.done("peer access disabled");
     Ok(PairBench {
         src: src.bus_id,
         dst: dst.bus_id,
@@ -292,6 +325,7 @@ pub fn bench_pair(
         sm_copy_bandwidth_gbps,
         disabled_bandwidth_gbps,
         disabled_memcpy_latency_us,
+        measure_s: laps.laps,
     })
 }
 
@@ -632,6 +666,7 @@ mod tests {
             sm_copy_bandwidth_gbps: stat(&[368.0]),
             disabled_bandwidth_gbps: stat(&[37.0]),
             disabled_memcpy_latency_us: stat(&[18.5]),
+            measure_s: vec![],
         }
     }
 

@@ -311,6 +311,9 @@ pub fn report(r: &Report) -> String {
     }
     if let Some(p) = &r.phases {
         out.push_str(&fit(&format!("time: {}", p.line())));
+        if p.verbose {
+            out.push_str(&measure_times(&b));
+        }
     }
     if let Some(rs) = &r.rounds {
         out.push_str(&rounds(rs));
@@ -424,6 +427,22 @@ pub fn cross_process(results: &[crate::cross_process::CrossProcessResult]) -> St
         );
     }
     out
+}
+
+/// `-v`: each pair's measurements with the seconds each took, a line per pair.
+fn measure_times(benches: &[PairBench]) -> String {
+    benches
+        .iter()
+        .filter(|b| !b.measure_s.is_empty())
+        .map(|b| {
+            let laps: Vec<String> = b
+                .measure_s
+                .iter()
+                .map(|(n, s)| format!("{n} {s:.2} s"))
+                .collect();
+            fit(&format!("{} → {}: {}", b.src, b.dst, laps.join(", ")))
+        })
+        .collect()
 }
 
 fn how(concurrent: bool) -> &'static str {
