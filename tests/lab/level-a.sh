@@ -861,8 +861,9 @@ p2p_dma_field() { echo " $1" | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
 # of this level B's boot (P2P_DMESG, saved first; stage p2p-dma's by default)
 p2p_dma_fault() {
     case $1 in 0x[0-9a-fA-F]*) ;; *) return 1 ;; esac   # not a number: no arithmetic error in /init
-    # Linux 6.1: "DMAR: [DMA Write NO_PASID] Request device [00:14.0] fault addr 0x40000000 [fault reason ..."
-    grep -qE "device \[$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" \
+    # Linux 6.1: "DMAR: [DMA Write NO_PASID] Request device [00:14.0] fault addr 0x40000000 [fault reason ...";
+    # Linux 7.2 names the device with its domain: "Request device [0000:00:14.0] fault addr ..."
+    grep -qE "device \[(0000:)?$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" \
         "${P2P_DMESG:-/out/p2p-dma-dmesg.txt}"
 }
 # dmesg_since T: level A's kernel log from uptime T on (one level B's boot; the ring may hold older ones)
