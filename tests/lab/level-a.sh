@@ -866,8 +866,10 @@ p2p_dma_fault() {
     grep -qE "device \[(0000:)?$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" \
         "${P2P_DMESG:-/out/p2p-dma-dmesg.txt}"
 }
-# dmesg_since T: level A's kernel log from uptime T on (one level B's boot; the ring may hold older ones)
-dmesg_since() { dmesg | awk -v t="$1" 'match($0, /^\[ *[0-9.]+\]/) && substr($0, 2, RLENGTH - 2) + 0 >= t'; }
+# dmesg_mark NAME / dmesg_since NAME: level A's kernel log from NAME's mark on (one level B's
+# boot: the ring holds the earlier ones too; the lab kernel prints no timestamps to cut by)
+dmesg_mark() { echo "vfio-p2p-lab: $1 starts" > /dev/kmsg; }
+dmesg_since() { dmesg | sed -n "/vfio-p2p-lab: $1 starts/,\$p"; }
 
 # p2p_dma_assert OUTCOME LOG [EXPECT]: level B's LAB-B-P2P lines in LOG against the predicted
 # OUTCOME (lands | faults), one verdict per stand-in (named by host BDF through gen's EXPECT,
@@ -994,7 +996,7 @@ iommufd_peer_dma() {
 }
 
 stage_iommufd() {
-    local q=/usr/bin/qemu-system-x86_64 accel rc row predicted seen want got offsets t0
+    local q=/usr/bin/qemu-system-x86_64 accel rc row predicted seen want got offsets
     [ -e /dev/iommu ] || { fail "no /dev/iommu: boot the lab kernel (LAB_KERNEL=iommufd)"; return 1; }
     ensure_vfio $GPUS_B
     ls /dev/vfio/devices/vfio* > /dev/null 2>&1 || fail "no VFIO device cdev under /dev/vfio/devices"
@@ -1029,10 +1031,11 @@ stage_iommufd() {
         < /out/gen-iommufd.json > /dev/null || fail "gen emitted not exactly one -object iommufd,id=…"
     jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "vfio-pci")] | length > 0 and all(.[]; .iommufd != null)' \
         < /out/gen-iommufd.json > /dev/null || fail "a vfio-pci device without iommufd="
-    t0=$(up)
+    dmesg_mark iommufd-boot
     boot_b run_b_iommufd /out/level-b-iommufd.log
     accel=$B_ACCEL
-    dmesg_since "$t0" > /out/iommufd-p2p-dma-dmesg.txt
+    dmesg_since iommufd-boot > /out/iommufd-p2p-dma-dmesg.txt
+    [ -s /out/iommufd-p2p-dma-dmesg.txt ] || fail "level A's kernel log lost the mark before level B's boot (ring overrun?)"
     echo "== QEMU's stderr (BAR mapping)"; cat /out/level-b-iommufd.qemu.log
     tr -d '\r' < /out/level-b-iommufd.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b-iommufd.log || { fail "level B ($accel) with iommufd did not finish"; return 1; }
