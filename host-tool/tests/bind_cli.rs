@@ -59,6 +59,34 @@ fn dry_run_prints_the_writes_and_changes_nothing() {
 }
 
 #[test]
+fn the_readers_warnings_about_the_bound_devices_are_printed() {
+    let t = host_tree();
+    let numa = t
+        .path()
+        .join(format!("sys/bus/pci/devices/{GPU}/numa_node"));
+    fs::write(&numa, "garbage\n").unwrap();
+    let out = cmd(t.path())
+        .args(["bind", GPU, "--dry-run"])
+        .assert()
+        .success();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("warning: ") && l.contains("numa_node"))
+        .unwrap_or_else(|| panic!("no read warning on stderr: {stderr}"));
+    assert!(line.contains(GPU) && line.contains("garbage"), "{line}");
+    // another GPU's warning stays out of this bind's output
+    fs::write(&numa, "0\n").unwrap();
+    let other = t.path().join("sys/bus/pci/devices/0000:06:00.0/numa_node");
+    fs::write(other, "garbage\n").unwrap();
+    cmd(t.path())
+        .args(["bind", GPU, "--dry-run"])
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("garbage").not());
+}
+
+#[test]
 fn dry_run_json_lists_every_device() {
     let t = host_tree();
     let out = cmd(t.path())

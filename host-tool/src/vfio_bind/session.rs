@@ -134,6 +134,7 @@ pub fn bind<W: SysfsWriter>(
     let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
     let usage = devices_use(root, &gpus);
     let plan = plan_bind(&topo, named, &usage, bind_opts)?;
+    warn_about_reads(&topo, &plan);
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
     if opts.dry_run {
         return Ok(dry_run_report(&plan));
@@ -174,6 +175,19 @@ pub fn bind<W: SysfsWriter>(
         }
     };
     Ok(report(root, &plan.devices, moved))
+}
+
+/// What the reader warned about the devices of this plan (or about no device in
+/// particular), printed as every command prints read warnings: `warning: …`.
+fn warn_about_reads(topo: &Topology, plan: &Plan) {
+    let planned: std::collections::BTreeSet<Bdf> = plan.devices.iter().map(|d| d.bdf).collect();
+    for w in topo
+        .warnings
+        .iter()
+        .filter(|w| w.device.is_none_or(|b| planned.contains(&b)))
+    {
+        tracing::warn!("{w}");
+    }
 }
 
 /// What a plan would write, without writing.
