@@ -75,6 +75,15 @@ fn the_readers_warnings_about_the_bound_devices_are_printed() {
         .find(|l| l.starts_with("warning: ") && l.contains("numa_node"))
         .unwrap_or_else(|| panic!("no read warning on stderr: {stderr}"));
     assert!(line.contains(GPU) && line.contains("garbage"), "{line}");
+    let json = cmd(t.path())
+        .args(["bind", GPU, "--dry-run", "--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(
+        v["read_warnings"][0].as_str().unwrap().contains("garbage"),
+        "{v}"
+    );
     // another GPU's warning stays out of this bind's output
     fs::write(&numa, "0\n").unwrap();
     let other = t.path().join("sys/bus/pci/devices/0000:06:00.0/numa_node");

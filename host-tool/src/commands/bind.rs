@@ -83,6 +83,9 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
         &opts,
         &args.common.session(None),
     )?;
+    for w in &report.read_warnings {
+        tracing::warn!("{w}");
+    }
     print_report(&report, args.common.format)
 }
 

@@ -71,6 +71,10 @@ pub struct DeviceReport {
 pub struct SessionReport {
     pub dry_run: bool,
     pub devices: Vec<DeviceReport>,
+    /// What the reader warned about these devices (or about no device in particular):
+    /// `bind` prints them; the hook has printed its own read warnings already.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read_warnings: Vec<String>,
 }
 
 fn load_topology(root: &Path) -> Result<Topology, ReadError> {
@@ -134,10 +138,13 @@ pub fn bind<W: SysfsWriter>(
     let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
     let usage = devices_use(root, &gpus);
     let plan = plan_bind(&topo, named, &usage, bind_opts)?;
-    warn_about_reads(&topo, &plan);
+    let read_warnings = reads_about(&topo, &plan);
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
     if opts.dry_run {
-        return Ok(dry_run_report(&plan));
+        return Ok(SessionReport {
+            read_warnings,
+            ..dry_run_report(&plan)
+        });
     }
     if !moves.is_empty() {
         ensure_vfio_pci(root)?;
@@ -174,26 +181,27 @@ pub fn bind<W: SysfsWriter>(
             return Err(e.into());
         }
     };
-    Ok(report(root, &plan.devices, moved))
+    Ok(SessionReport {
+        read_warnings,
+        ..report(root, &plan.devices, moved)
+    })
 }
 
-/// What the reader warned about the devices of this plan (or about no device in
-/// particular), printed as every command prints read warnings: `warning: …`.
-fn warn_about_reads(topo: &Topology, plan: &Plan) {
+/// What the reader warned about the devices of this plan, or about no device in particular.
+fn reads_about(topo: &Topology, plan: &Plan) -> Vec<String> {
     let planned: std::collections::BTreeSet<Bdf> = plan.devices.iter().map(|d| d.bdf).collect();
-    for w in topo
-        .warnings
+    topo.warnings
         .iter()
         .filter(|w| w.device.is_none_or(|b| planned.contains(&b)))
-    {
-        tracing::warn!("{w}");
-    }
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// What a plan would write, without writing.
 fn dry_run_report(plan: &Plan) -> SessionReport {
     SessionReport {
         dry_run: true,
+        read_warnings: Vec::new(),
         devices: plan
             .devices
             .iter()
@@ -223,6 +231,7 @@ fn report(
 ) -> SessionReport {
     SessionReport {
         dry_run: false,
+        read_warnings: Vec::new(),
         devices: planned
             .iter()
             .map(|d| {
