@@ -18,6 +18,25 @@ fn stdout_of(cmd: &mut Command) -> Vec<u8> {
     out.stdout
 }
 
+/// `gen libvirt --nics mlx5_0` for two hgx-h100 GPUs (libvirt 9.0).
+fn gen_domain_with_a_nic() -> Command {
+    let mut c = vfio_p2p();
+    c.args(["--example", "hgx-h100", "gen", "libvirt"])
+        .args([
+            "--libvirt-version",
+            "9.0",
+            "--gpus",
+            "0000:18:00.0,0000:19:00.0",
+        ])
+        .args(["--nics", "mlx5_0"]);
+    c
+}
+
+/// The domain [`gen_domain_with_a_nic`] prints.
+fn domain_with_a_nic() -> String {
+    String::from_utf8(stdout_of(&mut gen_domain_with_a_nic())).unwrap()
+}
+
 /// A snapshot of hgx-h100 carries its NICs' `net/` and `infiniband/` names, and `gen`
 /// run on it (`--sysfs-root`) resolves `--nics` by either name to the same vfio-pci device.
 #[test]
@@ -101,22 +120,8 @@ fn unknown_name_in_vm_yaml_names_the_file_and_the_fix() {
 fn check_treats_a_domain_nic_as_a_passed_device() {
     let dir = tempfile::tempdir().unwrap();
     let xml = dir.path().join("dom.xml");
-    vfio_p2p()
-        .args([
-            "--example",
-            "hgx-h100",
-            "gen",
-            "libvirt",
-            "--libvirt-version",
-            "9.0",
-        ])
-        .args([
-            "--gpus",
-            "0000:18:00.0,0000:19:00.0",
-            "--nics",
-            "mlx5_0",
-            "-o",
-        ])
+    gen_domain_with_a_nic()
+        .arg("-o")
         .arg(&xml)
         .assert()
         .success();
@@ -298,20 +303,7 @@ fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
 /// binds the NIC like the GPUs (dry run on the example), and raises no clique finding for it.
 #[test]
 fn the_hook_binds_a_domain_nic_like_a_gpu() {
-    let xml = String::from_utf8(stdout_of(
-        vfio_p2p()
-            .args([
-                "--example",
-                "hgx-h100",
-                "gen",
-                "libvirt",
-                "--libvirt-version",
-                "9.0",
-            ])
-            .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", "mlx5_0"]),
-    ))
-    .unwrap()
-    .replace("managed='yes'", "managed='no'");
+    let xml = domain_with_a_nic().replace("managed='yes'", "managed='no'");
     let out = vfio_p2p()
         .args(["--example", "hgx-h100", "hook", "run", "--dry-run"])
         .args(["vm0", "prepare", "begin", "-"])

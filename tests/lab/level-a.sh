@@ -541,6 +541,7 @@ stage_guest() {
     jqr -e --slurpfile w $O/expect-wrong.json '. != $w[0]' < /out/expect.json > /dev/null ||
         fail "cannot derive a wrong expectation (no clique field in expect.json?)"
     fleet_start
+    dmesg_mark guest-boot
     boot_b run_b /out/level-b.log
     accel=$B_ACCEL
     NOTE="level B under $accel: $B_SECS s"
@@ -857,26 +858,26 @@ p2p_dma_predicted() {
 
 # p2p_dma_field LINE KEY: the value of KEY=... in a LAB-B-P2P line
 p2p_dma_field() { echo " $1" | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
-# p2p_dma_fault PAGE: level A's IOMMU logged a fault of the edu at this page, in the dmesg lines
-# of this level B's boot (P2P_DMESG, saved first; stage p2p-dma's by default)
+# p2p_dma_fault PAGE: level A's IOMMU logged a fault of the edu at this page, in the kernel log
+# of this level B's boot ($dmesg of the calling p2p_dma_assert)
 p2p_dma_fault() {
     case $1 in 0x[0-9a-fA-F]*) ;; *) return 1 ;; esac   # not a number: no arithmetic error in /init
     # Linux 6.1: "DMAR: [DMA Write NO_PASID] Request device [00:14.0] fault addr 0x40000000 [fault reason ...";
     # Linux 7.2 names the device with its domain: "Request device [0000:00:14.0] fault addr ..."
     grep -qE "device \[(0000:)?$(echo "${EDU#0000:}" | sed 's/\./\\./')\].* fault addr (0x)?$(printf '%x' $(($1 & ~0xfff)))( |$)" \
-        "${P2P_DMESG:-/out/p2p-dma-dmesg.txt}"
+        "$dmesg"
 }
 # dmesg_mark NAME / dmesg_since NAME: level A's kernel log from NAME's mark on (one level B's
 # boot: the ring holds the earlier ones too; the lab kernel prints no timestamps to cut by)
 dmesg_mark() { echo "vfio-p2p-lab: $1 starts" > /dev/kmsg; }
 dmesg_since() { dmesg | sed -n "/vfio-p2p-lab: $1 starts/,\$p"; }
 
-# p2p_dma_assert OUTCOME LOG [EXPECT]: level B's LAB-B-P2P lines in LOG against the predicted
-# OUTCOME (lands | faults), one verdict per stand-in (named by host BDF through gen's EXPECT,
-# /out/expect.json by default); the control write must fault in either case. Stage iommufd
-# asserts its own boot with it (iommufd without dma-buf BARs: faults).
+# p2p_dma_assert OUTCOME LOG EXPECT DMESG: level B's LAB-B-P2P lines in LOG against the
+# predicted OUTCOME (lands | faults), one verdict per stand-in (named by host BDF through gen's
+# EXPECT), level A's faults read from DMESG (that boot's kernel log, dmesg_since); the control
+# write must fault in either case. Stages p2p-dma (legacy) and iommufd assert their boots with it.
 p2p_dma_assert() {
-    local want=$1 log=$2 expect=${3:-/out/expect.json} line gpu host res src dst n=0 seen=""
+    local want=$1 log=$2 expect=$3 dmesg=$4 line gpu host res src dst n=0 seen=""
     tr -d '\r' < "$log" | sed -n 's/^LAB-B-P2P //p' > /tmp/p2p-lines
     while read -r line; do
         gpu=$(p2p_dma_field "$line" gpu); res=$(p2p_dma_field "$line" result)
@@ -906,7 +907,7 @@ p2p_dma_assert() {
     else fail "the control write to $(p2p_dma_field "$line" iova) left no DMAR fault in level A's log"; fi
 }
 
-# p2p_dma_passes OUTCOME LOG: p2p_dma_assert's verdict alone (a subshell: the stage's own
+# p2p_dma_passes OUTCOME LOG EXPECT DMESG: p2p_dma_assert's verdict alone (a subshell: the stage's own
 # failures are untouched)
 # shellcheck disable=SC2030 # WHY and NFAIL are reset for this subshell only, on purpose
 p2p_dma_passes() (WHY=""; NFAIL=0; p2p_dma_assert "$@"; [ -z "$WHY" ])
@@ -915,16 +916,17 @@ p2p_dma_passes() (WHY=""; NFAIL=0; p2p_dma_assert "$@"; [ -z "$WHY" ])
 stage_p2p_dma() {
     local backend want rc secs
     grep -q LAB-B-DONE /out/level-b.log 2>/dev/null || { fail "level B did not run (stage guest)"; return 1; }
-    dmesg > /out/p2p-dma-dmesg.txt
+    dmesg_since guest-boot > /out/p2p-dma-dmesg.txt
+    [ -s /out/p2p-dma-dmesg.txt ] || fail "level A's kernel log lost the mark before level B's boot (ring overrun?)"
     echo "== level A's IOMMU faults"; grep DMAR /out/p2p-dma-dmesg.txt | grep -i fault
     echo "== level B"; tr -d '\r' < /out/level-b.log | grep -E '^LAB-B(: p2p-dma|: edu|-P2P)'
     grep -q '^LAB-B-P2P-END' /out/level-b.log || { fail "level B has no p2p-dma results (edu not passed through?)"; return 1; }
     backend=$(p2p_dma_backend)
     want=$(p2p_dma_predicted "$backend")
     echo "== backend $backend: check predicts the peer write $want"
-    p2p_dma_assert "$want" /out/level-b.log
+    p2p_dma_assert "$want" /out/level-b.log /out/expect.json /out/p2p-dma-dmesg.txt
     # the assertions can fail: the same results against the other prediction must not pass
-    p2p_dma_passes "$([ "$want" = lands ] && echo faults || echo lands)" /out/level-b.log > /out/p2p-dma-opposite.log &&
+    p2p_dma_passes "$([ "$want" = lands ] && echo faults || echo lands)" /out/level-b.log /out/expect.json /out/p2p-dma-dmesg.txt > /out/p2p-dma-opposite.log &&
         fail "the results also pass the opposite prediction (see p2p-dma-opposite.log)"
     secs=$(tr -d '\r' < /out/level-b.log | sed -n 's/^LAB-B-P2P-END .*seconds=//p')
     NOTE="$backend: check predicts $want; $(grep -c "^LAB-B-P2P " /out/level-b.log) stand-in(s) $want, control faulted; functional timing (TCG/nested), not performance: ${secs}s in level B"
@@ -980,18 +982,16 @@ bar_mapping_seen() {
 # OUTCOME, what check's BAR verdict implies (mapped: lands; not mapped: faults); sets P2P_SEEN
 # shellcheck disable=SC2031 # WHY here is the stage's own; p2p_dma_passes resets a copy
 iommufd_peer_dma() {
-    local n
+    local n log=/out/level-b-iommufd.log expect=/out/expect-iommufd.json dmesg=/out/iommufd-p2p-dma-dmesg.txt
     P2P_SEEN="not run"
     echo "== peer DMA under iommufd (edu on iommufd=$(iommufd_object_id)): check's verdict means it $1"
-    echo "level A's IOMMU faults in this boot:"; grep DMAR /out/iommufd-p2p-dma-dmesg.txt | grep -i fault
-    tr -d '\r' < /out/level-b-iommufd.log | grep -E '^LAB-B(: p2p-dma|: edu|-P2P)'
-    grep -q '^LAB-B-P2P-END' /out/level-b-iommufd.log || { fail "level B with iommufd has no p2p-dma results (edu not passed through?)"; return; }
-    export P2P_DMESG=/out/iommufd-p2p-dma-dmesg.txt
-    p2p_dma_assert "$1" /out/level-b-iommufd.log /out/expect-iommufd.json
-    p2p_dma_passes "$([ "$1" = lands ] && echo faults || echo lands)" /out/level-b-iommufd.log /out/expect-iommufd.json \
+    echo "level A's IOMMU faults in this boot:"; grep DMAR "$dmesg" | grep -i fault
+    tr -d '\r' < "$log" | grep -E '^LAB-B(: p2p-dma|: edu|-P2P)'
+    grep -q '^LAB-B-P2P-END' "$log" || { fail "level B with iommufd has no p2p-dma results (edu not passed through?)"; return; }
+    p2p_dma_assert "$1" "$log" "$expect" "$dmesg"
+    p2p_dma_passes "$([ "$1" = lands ] && echo faults || echo lands)" "$log" "$expect" "$dmesg" \
         > /out/iommufd-p2p-dma-opposite.log && fail "the iommufd peer DMA results also pass the opposite prediction"
-    unset P2P_DMESG
-    n=$(tr -d '\r' < /out/level-b-iommufd.log | grep -c '^LAB-B-P2P ')
+    n=$(tr -d '\r' < "$log" | grep -c '^LAB-B-P2P ')
     P2P_SEEN="$1 for $n stand-in(s) as predicted, control faulted"
 }
 
