@@ -85,6 +85,24 @@ pub struct Expectation {
     /// Where the agent sends its report (`report --send`); absent: it does not send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report: Option<ReportChannel>,
+    /// The NVSwitch fabric the VM's GPUs were planned on (a Fabric Manager partition);
+    /// absent: no fabric (PCIe or direct NVLink only), and the agent checks none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<ExpectedFabric>,
+}
+
+/// The Fabric Manager partition a VM was given (shared-NVSwitch model) or the
+/// full-passthrough baseboard, as the host planned it. The agent compares it with
+/// NVML's fabric info (state, status) and each GPU's module id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedFabric {
+    /// `shared-nvswitch` or `full-passthrough`.
+    pub model: String,
+    /// FM's partition id; `null` under full passthrough (FM runs in the guest).
+    pub partition_id: Option<u32>,
+    /// The Fabric Manager version on the host (the guest driver must be the same
+    /// version); `null` when the host could not tell.
+    pub fm_version: Option<String>,
 }
 
 /// One passed-through GPU.
@@ -97,6 +115,10 @@ pub struct ExpectedGpu {
     pub clique: Option<u8>,
     pub vendor: PciId,
     pub device: PciId,
+    /// The GPU's physical module id on its baseboard (NVML's `nvmlDeviceGetModuleId`,
+    /// FM's physical id), when the host planned on a fabric; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_id: Option<u32>,
 }
 
 /// Whether P2P should work between two GPUs.
@@ -144,6 +166,7 @@ impl Expectation {
             gpus: Vec::new(),
             pairs: Vec::new(),
             report: None,
+            fabric: None,
         }
     }
 
@@ -219,6 +242,7 @@ mod tests {
             clique: None,
             vendor: PciId(0x10de),
             device: PciId(0x2330),
+            module_id: None,
         };
         e.gpus = vec![g.clone(), g];
         let err = Expectation::from_json(&e.to_json())

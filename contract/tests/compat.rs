@@ -18,6 +18,7 @@ fn sample() -> Expectation {
             clique: Some(0),
             vendor: PciId(0x10de),
             device: PciId(0x2330),
+            module_id: None,
         },
         ExpectedGpu {
             host_bdf: bdf("0000:42:00.0"),
@@ -25,6 +26,7 @@ fn sample() -> Expectation {
             clique: None,
             vendor: PciId(0x10de),
             device: PciId(0x2330),
+            module_id: None,
         },
     ];
     e.pairs = vec![ExpectedPair {

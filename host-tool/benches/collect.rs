@@ -36,6 +36,7 @@ fn plan(domain: &str, cid: u32) -> DomainPlan {
             clique: Some(0),
             vendor: PciId(0x10de),
             device: PciId(0x2330),
+            module_id: None,
         });
         for j in i + 1..GPUS {
             e.pairs.push(ExpectedPair {

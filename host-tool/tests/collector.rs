@@ -34,6 +34,7 @@ fn expectation(vm: &str, nvlink: Option<u8>) -> Expectation {
             clique: Some(0),
             vendor: PciId(0x10de),
             device: PciId(0x2330),
+            module_id: None,
         });
     }
     e.pairs.push(ExpectedPair {

@@ -26,6 +26,7 @@ pub fn for_layout(vm: &str, topo: &Topology, layout: &GuestLayout) -> Expectatio
             clique: g.clique,
             vendor: g.vendor.into(),
             device: g.device.into(),
+            module_id: None,
         })
         .collect();
     for (i, j, guest) in guest_paths::guest_labels(topo, layout) {
