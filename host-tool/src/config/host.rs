@@ -37,6 +37,36 @@ pub enum NvlinkSourceKind {
     NvidiaSmi,
 }
 
+/// How the board's NVSwitch fabric reaches VMs (NVIDIA Fabric Manager's two models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricMode {
+    /// Fabric Manager reachable (live or a capture named in `fabric_manager`): shared
+    /// NVSwitch; otherwise none.
+    #[default]
+    Auto,
+    /// FM runs on the host (or a service VM, `FABRIC_MODE=1`), NVSwitches stay on the
+    /// host, and a VM's GPUs must form one of FM's partitions, activated before it starts.
+    SharedNvswitch,
+    /// The NVSwitches go into the VM with their baseboard's GPUs; FM runs in the guest.
+    FullPassthrough,
+    /// No NVSwitch fabric management (PCIe or direct NVLink only).
+    None,
+}
+
+/// Where Fabric Manager is reached; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricManagerFile {
+    /// FM's address: `127.0.0.1:6666` (FM's default TCP port) or `unix:/PATH` (its Unix socket).
+    #[serde(default)]
+    pub address: Option<Spanned<String>>,
+    /// A capture of FM's partition list (`fmpm -l` output or vfio-p2p's JSON), for hosts
+    /// where FM runs in a service VM; relative to this file.
+    #[serde(default)]
+    pub partitions: Option<Spanned<PathBuf>>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NvlinkFile {
@@ -60,6 +90,10 @@ pub struct HostConfigFile {
     pub reserved: Vec<Spanned<String>>,
     #[serde(default)]
     pub nvlink: Option<NvlinkFile>,
+    #[serde(default)]
+    pub fabric: FabricMode,
+    #[serde(default)]
+    pub fabric_manager: Option<FabricManagerFile>,
 }
 
 /// Where NVLink facts come from, validated.
@@ -77,6 +111,20 @@ pub struct HostConfig {
     pub hook_policy: HookPolicy,
     pub reserved: Vec<Bdf>,
     pub nvlink: NvlinkSource,
+    pub fabric: FabricMode,
+    pub fabric_manager: FabricManagerSource,
+}
+
+/// Fabric Manager's default TCP endpoint (FM's `FM_CMD_BIND_INTERFACE`/`FM_CMD_PORT_NUMBER`).
+pub const DEFAULT_FM_ADDRESS: &str = "127.0.0.1:6666";
+
+/// Where FM's partitions come from, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricManagerSource {
+    /// FM's API at this address (`HOST:PORT` or `unix:/PATH`).
+    Live(String),
+    /// A saved partition list.
+    Capture(PathBuf),
 }
 
 /// NCCL's default: P2P inside one switch tree, never through the CPU.
@@ -89,6 +137,8 @@ impl Default for HostConfig {
             hook_policy: HookPolicy::Warn,
             reserved: Vec::new(),
             nvlink: NvlinkSource::Nvswitch,
+            fabric: FabricMode::Auto,
+            fabric_manager: FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into()),
         }
     }
 }
@@ -158,12 +208,58 @@ impl HostConfig {
                 (NvlinkSourceKind::Nvswitch, None) => NvlinkSource::Nvswitch,
             },
         };
+        let fabric_manager = fabric_manager_source(file.fabric_manager, path)?;
         Ok(HostConfig {
             p2p_level,
             hook_policy: file.hook_policy,
             reserved,
             nvlink,
+            fabric: file.fabric,
+            fabric_manager,
         })
+    }
+}
+
+fn fabric_manager_source(
+    file: Option<FabricManagerFile>,
+    path: &Path,
+) -> Result<FabricManagerSource, ConfigError> {
+    let Some(fm) = file else {
+        return Ok(FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into()));
+    };
+    match (fm.address, fm.partitions) {
+        (Some(a), Some(_)) => Err(ConfigError::invalid(
+            path,
+            &a.referenced,
+            "fabric_manager: give 'address' (FM's API) or 'partitions' (a saved list), not both"
+                .into(),
+        )),
+        (_, Some(p)) => {
+            let dir = path.parent().unwrap_or(Path::new(""));
+            Ok(FabricManagerSource::Capture(dir.join(p.value)))
+        }
+        (Some(a), None) => {
+            let valid = match a.value.strip_prefix("unix:") {
+                Some(socket) => socket.starts_with('/'),
+                None => a
+                    .value
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+            };
+            if valid {
+                Ok(FabricManagerSource::Live(a.value))
+            } else {
+                Err(ConfigError::invalid(
+                    path,
+                    &a.referenced,
+                    format!(
+                        "fabric_manager: address {:?} is neither HOST:PORT (FM's default is {DEFAULT_FM_ADDRESS}) nor unix:/PATH",
+                        a.value
+                    ),
+                ))
+            }
+        }
+        (None, None) => Ok(FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into())),
     }
 }
 
@@ -257,5 +353,39 @@ mod tests {
             e.contains("hook.yaml") && e.contains("as `hook_policy:"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn fabric_mode_and_fabric_manager_source() {
+        let c = parse("").unwrap();
+        assert_eq!(c.fabric, FabricMode::Auto);
+        assert_eq!(
+            c.fabric_manager,
+            FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into())
+        );
+        let c = parse("fabric: shared-nvswitch\nfabric_manager:\n  partitions: fm.txt\n").unwrap();
+        assert_eq!(c.fabric, FabricMode::SharedNvswitch);
+        assert_eq!(
+            c.fabric_manager,
+            FabricManagerSource::Capture("/etc/vfio-p2p/fm.txt".into())
+        );
+        let c = parse("fabric_manager:\n  address: unix:/run/fm.sock\n").unwrap();
+        assert_eq!(
+            c.fabric_manager,
+            FabricManagerSource::Live("unix:/run/fm.sock".into())
+        );
+        assert_eq!(
+            parse("fabric: full-passthrough\n").unwrap().fabric,
+            FabricMode::FullPassthrough
+        );
+        let (line, _, message) = error_at("fabric: none\nfabric_manager:\n  address: localhost\n");
+        assert_eq!(line, 3);
+        assert!(message.contains("HOST:PORT"), "{message}");
+        let (line, _, message) =
+            error_at("fabric_manager:\n  address: 127.0.0.1:6666\n  partitions: x\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("not both"), "{message}");
+        let (line, _, _) = error_at("fabric: shared\n");
+        assert_eq!(line, 1);
     }
 }

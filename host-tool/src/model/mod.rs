@@ -4,6 +4,7 @@
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
 pub mod domain;
+pub mod fabric;
 pub mod nic;
 mod path;
 pub mod qemu_argv;
