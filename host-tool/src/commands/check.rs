@@ -17,8 +17,12 @@ use crate::host_probe;
 use crate::model::domain::DomainFacts;
 use crate::model::DeviceKind;
 use crate::read::domain_xml::read_domain_xml_file;
+use crate::read::incus::read_incus_config_file;
 use crate::read::proxmox_conf::read_proxmox_conf_file;
 use crate::read::vmm;
+
+/// How an Incus VM gets the planned cliques.
+const INCUS_FIX: &str = "apply `vfio-p2p gen incus --gpus …` to the instance (`incus profile edit` of a profile it uses, or its `incus config device add` lines), then incus restart";
 
 /// How a Proxmox VM gets the planned cliques.
 const PROXMOX_FIX: &str = "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus …` into the VM's config (qm stop, then qm start)";
@@ -37,6 +41,10 @@ pub struct CheckArgs {
     /// cliques in `args:`, a hidden hypervisor, the 64-bit MMIO window.
     #[arg(long, value_name = "FILE", conflicts_with = "domain_xml")]
     pub proxmox_conf: Option<PathBuf>,
+    /// Incus instance config (`incus config show --expanded INSTANCE`): its GPU and PCI
+    /// devices, their `nvidia.clique`, a hidden hypervisor or 64-bit window in `raw.qemu`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["domain_xml", "proxmox_conf"])]
+    pub incus_config: Option<PathBuf>,
     /// QEMU binary that will run the VM; its `--version` decides clique placement.
     #[arg(long, value_name = "PATH")]
     pub qemu: Option<PathBuf>,
@@ -76,6 +84,8 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
             .map(|h| (h.bytes, format!("{file} ({})", h.source)));
         facts.vm_config = Some(if args.proxmox_conf.is_some() {
             format!("the Proxmox config {file}")
+        } else if args.incus_config.is_some() {
+            format!("the Incus instance config {file}")
         } else {
             format!("the domain {file}")
         });
@@ -147,6 +157,13 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
         domain = Some(conf.facts);
     }
+    if let Some(path) = &args.incus_config {
+        let conf = read_incus_config_file(path)?;
+        for w in &conf.warnings {
+            tracing::warn!("{path}: {w}", path = path.display());
+        }
+        domain = Some(conf.facts);
+    }
     let gpus = selected_gpus(&ctx, &args, domain.as_ref());
     for g in &gpus {
         anyhow::ensure!(
@@ -168,9 +185,14 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
-    if let (Some(d), Some(_)) = (&domain, &args.proxmox_conf) {
+    let stack_fix = match (&args.proxmox_conf, &args.incus_config) {
+        (Some(_), _) => Some(PROXMOX_FIX),
+        (_, Some(_)) => Some(INCUS_FIX),
+        _ => None,
+    };
+    if let (Some(d), Some(fix)) = (&domain, stack_fix) {
         let level = ctx.plan_options(&args.plan, None).p2p_level;
-        report.extend(check::clique_checks(topo, d, level, PROXMOX_FIX));
+        report.extend(check::clique_checks(topo, d, level, fix));
     }
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

@@ -18,12 +18,14 @@ use crate::decide::guest_paths;
 use crate::decide::iommu_backend;
 use crate::decide::mmio;
 use crate::emit::data::write_output;
+use crate::emit::incus::{self, CliqueForm, IncusOutput};
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl, proxmox};
 use crate::host_probe;
 use crate::model::NicRef;
+use crate::read::incus as incus_read;
 use crate::read::vmm;
 
 /// Which configuration to write.
@@ -39,6 +41,8 @@ pub enum GenTarget {
     Nccl,
     /// Proxmox VE `hostpciN:` and `args:` lines for /etc/pve/qemu-server/VMID.conf.
     Proxmox,
+    /// An Incus profile (GPU devices with `nvidia.clique`, NICs, NUMA nodes), or commands.
+    Incus,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +85,13 @@ pub struct GenArgs {
     /// (`--sysfs-root`/`--example`), for NCCL running there rather than in a new guest.
     #[arg(long)]
     pub as_is: bool,
+    /// incus only: a profile for `incus profile edit` or `incus config` commands.
+    #[arg(long, value_enum, value_name = "FORM")]
+    pub incus_output: Option<IncusOutput>,
+    /// incus only: the server's `incus query /1.0` output, saved (default: ask `incus`);
+    /// without API extension gpu_physical_clique the cliques go in `raw.qemu.conf`.
+    #[arg(long, value_name = "FILE")]
+    pub incus_server: Option<PathBuf>,
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -194,16 +205,27 @@ fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
     if let Some(t) = args.guest_topology {
         config.guest_topology = t;
     }
+    if args.target == GenTarget::Incus {
+        config.guest_topology = GuestTopology::Flat;
+    }
     if let Some(b) = args.iommu_backend {
         config.iommu_backend = b;
     }
     if args.format.is_some()
         && matches!(
             args.target,
-            GenTarget::Libvirt | GenTarget::Nccl | GenTarget::Proxmox
+            GenTarget::Libvirt | GenTarget::Nccl | GenTarget::Proxmox | GenTarget::Incus
         )
     {
-        bail!("--format applies to qemu and cloud-hypervisor command lines; libvirt and nccl write XML, proxmox its config lines");
+        bail!("--format applies to qemu and cloud-hypervisor command lines; libvirt and nccl write XML, proxmox its config lines, incus a profile (--incus-output)");
+    }
+    if (args.incus_output.is_some() || args.incus_server.is_some())
+        && args.target != GenTarget::Incus
+    {
+        bail!("--incus-output and --incus-server apply to `gen incus` only");
+    }
+    if args.target == GenTarget::Incus && args.guest_topology == Some(GuestTopology::Mirror) {
+        bail!("Incus lays out the guest's PCIe tree itself (one root port per device): `gen incus` takes no --guest-topology mirror");
     }
     if args.as_is && args.target != GenTarget::Nccl {
         bail!("--as-is applies to `gen nccl` only");
@@ -239,6 +261,37 @@ fn warn_unknown_cpu(topo: &crate::model::Topology) {
          root that has proc/cpuinfo (a live root '/' or a `vfio-p2p snapshot` directory)",
         topo.source
     );
+}
+
+/// How the cliques reach an Incus VM: the device key where the server has
+/// gpu_physical_clique (asked once: the saved `incus query /1.0`, else `incus query /1.0`),
+/// `raw.qemu.conf` where it has not; the key, with a warning, where no server answers.
+fn incus_clique_form(saved: Option<&Path>) -> anyhow::Result<CliqueForm> {
+    let info = match saved {
+        Some(p) => incus_read::read_incus_server_file(p)?,
+        None => match incus_read::incus_server_of(Path::new("incus")) {
+            Ok(i) => i,
+            Err(why) => {
+                tracing::warn!(
+                    "{why}; writing `{}`, which needs Incus API extension {} (Incus 7.0.2 has it): on an older server use --incus-server with its `incus query /1.0`",
+                    incus::CLIQUE_KEY,
+                    incus::CLIQUE_EXTENSION
+                );
+                return Ok(CliqueForm::DeviceKey);
+            }
+        },
+    };
+    if info.has(incus::CLIQUE_EXTENSION) {
+        return Ok(CliqueForm::DeviceKey);
+    }
+    tracing::warn!(
+        "Incus {} lacks API extension {} (no `{}` device key): the cliques go in raw.qemu.conf as {} properties of its QEMU devices; upgrade Incus (7.0.2 has it) to have them checked by Incus itself",
+        info.server_version.as_deref().unwrap_or("(version unknown)"),
+        incus::CLIQUE_EXTENSION,
+        incus::CLIQUE_KEY,
+        vfio_p2p_contract::CLIQUE_PROPERTY
+    );
+    Ok(CliqueForm::RawQemuConf)
 }
 
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
@@ -327,6 +380,13 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
+        GenTarget::Incus => {
+            let form = incus_clique_form(args.incus_server.as_deref())?;
+            match args.incus_output.unwrap_or_default() {
+                IncusOutput::Profile => incus::profile(&vm, form),
+                IncusOutput::Commands => incus::commands(&vm, form),
+            }
+        }
     };
     if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
         register(plan, dir)?;

@@ -38,6 +38,8 @@ pub enum CliqueSource {
     Override,
     /// `<qemu:commandline>` `-set device.ALIAS.x-nv-gpudirect-clique=N`.
     Commandline,
+    /// Another VM definition's key (Incus's `nvidia.clique`, `raw.qemu`, `raw.qemu.conf`).
+    ConfigKey(&'static str),
 }
 
 impl fmt::Display for CliqueSource {
@@ -45,6 +47,7 @@ impl fmt::Display for CliqueSource {
         f.write_str(match self {
             CliqueSource::Override => "qemu:override",
             CliqueSource::Commandline => "qemu:commandline",
+            CliqueSource::ConfigKey(k) => k,
         })
     }
 }

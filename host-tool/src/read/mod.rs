@@ -11,6 +11,7 @@ pub mod domain_facts;
 pub mod domain_xml;
 pub mod flat_json;
 pub mod guest_report;
+pub mod incus;
 pub mod input_file;
 pub mod kubevirt_vmi;
 pub mod nvidia_smi;
