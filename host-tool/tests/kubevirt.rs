@@ -71,3 +71,49 @@ fn pod_without_the_nodes_devices_says_so() {
         "{log}"
     );
 }
+
+/// tests/fixtures/kubevirt: KubeVirt's own sidecar shim (built from its source) ran this hook
+/// from the configmap's script, called by KubeVirt's hook manager as virt-launcher calls it
+/// (v1alpha2 `OnDefineDomain`). Today's hook, given what the manager sent, returns the
+/// domain the shim returned then.
+#[test]
+fn kubevirt_shim_recording_replays() {
+    let fixture = |f: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../tests/fixtures/kubevirt/{f}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let transcript = fixture("transcript.txt");
+    assert!(
+        transcript.contains("exit 0") && transcript.contains("Executing onDefineDomain"),
+        "{transcript}"
+    );
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "kubevirt",
+            "on-define-domain",
+        ])
+        .arg("--vmi")
+        .arg(fixture("sent-vmi.json"))
+        .arg("--domain")
+        .arg(fixture("sent-domain.xml"))
+        .output()
+        .unwrap();
+    let log = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{log}");
+    // what KubeVirt's DomainSpec marshalling sends has no xmlns:qemu: the hook declares it
+    assert!(!fixture("sent-domain.xml").contains("xmlns:qemu"));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        fixture("returned-domain.xml"),
+        "the hook's answer changed since the shim returned it: record again (tests/fixtures/kubevirt/record)"
+    );
+    for line in log.lines().filter(|l| l.starts_with("vfio-p2p kubevirt:")) {
+        assert!(transcript.contains(line), "not in the shim's log: {line}");
+    }
+}
