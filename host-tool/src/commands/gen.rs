@@ -1,4 +1,4 @@
-//! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl`: a VM definition from the plan.
+//! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl|proxmox|incus`: a VM definition from the plan.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
