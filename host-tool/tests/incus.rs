@@ -186,3 +186,44 @@ fn check_reads_what_incus_stored_and_finds_a_missing_clique() {
         .collect();
     assert_eq!(missing.len(), 3, "{report}");
 }
+
+#[test]
+fn todays_commands_are_the_ones_incus_took() {
+    let server = fixture("server.json");
+    let args = [
+        GEN,
+        &["--incus-server", &server, "--incus-output", "commands"],
+    ]
+    .concat();
+    let (code, out, err) = vfio_p2p(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        read("commands.sh"),
+        "gen incus --incus-output commands changed: record again"
+    );
+    // replayed on a profile (`incus profile set|device add` take the same arguments): each took
+    let t = read("transcript.txt");
+    let mut ran = 0;
+    for cmd in out.lines().filter(|l| l.starts_with("incus ")) {
+        let on_profile = cmd
+            .replace("incus config set vm0 ", "incus profile set vfio-p2p-cmds ")
+            .replace(
+                "incus config device add vm0 ",
+                "incus profile device add vfio-p2p-cmds ",
+            );
+        let block = transcript_block(&on_profile);
+        assert!(block.ends_with("rc=0"), "{block}");
+        ran += 1;
+    }
+    assert_eq!(ran, 8);
+    // and Incus stored the same devices and keys as from the profile
+    let body = |f: &str| -> Vec<String> {
+        read(f)
+            .lines()
+            .filter(|l| !l.starts_with("name:") && !l.starts_with("description:"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(body("commands-show.yaml"), body("profile-show.yaml"));
+}
