@@ -227,3 +227,37 @@ fn todays_commands_are_the_ones_incus_took() {
     };
     assert_eq!(body("commands-show.yaml"), body("profile-show.yaml"));
 }
+
+#[test]
+fn check_incus_config_errors_name_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (code, _, err) = vfio_p2p(&[
+        "--example",
+        "dual-socket-pcie",
+        "check",
+        "--incus-config",
+        d,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is not a regular file"), "{err}");
+    let bad = dir.path().join("vm0.yaml");
+    std::fs::write(
+        &bad,
+        "config: {}\ndevices:\n  gpu0:\n    type: gpu\n    pci: 0000:05:00\n",
+    )
+    .unwrap();
+    let path = bad.to_str().unwrap();
+    let (code, _, err) = vfio_p2p(&[
+        "--example",
+        "dual-socket-pcie",
+        "check",
+        "--incus-config",
+        path,
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("{path}:5: devices.gpu0.pci: `0000:05:00`")),
+        "{err}"
+    );
+}
