@@ -261,3 +261,16 @@ fn check_incus_config_errors_name_the_file_and_line() {
         "{err}"
     );
 }
+
+#[test]
+fn gen_incus_refuses_what_incus_decides_itself() {
+    let (code, _, err) = vfio_p2p(&[GEN, &["--expect-out", "/nonexistent/e.json"]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("writes no expectation"), "{err}");
+    let (code, _, err) = vfio_p2p(&[GEN, &["--guest-topology", "mirror"]].concat());
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("lays out the guest's PCIe tree itself"),
+        "{err}"
+    );
+}

@@ -224,6 +224,9 @@ fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
     {
         bail!("--incus-output and --incus-server apply to `gen incus` only");
     }
+    if args.target == GenTarget::Incus && (config.report.is_some() || args.expect_out.is_some()) {
+        bail!("`gen incus` writes no expectation and no vsock device (Incus picks the guest addresses and the VM's vsock CID, volatile.vsock_id): leave out `verify: vsock` and --expect-out");
+    }
     if args.target == GenTarget::Incus && args.guest_topology == Some(GuestTopology::Mirror) {
         bail!("Incus lays out the guest's PCIe tree itself (one root port per device): `gen incus` takes no --guest-topology mirror");
     }
