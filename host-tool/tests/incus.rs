@@ -203,7 +203,6 @@ fn todays_commands_are_the_ones_incus_took() {
         "gen incus --incus-output commands changed: record again"
     );
     // replayed on a profile (`incus profile set|device add` take the same arguments): each took
-    let t = read("transcript.txt");
     let mut ran = 0;
     for cmd in out.lines().filter(|l| l.starts_with("incus ")) {
         let on_profile = cmd
