@@ -269,7 +269,8 @@ fn call(handle: *mut c_void, what: String, f: impl FnOnce(&mut State) -> c_int) 
 
 /// Copies `s` into a C char array, NUL-terminated, cut to fit.
 fn put_str(dst: &mut [c_char], s: &str) {
-    for (d, b) in dst.iter_mut().zip(s.bytes().take(dst.len() - 1)) {
+    let room = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
         *d = b as c_char;
     }
 }
