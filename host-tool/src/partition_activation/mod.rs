@@ -7,6 +7,7 @@
 //! `fmActivateFabricPartition`, and the guest starts with no further reset. Deactivation
 //! comes after the guest stopped, before its GPUs go back to their host driver.
 
+pub mod guest;
 pub mod state;
 
 use std::collections::BTreeSet;
