@@ -100,7 +100,8 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
     match a.action {
         FabricAction::List { format } => {
             let state = FabricState::from(&read_fabric_manager(&fm)?);
-            let listing = FabricListing::new(&address, &state, &holders(&ActivationRecord::load(root)?));
+            let listing =
+                FabricListing::new(&address, &state, &holders(&ActivationRecord::load(root)?));
             match format {
                 FabricFormat::Table => print!("{}", fabric_list::table(&listing)),
                 FabricFormat::Json => println!("{}", serde_json::to_string_pretty(&listing)?),

@@ -17,11 +17,11 @@ use crate::config::host::{
 use crate::context::{ChangeRoot, Context};
 use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
 use crate::emit;
-use crate::read::domain_xml::read_domain_xml_stream;
-use crate::read::read_host;
 use crate::fm_api::FmSession;
 use crate::partition_activation::guest::{self as guest_fabric, FabricStep};
 use crate::partition_activation::{activate, deactivate, ActivationError, ActivationRecord};
+use crate::read::domain_xml::read_domain_xml_stream;
+use crate::read::read_host;
 use crate::vfio_bind::{
     self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
 };
@@ -394,9 +394,19 @@ impl ActivateStep<'_> {
             HookPolicy::Deny => guest_fabric::activate_or_roll_back(
                 self.root, sysfs, fm, id, self.gpus, self.guest, &opts,
             )
-            .map_err(|e| format!("activating Fabric Manager partition {id}: {e} (hook_policy: deny)"))?,
+            .map_err(|e| {
+                format!("activating Fabric Manager partition {id}: {e} (hook_policy: deny)")
+            })?,
             HookPolicy::Warn => {
-                match activate(self.root, sysfs, fm, id, self.gpus, Some(self.guest), LOCK_TIMEOUT) {
+                match activate(
+                    self.root,
+                    sysfs,
+                    fm,
+                    id,
+                    self.gpus,
+                    Some(self.guest),
+                    LOCK_TIMEOUT,
+                ) {
                     Ok(r) => r,
                     Err(e) => {
                         warnings.push(format!("activating Fabric Manager partition {id}: {e}; the guest starts without NVLink (hook_policy: warn)"));
@@ -416,7 +426,10 @@ impl ActivateStep<'_> {
 }
 
 fn bdf_list(bdfs: &[Bdf]) -> String {
-    bdfs.iter().map(Bdf::to_string).collect::<Vec<_>>().join(", ")
+    bdfs.iter()
+        .map(Bdf::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
@@ -481,7 +494,9 @@ fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
         .and_then(|mut fm| deactivate(root, &mut fm, ids, LOCK_TIMEOUT));
     match result {
         Ok(_) => None,
-        Err(e) => Some(format!("deactivating Fabric Manager partition {shown}: {e}")),
+        Err(e) => Some(format!(
+            "deactivating Fabric Manager partition {shown}: {e}"
+        )),
     }
 }
 

@@ -80,7 +80,14 @@ fn state_text(p: &ListedPartition) -> String {
 
 /// The table, then the notes an operator acts on.
 pub fn table(l: &FabricListing) -> String {
-    let mut t = vfio_p2p_style::table(vec!["partition", "GPUs", "module ids", "PCI addresses", "NVLinks", "state"]);
+    let mut t = vfio_p2p_style::table(vec![
+        "partition",
+        "GPUs",
+        "module ids",
+        "PCI addresses",
+        "NVLinks",
+        "state",
+    ]);
     for p in &l.partitions {
         let modules: Vec<String> = p.gpus.iter().map(|g| g.module_id.to_string()).collect();
         let addrs: Vec<String> = p
@@ -107,7 +114,10 @@ pub fn table(l: &FabricListing) -> String {
     let mut out = format!("Fabric Manager at {}\n{t}\n", l.fm_address);
     if !l.nvlink_failed_gpus.is_empty() {
         let list: Vec<String> = l.nvlink_failed_gpus.iter().map(Bdf::to_string).collect();
-        out.push_str(&format!("warning: GPUs with failed NVLinks: {}\n", list.join(", ")));
+        out.push_str(&format!(
+            "warning: GPUs with failed NVLinks: {}\n",
+            list.join(", ")
+        ));
     }
     if !l.recorded_not_active.is_empty() {
         let list: Vec<String> = l.recorded_not_active.iter().map(u32::to_string).collect();

@@ -13,7 +13,9 @@ use crate::fm_api::{FmFailure, FmSession};
 use crate::model::fabric::FabricState;
 use crate::model::Topology;
 use crate::read::fabric_manager::read_fabric_manager;
-use crate::vfio_bind::{self, SessionError, SessionOptions, SessionReport, SysfsWriter, UnbindSelection};
+use crate::vfio_bind::{
+    self, SessionError, SessionOptions, SessionReport, SysfsWriter, UnbindSelection,
+};
 
 /// What the hook does about the fabric for this guest.
 pub enum FabricStep {
@@ -111,7 +113,15 @@ pub fn activate_or_roll_back<S: SysfsWriter, P: PartitionWriter>(
     guest: &str,
     opts: &SessionOptions,
 ) -> Result<ActivationReport, Box<GuestActivationError>> {
-    match activate(root, sysfs, fm, partition, gpus, Some(guest), opts.lock_timeout) {
+    match activate(
+        root,
+        sysfs,
+        fm,
+        partition,
+        gpus,
+        Some(guest),
+        opts.lock_timeout,
+    ) {
         Ok(r) => Ok(r),
         Err(failed) => {
             let rolled_back =
