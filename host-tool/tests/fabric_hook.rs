@@ -266,3 +266,102 @@ fn a_unix_socket_address_is_passed_as_one() {
         "connect unix /run/nvidia-fabricmanager/fm.sock -> 0"
     );
 }
+
+#[test]
+fn fabric_list_shows_partitions_and_who_holds_them() {
+    let mut fm = board();
+    fm["unsupported"] = json!([{ "id": 2, "module_ids": [3, 4] }]);
+    let h = Host::new(SHARED, &fm);
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+    let out = h.cmd().args(["fabric", "list"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(text.starts_with("Fabric Manager at 127.0.0.1:6666\n"), "{text}");
+    for row in [
+        "│ 1           2      1, 2         0000:05:00.0, 0000:06:00.0 ",
+        "active (guest vm1)",
+        "unsupported",
+        "inactive",
+    ] {
+        assert!(text.contains(row), "{row:?} missing in\n{text}");
+    }
+    let out = h
+        .cmd()
+        .args(["fabric", "list", "--format", "json"])
+        .assert()
+        .success();
+    let v: Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["partitions"][1]["held_by"], json!({"by": "guest", "guest": "vm1"}));
+    assert_eq!(v["partitions"][2]["unsupported"], true);
+    assert_eq!(v["partitions"][0]["gpus"][3]["bdf"], "0000:0a:00.0");
+}
+
+#[test]
+fn operators_activate_deactivate_and_resync_after_an_fm_restart() {
+    let h = Host::new(SHARED, &board());
+    h.cmd()
+        .args(["fabric", "activate", "2"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "echo 1 > /sys/bus/pci/devices/0000:09:00.0/reset",
+        ))
+        .stdout(predicate::str::ends_with("activated Fabric Manager partition 2\n"));
+    assert_eq!(h.active(), vec![2]);
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+    assert_eq!(h.active(), vec![1, 2]);
+    // FM restarts: nothing active, and it waits to be told.
+    let mut fm = h.fm();
+    for p in fm["partitions"].as_array_mut().unwrap() {
+        p["active"] = json!(false);
+    }
+    fm["awaiting_resync"] = json!(true);
+    h.set_fm(&fm);
+    h.cmd()
+        .args(["fabric", "activate", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("FM_ST_NOT_CONFIGURED"))
+        .stderr(predicate::str::contains("vfio-p2p fabric resync"));
+    h.cmd()
+        .args(["fabric", "resync"])
+        .assert()
+        .success()
+        .stdout("told Fabric Manager at 127.0.0.1:6666: partitions 1, 2 are active\n");
+    assert_eq!(h.active(), vec![1, 2]);
+    assert_eq!(h.calls().last().unwrap(), "set_activated [1,2]");
+    // The guest's partition is the hook's to deactivate; the operator's is the operator's.
+    h.cmd()
+        .args(["fabric", "deactivate", "1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("activated for guest vm1 by the libvirt hook"));
+    h.cmd()
+        .args(["fabric", "deactivate", "2"])
+        .assert()
+        .success()
+        .stdout("deactivated Fabric Manager partition 2\n");
+    assert_eq!(h.active(), vec![1]);
+    h.cmd()
+        .args(["fabric", "deactivate", "1", "--force"])
+        .assert()
+        .success();
+    assert_eq!(h.record().unwrap()["partitions"], json!({}));
+    h.cmd()
+        .args(["fabric", "resync"])
+        .assert()
+        .success()
+        .stdout("told Fabric Manager at 127.0.0.1:6666: no partition is active\n");
+}
+
+#[test]
+fn fabric_commands_name_a_missing_library() {
+    let h = Host::new(SHARED, &board());
+    h.cmd()
+        .env("VFIO_P2P_FM_LIBRARY", h.root().join("no-such-libnvfm.so"))
+        .args(["fabric", "list"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no-such-libnvfm.so cannot be loaded"))
+        .stderr(predicate::str::contains("install nvidia-fabricmanager-dev"))
+        .stderr(predicate::str::contains("(named by VFIO_P2P_FM_LIBRARY)"));
+}
