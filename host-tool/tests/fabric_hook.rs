@@ -275,7 +275,10 @@ fn fabric_list_shows_partitions_and_who_holds_them() {
     h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
     let out = h.cmd().args(["fabric", "list"]).assert().success();
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    assert!(text.starts_with("Fabric Manager at 127.0.0.1:6666\n"), "{text}");
+    assert!(
+        text.starts_with("Fabric Manager at 127.0.0.1:6666\n"),
+        "{text}"
+    );
     for row in [
         "│ 1           2      1, 2         0000:05:00.0, 0000:06:00.0 ",
         "active (guest vm1)",
@@ -290,7 +293,10 @@ fn fabric_list_shows_partitions_and_who_holds_them() {
         .assert()
         .success();
     let v: Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
-    assert_eq!(v["partitions"][1]["held_by"], json!({"by": "guest", "guest": "vm1"}));
+    assert_eq!(
+        v["partitions"][1]["held_by"],
+        json!({"by": "guest", "guest": "vm1"})
+    );
     assert_eq!(v["partitions"][2]["unsupported"], true);
     assert_eq!(v["partitions"][0]["gpus"][3]["bdf"], "0000:0a:00.0");
 }
@@ -305,7 +311,9 @@ fn operators_activate_deactivate_and_resync_after_an_fm_restart() {
         .stdout(predicate::str::contains(
             "echo 1 > /sys/bus/pci/devices/0000:09:00.0/reset",
         ))
-        .stdout(predicate::str::ends_with("activated Fabric Manager partition 2\n"));
+        .stdout(predicate::str::ends_with(
+            "activated Fabric Manager partition 2\n",
+        ));
     assert_eq!(h.active(), vec![2]);
     h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
     assert_eq!(h.active(), vec![1, 2]);
@@ -334,7 +342,9 @@ fn operators_activate_deactivate_and_resync_after_an_fm_restart() {
         .args(["fabric", "deactivate", "1"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("activated for guest vm1 by the libvirt hook"));
+        .stderr(predicate::str::contains(
+            "activated for guest vm1 by the libvirt hook",
+        ));
     h.cmd()
         .args(["fabric", "deactivate", "2"])
         .assert()
@@ -361,7 +371,9 @@ fn fabric_commands_name_a_missing_library() {
         .args(["fabric", "list"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("no-such-libnvfm.so cannot be loaded"))
+        .stderr(predicate::str::contains(
+            "no-such-libnvfm.so cannot be loaded",
+        ))
         .stderr(predicate::str::contains("install nvidia-fabricmanager-dev"))
         .stderr(predicate::str::contains("(named by VFIO_P2P_FM_LIBRARY)"));
 }

@@ -26,10 +26,18 @@ fn b(s: &str) -> Bdf {
 }
 
 /// Every function of the two GPUs (the audio functions move with them).
-const DEVICES: [&str; 4] = ["0000:05:00.0", "0000:05:00.1", "0000:06:00.0", "0000:06:00.1"];
+const DEVICES: [&str; 4] = [
+    "0000:05:00.0",
+    "0000:05:00.1",
+    "0000:06:00.0",
+    "0000:06:00.1",
+];
 
 fn bindings(root: &std::path::Path) -> Vec<Binding> {
-    DEVICES.iter().map(|d| read_binding(root, b(d)).unwrap()).collect()
+    DEVICES
+        .iter()
+        .map(|d| read_binding(root, b(d)).unwrap())
+        .collect()
 }
 
 fn active(fm: &std::path::Path) -> Vec<u64> {
@@ -59,7 +67,9 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
         guest: Some("vm1".into()),
     };
     let before = bindings(root);
-    assert!(before.iter().all(|b| b.driver.as_deref() != Some("vfio-pci")));
+    assert!(before
+        .iter()
+        .all(|b| b.driver.as_deref() != Some("vfio-pci")));
 
     let mut fm = board();
     fm["fail_activate"] = json!({ "1": "nvlink_error" });
@@ -70,8 +80,8 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
         .iter()
         .all(|b| b.driver.as_deref() == Some("vfio-pci")));
     let mut session = FmSession::open("127.0.0.1:6666").unwrap();
-    let e = activate_or_roll_back(root, &mut kernel, &mut session, 1, &gpus, "vm1", &opts)
-        .unwrap_err();
+    let e =
+        activate_or_roll_back(root, &mut kernel, &mut session, 1, &gpus, "vm1", &opts).unwrap_err();
     assert_eq!(e.failed.fm_failure(), Some(FmFailure::Refused));
     let text = e.to_string();
     assert!(text.contains("FM_ST_NVLINK_ERROR"), "{text}");
@@ -81,9 +91,15 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     assert!(ActivationRecord::load(root).unwrap().partitions.is_empty());
     assert_eq!(active(&fm_state), Vec::<u64>::new());
     // The resets came after the bind and before FM's call.
-    let log: Vec<String> = kernel.log.iter().map(|(f, _)| f.display().to_string()).collect();
+    let log: Vec<String> = kernel
+        .log
+        .iter()
+        .map(|(f, _)| f.display().to_string())
+        .collect();
     let first_reset = log.iter().position(|f| f.ends_with("/reset")).unwrap();
-    assert!(log[..first_reset].iter().any(|f| f.contains("drivers_probe") || f.ends_with("/bind")));
+    assert!(log[..first_reset]
+        .iter()
+        .any(|f| f.contains("drivers_probe") || f.ends_with("/bind")));
     drop(session);
 
     fs::write(&fm_state, board().to_string()).unwrap();
@@ -95,5 +111,8 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     assert!(bindings(root)
         .iter()
         .all(|b| b.driver.as_deref() == Some("vfio-pci")));
-    assert_eq!(ActivationRecord::load(root).unwrap().of_guest("vm1"), vec![1]);
+    assert_eq!(
+        ActivationRecord::load(root).unwrap().of_guest("vm1"),
+        vec![1]
+    );
 }

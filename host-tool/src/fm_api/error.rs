@@ -151,7 +151,7 @@ fn meaning(call: &FmCall, code: FmReturn) -> (String, String) {
         ),
         (abi::BADPARAM, FmCall::Activate(_) | FmCall::Deactivate(_)) => (
             "Fabric Manager knows no such partition".into(),
-            format!("{LIST}"),
+            LIST.to_string(),
         ),
         (abi::BADPARAM, FmCall::Connect) => s(
             "the address is not one FM accepts",

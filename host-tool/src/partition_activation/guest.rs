@@ -103,7 +103,6 @@ fn rollback_text(r: &Result<SessionReport, SessionError>) -> String {
 
 /// Activates `partition` for `guest`; when that fails, every device prepare bound for the
 /// guest goes back to its host driver, so the host is as it was before prepare.
-#[allow(clippy::too_many_arguments)]
 pub fn activate_or_roll_back<S: SysfsWriter, P: PartitionWriter>(
     root: &Path,
     sysfs: &mut S,
