@@ -71,6 +71,14 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
         .iter()
         .all(|b| b.driver.as_deref() != Some("vfio-pci")));
 
+    // FM down: the connection fails, and the library is shut down again (fmLibInit would
+    // answer FM_ST_IN_USE to the next session otherwise).
+    let mut fm = board();
+    fm["running"] = json!(false);
+    fs::write(&fm_state, fm.to_string()).unwrap();
+    let e = FmSession::open("127.0.0.1:6666").err().unwrap();
+    assert_eq!(e.failure(), FmFailure::Unreachable, "{e}");
+
     let mut fm = board();
     fm["fail_activate"] = json!({ "1": "nvlink_error" });
     fs::write(&fm_state, fm.to_string()).unwrap();

@@ -70,6 +70,8 @@ pub struct FmSession {
     library: String,
     address: String,
     handle: *mut c_void,
+    /// fmLibInit succeeded: fmLibShutdown is owed.
+    initialized: bool,
 }
 
 impl FmSession {
@@ -97,11 +99,13 @@ impl FmSession {
             library,
             address: address.to_string(),
             handle: std::ptr::null_mut(),
+            initialized: false,
         };
         let init: NoArgs = session.symbol(b"fmLibInit\0", "fmLibInit")?;
         // SAFETY: fmLibInit takes no arguments (nv_fm_agent.h).
         let rc = unsafe { init() };
         session.check(FmCall::LibInit, rc)?;
+        session.initialized = true;
         session.connect()?;
         Ok(session)
     }
@@ -125,7 +129,6 @@ impl FmSession {
         // valid out pointer. Both outlive the call.
         let rc = unsafe { connect(&mut *params, &mut handle) };
         if rc != FM_ST_SUCCESS {
-            self.shutdown();
             return Err(self.error(FmCall::Connect, rc));
         }
         self.handle = handle;
@@ -317,15 +320,10 @@ impl FmSession {
         self.check(call, rc)
     }
 
-    fn shutdown(&self) {
-        if let Ok(f) = self.symbol::<NoArgs>(b"fmLibShutdown\0", "fmLibShutdown") {
-            // SAFETY: fmLibShutdown takes no arguments; the library was initialized.
-            let _: c_int = unsafe { f() };
-        }
-    }
 }
 
 impl Drop for FmSession {
+    /// fmDisconnect when connected, then fmLibShutdown when initialized.
     fn drop(&mut self) {
         if !self.handle.is_null() {
             if let Ok(f) = self.symbol::<WithHandle>(b"fmDisconnect\0", "fmDisconnect") {
@@ -333,7 +331,13 @@ impl Drop for FmSession {
                 let _ = unsafe { f(self.handle) };
             }
             self.handle = std::ptr::null_mut();
-            self.shutdown();
+        }
+        if self.initialized {
+            if let Ok(f) = self.symbol::<NoArgs>(b"fmLibShutdown\0", "fmLibShutdown") {
+                // SAFETY: fmLibShutdown takes no arguments; fmLibInit succeeded.
+                let _: c_int = unsafe { f() };
+            }
+            self.initialized = false;
         }
     }
 }
