@@ -71,8 +71,7 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
         .iter()
         .all(|b| b.driver.as_deref() != Some("vfio-pci")));
 
-    // FM down: the connection fails, and the library is shut down again (fmLibInit would
-    // answer FM_ST_IN_USE to the next session otherwise).
+    // FM down: the connection fails as unreachable; a later session opens normally.
     let mut fm = board();
     fm["running"] = json!(false);
     fs::write(&fm_state, fm.to_string()).unwrap();
