@@ -377,3 +377,17 @@ fn fabric_commands_name_a_missing_library() {
         .stderr(predicate::str::contains("install nvidia-fabricmanager-dev"))
         .stderr(predicate::str::contains("(named by VFIO_P2P_FM_LIBRARY)"));
 }
+
+#[test]
+fn a_dry_run_says_what_it_would_activate_and_changes_nothing() {
+    let h = Host::new(SHARED_DENY, &board());
+    h.cmd()
+        .args(["hook", "run", "--dry-run", "vm1", "prepare", "begin", "-"])
+        .write_stdin(domain(&[0x05, 0x06]))
+        .assert()
+        .success()
+        .stdout("would reset 0000:05:00.0, 0000:06:00.0 and activate Fabric Manager partition 1\n");
+    assert_eq!(h.active(), Vec::<u64>::new());
+    assert_eq!(reset_value(&h, "0000:05:00.0"), "");
+    assert!(h.record().is_none());
+}
