@@ -319,7 +319,6 @@ impl FmSession {
         let rc = unsafe { f(self.handle, &mut *list) };
         self.check(call, rc)
     }
-
 }
 
 impl Drop for FmSession {
