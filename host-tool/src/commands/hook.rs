@@ -417,7 +417,7 @@ impl ActivateStep<'_> {
         };
         if !done.not_resettable.is_empty() {
             warnings.push(format!(
-                "{} have no reset method (no sysfs `reset`): activated partition {id} without resetting them, as FM's sequence asks",
+                "{} have no reset method (no sysfs `reset`): activated partition {id} without the reset FM's sequence asks for",
                 bdf_list(&done.not_resettable)
             ));
         }
