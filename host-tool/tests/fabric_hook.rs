@@ -391,3 +391,35 @@ fn a_dry_run_says_what_it_would_activate_and_changes_nothing() {
     assert_eq!(reset_value(&h, "0000:05:00.0"), "");
     assert!(h.record().is_none());
 }
+
+#[test]
+fn release_warns_when_fm_is_gone_and_still_gives_the_gpus_back() {
+    let h = Host::new(SHARED, &board());
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+    // vm1 also has a device in the bind record (here already back on its driver).
+    let gpu = "0000:0a:00.0";
+    fs::write(
+        h.root().join("run/vfio-p2p/state.json"),
+        format!(r#"{{"devices": {{"{gpu}": {{"original": {{"driver": "nvidia", "driver_override": null}}, "bound_with": "{gpu}", "guest": "vm1"}}}}}}"#),
+    )
+    .unwrap();
+    let mut fm = h.fm();
+    fm["running"] = json!(false);
+    h.set_fm(&fm);
+    h.hook("release", "end", "")
+        .success()
+        .stderr(predicate::str::starts_with(
+            "vfio-p2p hook: vm1: warning: deactivating Fabric Manager partition 1: Fabric Manager at 127.0.0.1:6666: fmConnect failed",
+        ))
+        .stderr(predicate::str::contains("systemctl start nvidia-fabricmanager"));
+    let bound = fs::read_to_string(h.root().join("run/vfio-p2p/state.json")).unwrap();
+    assert!(
+        !bound.contains(gpu),
+        "the GPU was given back anyway: {bound}"
+    );
+    assert_eq!(
+        h.record().unwrap()["partitions"]["1"]["guest"],
+        "vm1",
+        "kept for a later deactivate"
+    );
+}
