@@ -59,6 +59,8 @@ pub enum Command {
     Unbind(commands::bind::UnbindArgs),
     /// The libvirt qemu hook: `hook install`, and `hook run` which libvirt calls.
     Hook(commands::hook::HookArgs),
+    /// Fabric Manager's partitions on NVSwitch boards: list, activate, deactivate, resync.
+    Fabric(commands::fabric::FabricArgs),
     /// Write a VM definition (QEMU, libvirt, Cloud Hypervisor) or the guest's NCCL topology from the plan.
     Gen(commands::gen::GenArgs),
     /// Edit libvirt domains.

@@ -701,6 +701,88 @@ stage_hook() {
     [ -z "$WHY" ]
 }
 
+# fabric (issue #30): the hook's Fabric Manager partition activation, for real on this kernel's
+# sysfs, with FM played by the stand-in library (tests/fm-standin, VFIO_P2P_FM_LIBRARY). The host
+# root is a directory whose sys, dev, proc, run are the chroot's own and whose
+# etc/vfio-p2p/host.yaml is this stage's (`fabric: shared-nvswitch`). FM's partition 7 is
+# exactly $GPU_RP; the VM (lab-fm) has it as its one managed='no' hostdev.
+FR=/tmp/fabric-root            # the host root, in the chroot
+FMJ=$O/fm-standin.json         # the stand-in's state, in the chroot (/out/fm-standin.json here)
+fm_vp() { C VFIO_P2P_FM_LIBRARY="$FM_STANDIN" VFIO_P2P_FM_STANDIN="$FMJ" timeout 120 "$VFIO_P2P" --sysfs-root $FR "$@"; }
+fm_state() { # [JQ-EDIT]: the stand-in's partition 7 = $GPU_RP, none active, plus the edit
+    jqr -n --arg gpu "$GPU_RP" '{running: true, partitions: [{id: 7, gpus: [{module_id: 1, pci: $gpu, links: 18, max_links: 18}]}, {id: 8, gpus: [{module_id: 2, pci: "0000:21:00.0", links: 18, max_links: 18}]}]}'" | ${1:-.}" > /out/fm-standin.json
+}
+fm_active() { jqr -r '[.partitions[] | select(.active) | .id] | join(",")' < /out/fm-standin.json; }
+fm_policy() { printf 'fabric: shared-nvswitch\nhook_policy: %s\n' "$1" > $R$FR/etc/vfio-p2p/host.yaml; }
+fm_domain() {
+    echo "<domain type='kvm'><name>lab-fm</name><devices>"
+    echo "$GPU_RP" | sed 's/^\(....\):\(..\):\(..\)\.\(.\)$/<hostdev mode="subsystem" type="pci" managed="no"><driver name="vfio"\/><source><address domain="0x\1" bus="0x\2" slot="0x\3" function="0x\4"\/><\/source><\/hostdev>/'
+    echo "</devices></domain>"
+}
+# fm_hook NAME OP SUB: the hook as libvirt runs it; output in /out/fabric-NAME.txt, exit in $rc
+fm_hook() {
+    displays_off $GPU_RP
+    rc=0; fm_vp hook run lab-fm "$2" "$3" - < /out/fabric-domain.xml > /out/fabric-"$1".txt 2>&1 || rc=$?
+    echo "== $1: hook $2 $3 (exit $rc)"; cat /out/fabric-"$1".txt
+}
+fm_recorded() { [ -s $R/run/vfio-p2p/fabric.json ] && jqr -r '.partitions | keys | join(",")' < $R/run/vfio-p2p/fabric.json; }
+stage_fabric() {
+    local before rc
+    [ -n "$FM_STANDIN" ] && [ -f "$R$FM_STANDIN" ] || { fail "no stand-in FM library ('$FM_STANDIN'): cargo build --release -p vfio-p2p-fm-standin"; return 1; }
+    mkdir -p $R$FR/etc/vfio-p2p
+    for d in sys dev proc run boot; do ln -sfn /$d $R$FR/$d; done
+    fm_domain > /out/fabric-domain.xml
+    rc=0; vp unbind --all || rc=$?
+    [ $rc = 0 ] || fail "unbind --all exited $rc"
+    before=$(state $GPUS)
+    echo "before: $before"
+
+    # activation on prepare (after the bind, the GPU reset), deactivation on release
+    fm_policy deny; fm_state
+    fm_hook activate prepare begin
+    [ $rc = 0 ] || fail "prepare (deny, FM up): exit $rc"
+    [ "$(driver_of $GPU_RP)" = vfio-pci ] || fail "$GPU_RP on '$(driver_of $GPU_RP)' after prepare"
+    [ "$(fm_active)" = 7 ] || fail "after prepare FM has '$(fm_active)' active, expected 7"
+    [ "$(fm_recorded)" = 7 ] || fail "after prepare the record has '$(fm_recorded)', expected 7"
+    grep -q 'no reset method' /out/fabric-activate.txt && NOTE="$GPU_RP has no sysfs reset: activated unreset"
+    jqr -r '.calls[]' < /out/fm-standin.json
+    fm_hook deactivate release end
+    [ $rc = 0 ] || fail "release: exit $rc"
+    [ -z "$(fm_active)" ] || fail "after release FM has '$(fm_active)' active"
+    [ -z "$(fm_recorded)" ] || fail "after release the record has '$(fm_recorded)'"
+    [ "$(state $GPUS)" = "$before" ] || fail "release did not restore the drivers: $(state $GPUS)"
+
+    # FM refuses (NVLink training, in use) or the connection drops before the activation: under
+    # deny the bind is rolled back, exactly, and no partition is left active
+    for edit in '.fail_activate = {"7": "nvlink_error"}' '.fail_activate = {"7": "in_use"}' '.connection_lost_after = 3'; do
+        fm_state "$edit"
+        fm_hook "deny-$(echo "$edit" | tr -dc 'a-z_')" prepare begin
+        [ $rc = 1 ] || fail "prepare (deny, $edit): exit $rc, expected 1"
+        [ "$(state $GPUS)" = "$before" ] || fail "deny, $edit: not rolled back: $(state $GPUS)"
+        [ -z "$(fm_active)" ] || fail "deny, $edit: FM has '$(fm_active)' active"
+        [ -z "$(fm_recorded)" ] || fail "deny, $edit: recorded '$(fm_recorded)'"
+    done
+    grep -q 'rolled back' /out/fabric-deny-fail_activatenvlink_error.txt || fail "the NVLink refusal does not say it rolled back"
+    # under warn the guest starts, bound, without NVLink; release gives the GPU back
+    fm_policy warn; fm_state '.fail_activate = {"7": "nvlink_error"}'
+    fm_hook warn-refused prepare begin
+    [ $rc = 0 ] || fail "prepare (warn, FM refuses): exit $rc"
+    grep -q 'warning: .*starts without NVLink' /out/fabric-warn-refused.txt || fail "warn: no 'starts without NVLink' warning"
+    [ "$(driver_of $GPU_RP)" = vfio-pci ] || fail "warn: $GPU_RP on '$(driver_of $GPU_RP)'"
+    fm_hook warn-refused-release release end
+    [ "$(state $GPUS)" = "$before" ] || fail "warn: release did not restore: $(state $GPUS)"
+    # FM not running: warn starts the guest, deny refuses naming the fix, before binding anything
+    fm_state '.running = false'
+    fm_hook warn-down prepare begin
+    [ $rc = 0 ] && grep -q 'systemctl start nvidia-fabricmanager' /out/fabric-warn-down.txt || fail "warn, FM down: exit $rc, no fix named"
+    fm_hook warn-down-release release end
+    fm_policy deny
+    fm_hook deny-down prepare begin
+    [ $rc = 1 ] && grep -q 'systemctl start nvidia-fabricmanager' /out/fabric-deny-down.txt || fail "deny, FM down: exit $rc, no fix named"
+    [ "$(state $GPUS)" = "$before" ] || fail "deny, FM down: devices moved: $(state $GPUS)"
+    [ -z "$WHY" ]
+}
+
 # guest-topo (issue #22): level B from `gen qemu` mirror with all five stand-ins, booted with
 # lab_b=topo (level-b.sh runs only `vfio-p2p-agent topo`); the guest's path label of every pair
 # must be level A's host label: PIX (switch), PHB (root ports of one host bridge), NODE (host

@@ -8,15 +8,23 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH};
+use crate::config::host::{
+    FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
+};
 use crate::context::{ChangeRoot, Context};
 use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
 use crate::emit;
+use crate::fm_api::FmSession;
+use crate::partition_activation::guest::{self as guest_fabric, FabricStep};
+use crate::partition_activation::{activate, deactivate, ActivationError, ActivationRecord};
 use crate::read::domain_xml::read_domain_xml_stream;
 use crate::read::read_host;
-use crate::vfio_bind::{self, writer, BindOptions, BindState, SessionOptions, UnbindSelection};
+use crate::vfio_bind::{
+    self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
+};
 
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
@@ -301,16 +309,29 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     if config.hook_policy == HookPolicy::Deny && !problems.is_empty() {
         return refuse(guest, &problems.join("; "));
     }
+    // Fabric Manager is asked once, before anything changes (docs/fabric.md).
+    let hostdevs: Vec<_> = facts.hostdevs.iter().map(|h| h.bdf).collect();
+    let fabric = guest_fabric::plan_for_guest(&config, &topo, &hostdevs);
+    let mut warnings: Vec<String> = problems.iter().chain(&notes).cloned().collect();
+    if let FabricStep::Finding(f) = &fabric {
+        if policy == HookPolicy::Deny {
+            return refuse(guest, &format!("{f} (hook_policy: deny)"));
+        }
+        warnings.push(format!(
+            "{f}; the guest starts without NVLink (hook_policy: warn)"
+        ));
+    }
     let unmanaged: Vec<_> = facts
         .hostdevs
         .iter()
         .filter(|h| !h.managed)
         .map(|h| h.bdf)
         .collect();
+    let mut sysfs = writer()?;
     if !unmanaged.is_empty() {
         match vfio_bind::bind(
             root,
-            &mut writer()?,
+            &mut sysfs,
             &unmanaged,
             &BindOptions::default(),
             &session(guest, dry_run),
@@ -320,10 +341,95 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
         }
     }
-    for p in problems.iter().chain(&notes) {
+    if let FabricStep::Activate {
+        mut session,
+        partition,
+        gpus,
+    } = fabric
+    {
+        let step = ActivateStep {
+            root,
+            guest,
+            partition,
+            gpus: &gpus,
+            policy,
+            dry_run,
+        };
+        if let Err(refusal) = step.run(&mut sysfs, &mut session, &mut warnings) {
+            return refuse(guest, &refusal);
+        }
+    }
+    for p in &warnings {
         eprintln!("vfio-p2p hook: {guest}: warning: {p}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// prepare's activation of the VM's Fabric Manager partition, after the bind.
+struct ActivateStep<'a> {
+    root: &'a Path,
+    guest: &'a str,
+    partition: u32,
+    gpus: &'a [Bdf],
+    policy: HookPolicy,
+    dry_run: bool,
+}
+
+impl ActivateStep<'_> {
+    /// Under `deny` a failure rolls the bind back and is the refusal (`Err`); under `warn`
+    /// it is a warning and the guest starts without NVLink.
+    fn run(
+        &self,
+        sysfs: &mut Box<dyn SysfsWriter>,
+        fm: &mut FmSession,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        let (id, list) = (self.partition, bdf_list(self.gpus));
+        if self.dry_run {
+            println!("would reset {list} and activate Fabric Manager partition {id}");
+            return Ok(());
+        }
+        let opts = session(self.guest, false);
+        let done = match self.policy {
+            HookPolicy::Deny => guest_fabric::activate_or_roll_back(
+                self.root, sysfs, fm, id, self.gpus, self.guest, &opts,
+            )
+            .map_err(|e| {
+                format!("activating Fabric Manager partition {id}: {e} (hook_policy: deny)")
+            })?,
+            HookPolicy::Warn => {
+                match activate(
+                    self.root,
+                    sysfs,
+                    fm,
+                    id,
+                    self.gpus,
+                    Some(self.guest),
+                    LOCK_TIMEOUT,
+                ) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warnings.push(format!("activating Fabric Manager partition {id}: {e}; the guest starts without NVLink (hook_policy: warn)"));
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        if !done.not_resettable.is_empty() {
+            warnings.push(format!(
+                "{} have no reset method (no sysfs `reset`): activated partition {id} without the reset FM's sequence asks for",
+                bdf_list(&done.not_resettable)
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn bdf_list(bdfs: &[Bdf]) -> String {
+    bdfs.iter()
+        .map(Bdf::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
@@ -332,6 +438,13 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     // Most guests had nothing bound by prepare: answer without the lock or reading the host.
     // (The record is replaced atomically, so reading it unlocked sees a whole one.)
     let recorded = BindState::load(root)?;
+    let partitions = ActivationRecord::load(root)?.of_guest(guest);
+    if !partitions.is_empty() {
+        // After the guest stopped and before its GPUs go back to the host (FM's sequence).
+        if let Some(w) = deactivate_for(root, &partitions, dry_run) {
+            eprintln!("vfio-p2p hook: {guest}: warning: {w}");
+        }
+    }
     if !recorded
         .devices
         .values()
@@ -355,6 +468,35 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             guest,
             &format!("giving back the devices prepare bound: {e}"),
         ),
+    }
+}
+
+/// Deactivates the partitions a guest held; what went wrong, as a warning (release goes on
+/// giving the GPUs back either way: the guest is gone).
+fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
+    let shown: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let shown = shown.join(", ");
+    if dry_run {
+        println!("would deactivate Fabric Manager partition {shown}");
+        return None;
+    }
+    let fix = format!("`vfio-p2p fabric deactivate {shown}` once Fabric Manager answers");
+    let address = match HostConfig::load_below(root) {
+        Ok(HostConfig {
+            fabric_manager: FabricManagerSource::Live(a),
+            ..
+        }) => a,
+        Ok(_) => return Some(format!("partition {shown} is recorded active but host.yaml no longer names Fabric Manager's address; {fix}")),
+        Err(e) => return Some(format!("{e}; partition {shown} left active: {fix}")),
+    };
+    let result = FmSession::open(&address)
+        .map_err(ActivationError::from)
+        .and_then(|mut fm| deactivate(root, &mut fm, ids, LOCK_TIMEOUT));
+    match result {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "deactivating Fabric Manager partition {shown}: {e}"
+        )),
     }
 }
 

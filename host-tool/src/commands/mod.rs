@@ -3,6 +3,7 @@
 pub mod bind;
 pub mod check;
 pub mod collect;
+pub mod fabric;
 pub mod gen;
 pub mod hook;
 pub mod kubevirt;
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bind(a) => bind::run_bind(&cli.global, a),
         Command::Unbind(a) => bind::run_unbind(&cli.global, a),
         Command::Hook(a) => hook::run(&cli.global, a),
+        Command::Fabric(a) => fabric::run(&cli.global, a),
         Command::Gen(a) => gen::run(&cli.global, a),
         Command::Libvirt(a) => libvirt::run(&cli.global, a),
         Command::Check(a) => check::run(&cli.global, a),

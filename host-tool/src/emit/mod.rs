@@ -4,6 +4,7 @@ pub mod binding;
 pub mod check;
 pub mod cloud_hypervisor;
 pub mod data;
+pub mod fabric_list;
 pub mod incus;
 pub mod libvirt;
 pub mod libvirt_patch;

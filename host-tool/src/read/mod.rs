@@ -9,6 +9,7 @@ pub mod binding;
 pub mod cpuinfo;
 pub mod domain_facts;
 pub mod domain_xml;
+pub mod fabric_manager;
 pub mod flat_json;
 pub mod guest_report;
 pub mod incus;

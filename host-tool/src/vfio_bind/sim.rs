@@ -1,7 +1,8 @@
 //! Test support: a host's sysfs as a directory tree, and a [`SysfsWriter`] that plays
 //! the kernel's part in it — `driver/unbind` removes the `driver` link, `drivers_probe`
 //! binds the driver `driver_override` names (or the host's default), `drivers/NAME/bind`
-//! refuses a device whose override names another driver — and keeps `dev/vfio/N`.
+//! refuses a device whose override names another driver, `reset` takes `1` — and keeps
+//! `dev/vfio/N`.
 //! Lets the decision and rollback logic be tested without root or a kernel.
 
 use std::collections::BTreeMap;
@@ -28,6 +29,12 @@ pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
     for d in fs::read_dir(&drivers)?.flatten() {
         fs::write(d.path().join("bind"), "")?;
         fs::write(d.path().join("unbind"), "")?;
+    }
+    for d in &host.devices {
+        let dir = root.join(device_dir(d.bdf));
+        if dir.is_dir() {
+            fs::write(dir.join("reset"), "")?;
+        }
     }
     Ok(())
 }
@@ -162,6 +169,13 @@ impl SysfsWriter for SimKernel {
                     return Err(err(libc::ENODEV));
                 }
                 Self::detach(root, bdf)
+            }
+            ["sys", "bus", "pci", "devices", dev, "reset"] => {
+                parse_bdf(dev)?;
+                if value.trim() != "1" {
+                    return Err(err(libc::EINVAL));
+                }
+                Ok(())
             }
             ["sys", "bus", "pci", "drivers_probe"] => self.probe(root, parse_bdf(value)?),
             ["sys", "bus", "pci", "drivers", driver, "bind"] => {

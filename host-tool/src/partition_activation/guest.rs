@@ -1,0 +1,134 @@
+//! The libvirt hook's fabric step for one guest: decided before anything changes (is FM in
+//! charge here, which partition is the VM's), then done after the bind (reset, activate,
+//! record), and undone with the bind when it fails under `hook_policy: deny`.
+
+use std::path::Path;
+
+use pci_config::Bdf;
+
+use super::{activate, ActivationError, ActivationReport, PartitionWriter};
+use crate::config::host::{FabricManagerSource, FabricMode, HostConfig};
+use crate::decide::fabric_partition::partition_for;
+use crate::fm_api::{FmFailure, FmSession};
+use crate::model::fabric::FabricState;
+use crate::model::Topology;
+use crate::read::fabric_manager::read_fabric_manager;
+use crate::vfio_bind::{
+    self, SessionError, SessionOptions, SessionReport, SysfsWriter, UnbindSelection,
+};
+
+/// What the hook does about the fabric for this guest.
+pub enum FabricStep {
+    /// Nothing: no shared NVSwitch fabric here, or no GPU in the VM.
+    Nothing,
+    /// Activate `partition` (exactly the VM's `gpus`) over `session` after the bind.
+    Activate {
+        session: FmSession,
+        partition: u32,
+        gpus: Vec<Bdf>,
+    },
+    /// The VM cannot get NVLink: the hook's policy decides (warn: start without it).
+    Finding(String),
+}
+
+/// Whether Fabric Manager partitions apply on this host: `shared-nvswitch`, or `auto` on a
+/// host with NVSwitches on its PCI tree, and FM reached through its API (a capture means
+/// FM runs elsewhere, in a service VM, and activates there).
+fn fm_address<'a>(config: &'a HostConfig, topo: &Topology) -> Option<(&'a str, bool)> {
+    let explicit = match config.fabric {
+        FabricMode::SharedNvswitch => true,
+        FabricMode::Auto if topo.nvswitches().next().is_some() => false,
+        _ => return None,
+    };
+    match &config.fabric_manager {
+        FabricManagerSource::Live(address) => Some((address, explicit)),
+        FabricManagerSource::Capture(_) => None,
+    }
+}
+
+/// Decides the fabric step for a VM whose passed-through devices are `hostdevs`: FM is
+/// asked (once) for its partitions and the VM's GPUs must be exactly one of them.
+pub fn plan_for_guest(config: &HostConfig, topo: &Topology, hostdevs: &[Bdf]) -> FabricStep {
+    let Some((address, explicit)) = fm_address(config, topo) else {
+        return FabricStep::Nothing;
+    };
+    let mut gpus: Vec<Bdf> = hostdevs
+        .iter()
+        .copied()
+        .filter(|b| topo.device(b).is_some_and(|d| d.is_nvidia_gpu()))
+        .collect();
+    gpus.sort();
+    gpus.dedup();
+    if gpus.is_empty() {
+        return FabricStep::Nothing;
+    }
+    let session = match FmSession::open(address) {
+        Ok(s) => s,
+        // `auto` without FM's library: a host without Fabric Manager, as before.
+        Err(e) if !explicit && e.failure() == FmFailure::NoLibrary => return FabricStep::Nothing,
+        Err(e) => return FabricStep::Finding(e.to_string()),
+    };
+    let state = match read_fabric_manager(&session) {
+        Ok(r) => FabricState::from(&r),
+        Err(e) => return FabricStep::Finding(e.to_string()),
+    };
+    match partition_for(&state, &gpus) {
+        Ok(p) => FabricStep::Activate {
+            partition: p.id,
+            gpus,
+            session,
+        },
+        Err(f) => FabricStep::Finding(f.to_string()),
+    }
+}
+
+/// A failed activation under `deny`, and how giving the GPUs back went.
+#[derive(Debug, thiserror::Error)]
+#[error("{failed}; {}", rollback_text(.rolled_back))]
+pub struct GuestActivationError {
+    pub failed: ActivationError,
+    pub rolled_back: Result<SessionReport, SessionError>,
+}
+
+fn rollback_text(r: &Result<SessionReport, SessionError>) -> String {
+    match r {
+        Ok(rep) if rep.devices.is_empty() => "nothing was bound for it".into(),
+        Ok(rep) => {
+            let list: Vec<String> = rep.devices.iter().map(|d| d.bdf.to_string()).collect();
+            format!("rolled back: {} given back to their host drivers", list.join(", "))
+        }
+        Err(e) => format!("ROLLBACK INCOMPLETE, giving back the devices prepare bound failed: {e}; `vfio-p2p unbind --all` restores them"),
+    }
+}
+
+/// Activates `partition` for `guest`; when that fails, every device prepare bound for the
+/// guest goes back to its host driver, so the host is as it was before prepare.
+pub fn activate_or_roll_back<S: SysfsWriter, P: PartitionWriter>(
+    root: &Path,
+    sysfs: &mut S,
+    fm: &mut P,
+    partition: u32,
+    gpus: &[Bdf],
+    guest: &str,
+    opts: &SessionOptions,
+) -> Result<ActivationReport, Box<GuestActivationError>> {
+    match activate(
+        root,
+        sysfs,
+        fm,
+        partition,
+        gpus,
+        Some(guest),
+        opts.lock_timeout,
+    ) {
+        Ok(r) => Ok(r),
+        Err(failed) => {
+            let rolled_back =
+                vfio_bind::unbind(root, sysfs, &UnbindSelection::Guest(guest.into()), opts);
+            Err(Box::new(GuestActivationError {
+                failed,
+                rolled_back,
+            }))
+        }
+    }
+}
