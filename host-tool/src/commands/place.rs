@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
+use crate::decide;
 use crate::decide::nic_affinity::{NicChoice, NicPool};
 use crate::decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
@@ -323,7 +324,7 @@ fn print_table(r: &PlaceReport) {
 }
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
-    let Context { host, topo } = Context::load(global, &args.host, &[])?;
+    let Context { host, topo, fabric } = Context::load(global, &args.host, &[])?;
     let host_gpus = topo.gpus().count();
     let requests = match args.shape {
         Some((count, gpus)) => {
@@ -350,12 +351,29 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     placement::validate_requests(&requests)?;
     let placement_host = PlacementHost::new(&topo, &options)
         .with_context(|| "checking --taken and the host config's reserved devices".to_string())?;
-    let placed = placement_host.place(&requests, options.max_path);
+    // On a board under Fabric Manager (shared NVSwitch), VMs get whole FM partitions.
+    let partitions = fabric.partitions();
+    let placed = match partitions {
+        Some(state) => decide::fabric::place_on_partitions(
+            &placement_host,
+            state,
+            &requests,
+            &options.unavailable,
+        ),
+        None => placement_host.place(&requests, options.max_path),
+    };
     let largest_shape = match args.shape {
-        Some((count, gpus)) if !placed.unplaced.is_empty() => {
-            placement::largest_shape(&placement_host, count, gpus, options.max_path)
-                .map(|(c, g)| format!("{c}x{g}"))
+        Some((count, gpus)) if !placed.unplaced.is_empty() => match partitions {
+            Some(state) => decide::fabric::largest_partition_shape(
+                &placement_host,
+                state,
+                count,
+                gpus,
+                &options.unavailable,
+            ),
+            None => placement::largest_shape(&placement_host, count, gpus, options.max_path),
         }
+        .map(|(c, g)| format!("{c}x{g}")),
         _ => None,
     };
     let mut vms: Vec<VmReport> = placed

@@ -7,10 +7,11 @@
 //! address.
 
 use pci_config::Bdf;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One GPU of a partition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PartitionGpu {
     /// FM's physical id: the baseboard module id (1-based on HGX boards).
     pub module_id: u32,
@@ -23,7 +24,8 @@ pub struct PartitionGpu {
 }
 
 /// One of FM's predefined partitions.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FabricPartition {
     pub id: u32,
     pub gpus: Vec<PartitionGpu>,
@@ -32,14 +34,101 @@ pub struct FabricPartition {
 }
 
 /// Everything FM says about the board, read once.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FabricState {
     /// FM's version, when the source tells it.
+    #[serde(default)]
     pub fm_version: Option<String>,
     /// The partitions FM supports on this board as it is now.
     pub partitions: Vec<FabricPartition>,
     /// Partition ids FM lists as unsupported (a GPU or NVSwitch missing or degraded).
+    #[serde(default)]
     pub unsupported: Vec<u32>,
     /// GPUs (by PCI address) with NVLinks FM could not train.
+    #[serde(default)]
     pub nvlink_failed_gpus: Vec<Bdf>,
+}
+
+impl FabricPartition {
+    /// The partition's GPUs by PCI address, sorted; `None` when FM did not tell one.
+    pub fn bdfs(&self) -> Option<Vec<Bdf>> {
+        let mut all: Vec<Bdf> = self.gpus.iter().map(|g| g.bdf).collect::<Option<_>>()?;
+        all.sort_unstable();
+        Some(all)
+    }
+
+    /// Module ids, sorted, as FM's tables write them (`1, 3`).
+    pub fn module_list(&self) -> String {
+        let mut ids: Vec<u32> = self.gpus.iter().map(|g| g.module_id).collect();
+        ids.sort_unstable();
+        ids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl FabricState {
+    /// The partition whose GPUs are exactly `gpus` (any order).
+    pub fn partition_of(&self, gpus: &[Bdf]) -> Option<&FabricPartition> {
+        let mut want = gpus.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        self.partitions
+            .iter()
+            .find(|p| p.bdfs().is_some_and(|b| b == want))
+    }
+
+    /// A GPU's module id, from any partition that lists it.
+    pub fn module_id(&self, bdf: &Bdf) -> Option<u32> {
+        self.partitions
+            .iter()
+            .flat_map(|p| &p.gpus)
+            .find(|g| g.bdf.as_ref() == Some(bdf))
+            .map(|g| g.module_id)
+    }
+}
+
+/// NVIDIA Fabric Manager's two virtualization models that vfio-p2p plans for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricModel {
+    /// NVSwitches stay with FM on the host (or a service VM); a VM's GPUs are one of
+    /// FM's partitions, activated before it starts.
+    SharedNvswitch,
+    /// The NVSwitches go into the VM with the whole baseboard; FM runs in the guest.
+    FullPassthrough,
+}
+
+impl FabricModel {
+    /// `shared-nvswitch` / `full-passthrough`: the host config's words.
+    pub fn name(self) -> &'static str {
+        match self {
+            FabricModel::SharedNvswitch => "shared-nvswitch",
+            FabricModel::FullPassthrough => "full-passthrough",
+        }
+    }
+}
+
+/// What this run knows of the board's fabric, settled once when the context is built.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Fabric {
+    /// The model planning follows (`fabric:` with `auto` resolved); `None`: no fabric
+    /// management (PCIe, direct NVLink, or FM not known).
+    pub model: Option<FabricModel>,
+    /// FM's partitions, when they were read (an embedded example's table, a capture).
+    pub state: Option<FabricState>,
+    /// Where `state` came from, or why FM was not read.
+    pub source: String,
+}
+
+impl Fabric {
+    /// FM's partitions when planning must follow them (shared NVSwitch, partitions known).
+    pub fn partitions(&self) -> Option<&FabricState> {
+        match self.model {
+            Some(FabricModel::SharedNvswitch) => self.state.as_ref(),
+            _ => None,
+        }
+    }
 }

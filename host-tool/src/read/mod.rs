@@ -10,6 +10,8 @@ pub mod cpuinfo;
 pub mod domain_facts;
 pub mod domain_xml;
 pub mod flat_json;
+pub mod fm_capture;
+pub mod fm_config;
 pub mod guest_report;
 pub mod input_file;
 pub mod kubevirt_vmi;
