@@ -132,3 +132,18 @@ impl Fabric {
         }
     }
 }
+
+/// Fabric Manager's config file on the host, as the preflight sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FmConfigFile {
+    /// Not looked at (an embedded example, a snapshot file): why.
+    NotProbed(String),
+    /// No `fabricmanager.cfg`: FM is not installed on this host.
+    Absent,
+    /// `FABRIC_MODE=` as written (`None`: missing, FM's default 0, bare metal).
+    Present {
+        path: String,
+        fabric_mode: Option<u8>,
+    },
+}

@@ -6,24 +6,13 @@
 use std::path::Path;
 
 use super::input_file::{read_input_file, InputFileError};
+use crate::model::fabric::FmConfigFile as FmConfig;
 
 /// Where FM's package puts its config, relative to the root.
 pub const FM_CONFIG_PATH: &str = "usr/share/nvidia/nvswitch/fabricmanager.cfg";
 
 /// FM's config files are a few kB.
 const MAX_CONFIG_BYTES: u64 = 256 << 10;
-
-/// What FM's config file says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FmConfig {
-    /// No config file: FM is not installed on this host.
-    Absent,
-    /// `FABRIC_MODE=` as written (`None`: the key is missing, FM's default 0).
-    Present {
-        path: String,
-        fabric_mode: Option<u8>,
-    },
-}
 
 /// Reads `<root>/usr/share/nvidia/nvswitch/fabricmanager.cfg`.
 pub fn read(root: &Path) -> Result<FmConfig, InputFileError> {
