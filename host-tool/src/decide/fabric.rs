@@ -131,7 +131,8 @@ pub fn gpu_set_warning(state: &FabricState, gpus: &[Bdf], taken: &BTreeSet<Bdf>)
 /// Places `requests` on FM's partitions: each VM gets one usable partition of exactly its
 /// size, largest VMs first; among fitting partitions the one with the best worst path,
 /// then on the fewest NUMA nodes, then breaking the fewest larger partitions still whole
-/// (keeping them for VMs to come), then the lowest id.
+/// (keeping them for VMs to come), then the lowest PCI address (as `place` goes in BDF
+/// order everywhere), then the lowest id.
 pub fn place_on_partitions(
     host: &PlacementHost,
     state: &FabricState,
@@ -159,7 +160,16 @@ pub fn place_on_partitions(
                     .filter(|q| q.gpus.len() > r.gpus && free_whole(q))
                     .filter(|q| q.gpus.iter().any(|g| p.gpus.iter().any(|h| h.bdf == g.bdf)))
                     .count();
-                Some(((vm.worst_path, vm.numa_nodes.len(), broken, p.id), vm))
+                Some((
+                    (
+                        vm.worst_path,
+                        vm.numa_nodes.len(),
+                        broken,
+                        vm.gpus.first().copied(),
+                        p.id,
+                    ),
+                    vm,
+                ))
             })
             .min_by(|a, b| a.0.cmp(&b.0));
         match best {

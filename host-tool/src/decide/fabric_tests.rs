@@ -48,7 +48,7 @@ fn two_by_four_gets_fms_two_four_gpu_partitions() {
     assert!(p.free.is_empty());
     // Four pairs: the four 2-GPU partitions, each the two GPUs of one PCIe switch.
     let p = place(&topo, &state, 4, 2);
-    assert_eq!(ids(&state, &p), [3, 4, 5, 6]);
+    assert_eq!(ids(&state, &p), [5, 6, 3, 4]);
 }
 
 #[test]
@@ -102,10 +102,11 @@ fn taken_gpus_and_sizes_fm_lacks_are_refused_with_the_reason() {
 #[test]
 fn a_single_gpu_vm_keeps_whole_pairs_for_later() {
     let (topo, state) = hgx();
-    // The second 1-GPU VM takes module 3 (its pair with module 1 is already broken),
-    // not module 2, which would break the still whole pair {2, 4}.
+    // The first 1-GPU VM takes module 5 (0000:18:00.0, the lowest address); the second
+    // module 7 (its pair with module 5 is already broken), not module 6 at the lower
+    // address 0000:3a:00.0, which would break the still whole pair {6, 8}.
     let p = place(&topo, &state, 2, 1);
-    assert_eq!(ids(&state, &p), [7, 9]);
+    assert_eq!(ids(&state, &p), [11, 13]);
 }
 
 #[test]

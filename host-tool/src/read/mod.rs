@@ -9,6 +9,7 @@ pub mod binding;
 pub mod cpuinfo;
 pub mod domain_facts;
 pub mod domain_xml;
+pub mod fabric_facts;
 pub mod flat_json;
 pub mod fm_capture;
 pub mod fm_config;
