@@ -330,8 +330,8 @@ fn live_fabric(address: &str) -> (Option<FabricState>, String) {
     (
         None,
         format!(
-            "Fabric Manager at {address} was not consulted (this build has no FM client; \
-             save `fmpm -l` output and name it in the host config's fabric_manager.partitions)"
+            "Fabric Manager at {address} was not consulted: this build has no FM client; \
+             save `fmpm -l` output and name it in the host config's fabric_manager.partitions"
         ),
     )
 }
@@ -341,11 +341,11 @@ fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<Stri
     let nvswitches = topo.nvswitches().next().is_some();
     match (fabric.model, &fabric.state) {
         (Some(FabricModel::SharedNvswitch), None) => vec![format!(
-            "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown ({}): GPU sets are not checked against them",
+            "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
             fabric.source
         )],
         (None, None) if nvswitches && host.fabric == FabricMode::Auto => vec![format!(
-            "NVSwitches on this host, but Fabric Manager's partitions are unknown ({}): GPU sets are not checked against them",
+            "NVSwitches on this host, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
             fabric.source
         )],
         _ => Vec::new(),

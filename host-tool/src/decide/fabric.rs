@@ -37,6 +37,8 @@ pub enum Unusable {
     NvlinkFailed(Bdf),
     NoAddress(u32),
     Taken(Bdf),
+    /// A GPU of it is in this other, active partition.
+    InActive(Bdf, u32),
 }
 
 impl fmt::Display for Unusable {
@@ -47,6 +49,7 @@ impl fmt::Display for Unusable {
             Unusable::NvlinkFailed(b) => write!(f, "{b} has NVLinks FM could not train"),
             Unusable::NoAddress(m) => write!(f, "module {m} has no PCI address on this host"),
             Unusable::Taken(b) => write!(f, "{b} is taken or reserved"),
+            Unusable::InActive(b, id) => write!(f, "{b} is in active partition {id}"),
         }
     }
 }
@@ -72,6 +75,13 @@ pub fn usable(
         }
         if taken.contains(&b) {
             return Err(Unusable::Taken(b));
+        }
+        if let Some(q) = state
+            .partitions
+            .iter()
+            .find(|q| q.active && q.gpus.iter().any(|h| h.bdf == Some(b)))
+        {
+            return Err(Unusable::InActive(b, q.id));
         }
     }
     Ok(())
@@ -139,7 +149,13 @@ pub fn place_on_partitions(
     requests: &[VmRequest],
     taken: &BTreeSet<Bdf>,
 ) -> Placement {
-    let mut used: BTreeSet<Bdf> = BTreeSet::new();
+    // GPUs of active partitions belong to running VMs.
+    let mut used: BTreeSet<Bdf> = state
+        .partitions
+        .iter()
+        .filter(|p| p.active)
+        .flat_map(|p| p.gpus.iter().filter_map(|g| g.bdf))
+        .collect();
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|i| (std::cmp::Reverse(requests[*i].gpus), *i));
     let mut placed = std::collections::BTreeMap::new();

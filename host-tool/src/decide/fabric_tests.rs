@@ -62,6 +62,14 @@ fn an_active_unsupported_or_failed_partition_is_never_given() {
         "{:?}",
         p.unplaced
     );
+    // Nor one that shares a GPU with an active partition; its GPUs are not free.
+    let p = place(&topo, &state, 2, 2);
+    assert!(p
+        .vms
+        .iter()
+        .all(|vm| !state.partitions[1].bdfs().unwrap().contains(&vm.gpus[0])));
+    assert_eq!(p.free.len(), 0, "{p:?}");
+    assert_eq!(ids(&state, &p), [5, 6]);
     state.partitions[1].active = false;
     state.unsupported = vec![2];
     let p = place(&topo, &state, 2, 4);

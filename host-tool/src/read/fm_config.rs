@@ -30,11 +30,11 @@ pub fn read(root: &Path) -> Result<FmConfig, InputFileError> {
 /// The last `FABRIC_MODE=N` line, comments (`#`) aside.
 pub fn parse_fabric_mode(text: &str) -> Option<u8> {
     text.lines()
+        .rev()
         .map(|l| l.split('#').next().unwrap_or_default().trim())
         .filter_map(|l| l.strip_prefix("FABRIC_MODE"))
         .filter_map(|rest| rest.trim_start().strip_prefix('='))
-        .filter_map(|v| v.trim().parse().ok())
-        .last()
+        .find_map(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]

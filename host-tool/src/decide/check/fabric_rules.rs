@@ -143,17 +143,6 @@ fn check_partition(fabric: &Fabric, gpus: &[Bdf], taken: &BTreeSet<Bdf>) -> Chec
             Some("name a saved `fmpm -l` in the host config's fabric_manager.partitions".into()),
         );
     };
-    if let Some(w) = gpu_set_warning(state, gpus, taken) {
-        return result(
-            CHECK,
-            Status::Warn,
-            w,
-            Some(
-                "give the VM the GPUs of one usable partition (`vfio-p2p place` chooses them)"
-                    .into(),
-            ),
-        );
-    }
     // Another VM's active partition sharing a GPU with this one.
     let mine = state.partition_of(gpus).map(|p| p.id);
     if let Some(p) = state
@@ -175,6 +164,17 @@ fn check_partition(fabric: &Fabric, gpus: &[Bdf], taken: &BTreeSet<Bdf>) -> Chec
             ),
             Some(
                 "stop the VM that holds it (its partition is deactivated then) or choose free GPUs"
+                    .into(),
+            ),
+        );
+    }
+    if let Some(w) = gpu_set_warning(state, gpus, taken) {
+        return result(
+            CHECK,
+            Status::Warn,
+            w,
+            Some(
+                "give the VM the GPUs of one usable partition (`vfio-p2p place` chooses them)"
                     .into(),
             ),
         );
