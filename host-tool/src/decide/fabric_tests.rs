@@ -76,10 +76,10 @@ fn an_active_unsupported_or_failed_partition_is_never_given() {
     assert_eq!(ids(&state, &p), [1]);
     assert!(p.unplaced[0].reason.contains("unsupported"));
     state.unsupported.clear();
-    let failed = state.partitions[1].gpus[0].bdf.unwrap();
+    let failed = state.partitions[2].gpus[0].bdf.unwrap();
     state.nvlink_failed_gpus = vec![failed];
     let p = place(&topo, &state, 1, 4);
-    assert_eq!(ids(&state, &p), [2]);
+    assert_eq!(ids(&state, &p), [1]);
 }
 
 #[test]
@@ -115,6 +115,16 @@ fn a_single_gpu_vm_keeps_whole_pairs_for_later() {
     // address 0000:3a:00.0, which would break the still whole pair {6, 8}.
     let p = place(&topo, &state, 2, 1);
     assert_eq!(ids(&state, &p), [11, 13]);
+    // With module 6 (0000:3a:00.0) taken, one GPU goes to module 8, whose pair {6, 8} is
+    // broken already, not to module 5 at the lowest address, which would break {5, 7}.
+    let taken: BTreeSet<Bdf> = [state.partitions[12].gpus[0].bdf.unwrap()].into();
+    let options = PlacementOptions {
+        unavailable: taken.clone(),
+        ..PlacementOptions::default()
+    };
+    let host = PlacementHost::new(&topo, &options).unwrap();
+    let p = place_on_partitions(&host, &state, &shape(1, 1), &taken);
+    assert_eq!(ids(&state, &p), [14]);
 }
 
 #[test]
@@ -138,6 +148,15 @@ fn a_set_that_is_not_a_partition_is_warned_with_the_ones_that_fit() {
     state.partitions[3].active = true;
     let w = gpu_set_warning(&state, &p3, &none).unwrap();
     assert!(w.contains("active for another VM"), "{w}");
+    // Partitions sharing a GPU with an active one are not offered either.
+    state.partitions[3].active = false;
+    state.partitions[1].active = true;
+    let w = gpu_set_warning(&state, &mixed, &none).unwrap();
+    assert!(
+        !w.contains("3 (modules 1, 3:") && !w.contains("4 (modules 2, 4:"),
+        "{w}"
+    );
+    assert!(w.contains("5 (modules 5, 7:"), "{w}");
 }
 
 #[test]
