@@ -428,4 +428,57 @@ mod tests {
         );
         assert_eq!(c.gpus(&[]).len(), 8);
     }
+    #[test]
+    fn the_fabric_is_read_once_from_the_example_a_capture_or_not_at_all() {
+        let none = HostConfigArgs { host_config: None };
+        let c = Context::load(&global("hgx-h100"), &none, &[]).unwrap();
+        assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
+        assert_eq!(c.fabric.state.as_ref().unwrap().partitions.len(), 15);
+        // The same board as a real root: FM's live API is not consulted, and that is said.
+        let hgx = synth::example("hgx-h100").unwrap();
+        let (c, notes) = Context::build(&hgx, HostConfig::default(), &[]).unwrap();
+        assert_eq!((c.fabric.model, c.fabric.state.is_none()), (None, true));
+        assert!(
+            c.fabric.source.contains("was not consulted"),
+            "{}",
+            c.fabric.source
+        );
+        assert!(
+            notes.iter().any(|n| n.contains("NVSwitches on this host")),
+            "{notes:?}"
+        );
+        // No NVSwitch, fabric auto: FM is not asked and nothing is said.
+        let pcie = synth::example("dual-socket-pcie").unwrap();
+        let (c, notes) = Context::build(&pcie, HostConfig::default(), &[]).unwrap();
+        assert_eq!(c.fabric.source, "no NVSwitch on this host");
+        assert!(
+            notes.iter().all(|n| !n.contains("Fabric Manager")),
+            "{notes:?}"
+        );
+        // A capture named in the host config is what the real root follows.
+        let capture = HostConfig {
+            fabric_manager: FabricManagerSource::Capture(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../tests/fixtures/fabric/fmpm-l-hgx-h100.json"
+                )
+                .into(),
+            ),
+            ..HostConfig::default()
+        };
+        let (c, _) = Context::build(&hgx, capture, &[]).unwrap();
+        assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
+        assert!(c.fabric.state.unwrap().partitions[3].active);
+        // fabric: none reads nothing, even on the example.
+        let off = HostConfig {
+            fabric: FabricMode::None,
+            ..HostConfig::default()
+        };
+        let (c, notes) = Context::assemble(&hgx, off, &[], Some("hgx-h100")).unwrap();
+        assert_eq!((c.fabric.model, c.fabric.state), (None, None));
+        assert!(
+            notes.iter().all(|n| !n.contains("Fabric Manager")),
+            "{notes:?}"
+        );
+    }
 }
