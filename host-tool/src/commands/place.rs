@@ -91,6 +91,9 @@ struct VmReport {
     /// With `--with-nics`: the NIC each GPU got, or why none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     nics: Vec<NicChoice>,
+    /// On a board under Fabric Manager: the partition the VM's GPUs are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fm_partition: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,6 +141,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
             warnings: p.warnings,
             plan_error: None,
             nics: Vec::new(),
+            fm_partition: None,
             vm,
         },
         Err(e) => VmReport {
@@ -146,6 +150,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
             warnings: Vec::new(),
             plan_error: Some(e.to_string()),
             nics: Vec::new(),
+            fm_partition: None,
             vm,
         },
     }
@@ -173,6 +178,9 @@ fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
         WorstPath::NvLink(_) => "no clique (NVLink)",
         _ => "no clique",
     };
+    if let Some(id) = vm.fm_partition {
+        t += &format!("# Fabric Manager partition {id}: activate it before the VM starts.\n");
+    }
     t += &format!("name: {}\ngpus:\n", vm.vm.name);
     for g in &vm.vm.gpus {
         let clique = vm.cliques.get(g).copied().flatten();
@@ -236,14 +244,19 @@ fn write_configs(
 }
 
 fn print_table(r: &PlaceReport) {
-    let mut t = vfio_p2p_style::table(vec![
+    let fm = r.vms.iter().any(|vm| vm.fm_partition.is_some());
+    let mut header = vec![
         "VM",
         "GPUs",
         "worst path",
         "NUMA",
         "IOMMU groups",
         "cliques",
-    ]);
+    ];
+    if fm {
+        header.push("FM partition");
+    }
+    let mut t = vfio_p2p_style::table(header);
     for vm in &r.vms {
         let cliques: Vec<String> = vm
             .vm
@@ -257,7 +270,7 @@ fn print_table(r: &PlaceReport) {
                     .map_or("-".into(), |c| c.to_string())
             })
             .collect();
-        t.add_row([
+        let mut row = vec![
             vm.vm.name.clone(),
             vm.vm
                 .gpus
@@ -269,7 +282,11 @@ fn print_table(r: &PlaceReport) {
             numa_text(&vm.vm.numa_nodes),
             vm.vm.iommu_groups.len().to_string(),
             cliques.join(" "),
-        ]);
+        ];
+        if fm {
+            row.push(vm.fm_partition.map_or("-".into(), |p| p.to_string()));
+        }
+        t.add_row(row);
     }
     println!("{t}");
     let width = vfio_p2p_style::output_width();
@@ -379,7 +396,15 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     let mut vms: Vec<VmReport> = placed
         .vms
         .into_iter()
-        .map(|vm| plan_vm(&topo, vm, host.p2p_level))
+        .map(|vm| {
+            let id = partitions
+                .and_then(|s| s.partition_of(&vm.gpus))
+                .map(|p| p.id);
+            VmReport {
+                fm_partition: id,
+                ..plan_vm(&topo, vm, host.p2p_level)
+            }
+        })
         .collect();
     if args.with_nics {
         let mut pool = NicPool::new(&topo, &options.unavailable);
