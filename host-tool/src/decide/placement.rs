@@ -479,7 +479,11 @@ impl PlacementHost {
         members.dedup();
         let mut units: Vec<usize> = Vec::new();
         for (u, unit) in self.units.iter().enumerate() {
-            let inside = unit.gpus.iter().filter(|g| members.contains(g)).count();
+            let inside = unit
+                .gpus
+                .iter()
+                .filter(|g| members.binary_search(g).is_ok())
+                .count();
             if inside == 0 {
                 continue;
             }

@@ -16,9 +16,12 @@ pub struct PartitionGpu {
     pub module_id: u32,
     /// The GPU's PCI address on the host, when known (FM lists it; an embedded table
     /// maps module ids to the example's addresses).
+    #[serde(default)]
     pub bdf: Option<Bdf>,
     /// NVLinks of this GPU that FM found trained / the most it can have.
+    #[serde(default)]
     pub nvlinks_available: u32,
+    #[serde(default)]
     pub nvlinks_max: u32,
 }
 
@@ -29,6 +32,7 @@ pub struct FabricPartition {
     pub id: u32,
     pub gpus: Vec<PartitionGpu>,
     /// Activated (for some VM) right now.
+    #[serde(default)]
     pub active: bool,
 }
 

@@ -260,6 +260,18 @@ mod tests {
         .unwrap();
         let text = serde_json::to_string_pretty(&s).unwrap();
         assert_eq!(parse(&text, "x.json").unwrap(), s);
+        // Written by hand: links and activity may be left out.
+        let short = r#"{"fm_version": "580.159.04", "unsupported": [2], "partitions": [
+            {"id": 3, "gpus": [{"module_id": 1, "bdf": "0000:9d:00.0"}, {"module_id": 3}]}]}"#;
+        let s = parse(short, "fm.json").unwrap();
+        assert_eq!(s.fm_version.as_deref(), Some("580.159.04"));
+        assert_eq!(
+            (s.partitions[0].active, s.partitions[0].gpus[1].bdf),
+            (false, None)
+        );
+        let typo = r#"{"partitions": [{"id": 3, "gpus": [], "actve": true}]}"#;
+        let e = parse(typo, "fm.json").unwrap_err().to_string();
+        assert!(e.contains("actve"), "{e}");
     }
 
     #[test]
