@@ -266,7 +266,11 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             None => anyhow::anyhow!("--nics: {e}"),
         }
     })?;
-    let nvswitches = crate::decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus);
+    // The NCCL file describes the guest's GPUs and NICs; the NVSwitches go into VM definitions.
+    let nvswitches = match args.target {
+        GenTarget::Nccl => Vec::new(),
+        _ => crate::decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus),
+    };
     if !nvswitches.is_empty() {
         tracing::warn!(
             "fabric: full-passthrough: the VM has the whole baseboard, so its {} NVSwitches go in too; Fabric Manager must run in the guest (the guest driver's version, FABRIC_MODE=0), not on the host",
