@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p vfio-p2p --bench place` prints the median and worst of 21 runs; the
 //! target is under 100 ms. Then `place --with-nics` on the same server with 2 NICs per
-//! leaf switch (64 GPUs, 32 NICs): the NIC per placed GPU, timed apart.
+//! leaf switch (64 GPUs, 32 NICs): the NIC per placed GPU, timed apart. Last, placement
+//! on Fabric Manager's partitions of the HGX 8-GPU board (`--example hgx-h100`), for the
+//! shapes that use each partition size.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +47,39 @@ fn main() {
         times.len()
     );
     nic_affinity(&spec);
+    fm_partitions();
+}
+
+/// `place` on FM's 15 partitions of the HGX 8-GPU board: 1x8, 2x4, 4x2 and 8x1.
+fn fm_partitions() {
+    let mut topo = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").expect("example"));
+    vfio_p2p::decide::nvlink::apply_nvswitch_fabric(&mut topo);
+    let gpus: Vec<_> = topo.gpus().map(|g| g.bdf).collect();
+    let state = vfio_p2p::synth::example_fabric("hgx-h100", &gpus).expect("hgx table");
+    let host = PlacementHost::new(&topo, &PlacementOptions::default()).expect("consistent");
+    for (count, size) in [(1, 8), (2, 4), (4, 2), (8, 1)] {
+        let requests = shape(count, size);
+        let mut times: Vec<Duration> = Vec::new();
+        let mut placed = 0;
+        for _ in 0..21 {
+            let start = Instant::now();
+            let p = vfio_p2p::decide::fabric::place_on_partitions(
+                &host,
+                &state,
+                &requests,
+                &Default::default(),
+            );
+            times.push(start.elapsed());
+            placed = p.vms.len();
+        }
+        times.sort();
+        println!(
+            "place on FM partitions {count}x{size}: {placed} placed; median {:.3} ms, worst {:.3} ms over {} runs",
+            times[times.len() / 2].as_secs_f64() * 1e3,
+            times[times.len() - 1].as_secs_f64() * 1e3,
+            times.len()
+        );
+    }
 }
 
 /// Placement plus a NIC per GPU on the server with 2 NICs per leaf switch.

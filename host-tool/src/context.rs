@@ -10,12 +10,13 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{HostConfig, NvlinkSource};
+use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use crate::decide;
 use crate::decide::plan::{plan, Plan, PlanOptions};
 use crate::emit::libvirt::{self, LibvirtVersion};
+use crate::model::fabric::{Fabric, FabricModel, FabricState};
 use crate::model::{PathKind, Topology};
-use crate::read::{nvidia_smi, read_host, HostRecord};
+use crate::read::{fm_capture, nvidia_smi, read_host, HostRecord};
 use crate::synth;
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
@@ -141,6 +142,8 @@ impl Drop for ChangeRoot {
 pub struct Context {
     pub host: HostConfig,
     pub topo: Topology,
+    /// Fabric Manager's partitions and the model planning follows, read once.
+    pub fabric: Fabric,
 }
 
 impl Context {
@@ -153,7 +156,12 @@ impl Context {
         nvlink: &[PathBuf],
     ) -> anyhow::Result<Context> {
         let config = host.load()?;
-        let (mut context, warnings) = Context::build(&load_host(global)?, config, nvlink)?;
+        let (mut context, warnings) = Context::assemble(
+            &load_host(global)?,
+            config,
+            nvlink,
+            global.example.as_deref(),
+        )?;
         // An example recorded with its `nvidia-smi topo -m` capture shows its NVLink too.
         let capture = global
             .example
@@ -175,10 +183,35 @@ impl Context {
         host: HostConfig,
         nvlink: &[PathBuf],
     ) -> anyhow::Result<(Context, Vec<String>)> {
+        Context::assemble(record, host, nvlink, None)
+    }
+
+    /// [`Context::build`] for a host that may be the embedded example `example`.
+    fn assemble(
+        record: &HostRecord,
+        host: HostConfig,
+        nvlink: &[PathBuf],
+        example: Option<&str>,
+    ) -> anyhow::Result<(Context, Vec<String>)> {
         let mut topo = Topology::from_record(record);
         let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
         warnings.extend(apply_nvlink_source(&mut topo, &host, nvlink)?);
-        Ok((Context { host, topo }, warnings))
+        let fabric = load_fabric(&topo, &host, example)?;
+        warnings.extend(fabric_notes(&topo, &host, &fabric));
+        Ok((Context { host, topo, fabric }, warnings))
+    }
+
+    /// Warns when `gpus` are not a Fabric Manager partition a VM could be given (shared
+    /// NVSwitch with FM's partitions known); the host config's reserved devices are not
+    /// offered.
+    pub fn warn_fabric(&self, gpus: &[Bdf]) {
+        let Some(state) = self.fabric.partitions() else {
+            return;
+        };
+        let reserved = self.host.reserved.iter().copied().collect();
+        if let Some(w) = decide::fabric::gpu_set_warning(state, gpus, &reserved) {
+            tracing::warn!("{w}");
+        }
     }
 
     /// `requested`, or every GPU of the host when none is.
@@ -211,6 +244,7 @@ impl Context {
 
     /// Plans cliques for `gpus`, logging the plan's warnings.
     pub fn plan(&self, gpus: &[Bdf], options: &PlanOptions) -> anyhow::Result<Plan> {
+        self.warn_fabric(gpus);
         let p = plan(&self.topo, gpus, options)
             .with_context(|| format!("planning cliques on {}", self.topo.source))?;
         for w in &p.warnings {
@@ -241,6 +275,80 @@ fn apply_nvlink_source(
                 .context("loading the host config's nvlink.file")?;
             Ok(Vec::new())
         }
+    }
+}
+
+/// Fabric Manager's partitions, read once: an embedded example's table under
+/// `--example`, else the capture host.yaml names (`fabric_manager.partitions`), else
+/// FM's live API ([`live_fabric`]); nothing under `fabric: none`, nor with `auto` on a
+/// host without NVSwitches.
+fn load_fabric(
+    topo: &Topology,
+    host: &HostConfig,
+    example: Option<&str>,
+) -> anyhow::Result<Fabric> {
+    let (state, source) = if host.fabric == FabricMode::None {
+        (None, "fabric: none in the host config".to_string())
+    } else if let Some(name) = example {
+        let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
+        match crate::synth::example_fabric(name, &gpus) {
+            Some(s) => (
+                Some(s),
+                format!("example {name}: its board's Fabric Manager partition table"),
+            ),
+            None => (None, format!("example {name} has no NVSwitch board")),
+        }
+    } else {
+        match &host.fabric_manager {
+            FabricManagerSource::Capture(path) => (
+                Some(
+                    fm_capture::read(path)
+                        .context("loading the host config's fabric_manager.partitions")?,
+                ),
+                path.display().to_string(),
+            ),
+            FabricManagerSource::Live(_)
+                if host.fabric == FabricMode::Auto && topo.nvswitches().next().is_none() =>
+            {
+                (None, "no NVSwitch on this host".to_string())
+            }
+            FabricManagerSource::Live(address) => live_fabric(address),
+        }
+    };
+    let model = decide::fabric::resolve_model(host.fabric, state.is_some());
+    Ok(Fabric {
+        model,
+        state,
+        source,
+    })
+}
+
+/// The one call site of Fabric Manager's live API (`fmGetSupportedFabricPartitions`,
+/// `fmGetUnsupportedFabricPartitions`, `fmGetNvlinkFailedDevices` through libnvfm.so.1):
+/// this build has no FM client, so FM is not consulted and its partitions are not read.
+fn live_fabric(address: &str) -> (Option<FabricState>, String) {
+    (
+        None,
+        format!(
+            "Fabric Manager at {address} was not consulted: this build has no FM client; \
+             save `fmpm -l` output and name it in the host config's fabric_manager.partitions"
+        ),
+    )
+}
+
+/// What the run should hear about the fabric: partitions that planning cannot follow.
+fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<String> {
+    let nvswitches = topo.nvswitches().next().is_some();
+    match (fabric.model, &fabric.state) {
+        (Some(FabricModel::SharedNvswitch), None) => vec![format!(
+            "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
+            fabric.source
+        )],
+        (None, None) if nvswitches && host.fabric == FabricMode::Auto => vec![format!(
+            "NVSwitches on this host, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
+            fabric.source
+        )],
+        _ => Vec::new(),
     }
 }
 
@@ -319,5 +427,58 @@ mod tests {
             PathKind::Pix
         );
         assert_eq!(c.gpus(&[]).len(), 8);
+    }
+    #[test]
+    fn the_fabric_is_read_once_from_the_example_a_capture_or_not_at_all() {
+        let none = HostConfigArgs { host_config: None };
+        let c = Context::load(&global("hgx-h100"), &none, &[]).unwrap();
+        assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
+        assert_eq!(c.fabric.state.as_ref().unwrap().partitions.len(), 15);
+        // The same board as a real root: FM's live API is not consulted, and that is said.
+        let hgx = synth::example("hgx-h100").unwrap();
+        let (c, notes) = Context::build(&hgx, HostConfig::default(), &[]).unwrap();
+        assert_eq!((c.fabric.model, c.fabric.state.is_none()), (None, true));
+        assert!(
+            c.fabric.source.contains("was not consulted"),
+            "{}",
+            c.fabric.source
+        );
+        assert!(
+            notes.iter().any(|n| n.contains("NVSwitches on this host")),
+            "{notes:?}"
+        );
+        // No NVSwitch, fabric auto: FM is not asked and nothing is said.
+        let pcie = synth::example("dual-socket-pcie").unwrap();
+        let (c, notes) = Context::build(&pcie, HostConfig::default(), &[]).unwrap();
+        assert_eq!(c.fabric.source, "no NVSwitch on this host");
+        assert!(
+            notes.iter().all(|n| !n.contains("Fabric Manager")),
+            "{notes:?}"
+        );
+        // A capture named in the host config is what the real root follows.
+        let capture = HostConfig {
+            fabric_manager: FabricManagerSource::Capture(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../tests/fixtures/fabric/fmpm-l-hgx-h100.json"
+                )
+                .into(),
+            ),
+            ..HostConfig::default()
+        };
+        let (c, _) = Context::build(&hgx, capture, &[]).unwrap();
+        assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
+        assert!(c.fabric.state.unwrap().partitions[3].active);
+        // fabric: none reads nothing, even on the example.
+        let off = HostConfig {
+            fabric: FabricMode::None,
+            ..HostConfig::default()
+        };
+        let (c, notes) = Context::assemble(&hgx, off, &[], Some("hgx-h100")).unwrap();
+        assert_eq!((c.fabric.model, c.fabric.state), (None, None));
+        assert!(
+            notes.iter().all(|n| !n.contains("Fabric Manager")),
+            "{notes:?}"
+        );
     }
 }

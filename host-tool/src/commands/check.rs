@@ -15,6 +15,7 @@ use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::host_probe;
 use crate::model::domain::DomainFacts;
+use crate::model::fabric::FmConfigFile;
 use crate::model::DeviceKind;
 use crate::read::domain_xml::read_domain_xml_file;
 use crate::read::incus::read_incus_config_file;
@@ -141,6 +142,20 @@ fn probe_host(
     }
 }
 
+/// Fabric Manager's config file, read under the sysfs root once (nothing to read on an
+/// example or a snapshot file), only when the board has a fabric model.
+fn probe_fm_config(global: &GlobalArgs, ctx: &Context) -> anyhow::Result<FmConfigFile> {
+    Ok(if ctx.fabric.model.is_none() {
+        FmConfigFile::NotProbed("no fabric model".into())
+    } else if global.example.is_some() {
+        FmConfigFile::NotProbed("an embedded example has no files".into())
+    } else if global.sysfs_root.is_file() {
+        FmConfigFile::NotProbed("a snapshot file has no FM config".into())
+    } else {
+        crate::read::fm_config::read(&global.sysfs_root)?
+    })
+}
+
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
     ctx.require_gpus("check")?;
@@ -182,9 +197,18 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
             .extend(probe_host(global, topo, &nics, false).groups);
     }
     let vmm = vmm_facts(&args, domain.as_ref());
+    let fm_config = probe_fm_config(global, &ctx)?;
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
+    let reserved = ctx.host.reserved.iter().copied().collect();
+    report.extend(check::fabric_checks(
+        topo,
+        &gpus,
+        &ctx.fabric,
+        &fm_config,
+        &reserved,
+    ));
     let stack_fix = match (&args.proxmox_conf, &args.incus_config) {
         (Some(_), _) => Some(PROXMOX_FIX),
         (_, Some(_)) => Some(INCUS_FIX),

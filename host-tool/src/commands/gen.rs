@@ -322,6 +322,18 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             None => anyhow::anyhow!("--nics: {e}"),
         }
     })?;
+    // The NCCL file describes the guest's GPUs and NICs; the NVSwitches go into VM definitions.
+    let nvswitches = match args.target {
+        GenTarget::Nccl => Vec::new(),
+        _ => crate::decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus),
+    };
+    if !nvswitches.is_empty() {
+        tracing::warn!(
+            "fabric: full-passthrough: the VM has the whole baseboard, so its {} NVSwitches go in too; Fabric Manager must run in the guest (the guest driver's version, FABRIC_MODE=0), not on the host",
+            nvswitches.len()
+        );
+    }
+    let nics: Vec<pci_config::Bdf> = nics.into_iter().chain(nvswitches).collect();
     let mut layout = guest_layout::decide_with_nics(
         topo,
         &gpus,
@@ -341,6 +353,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
+    expectation::add_fabric(&mut expectation, topo, &ctx.fabric);
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
     let devices: Vec<_> = layout
         .passed()

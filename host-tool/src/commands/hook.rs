@@ -293,7 +293,12 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     let policy = config.hook_policy;
     // The NVLink capture host.yaml names is read here: under `warn` a missing one is a
     // warning like any other unreadable input, and the guest starts.
-    let (Context { topo, host: config }, notes) = match Context::build(&record, config, &[]) {
+    let (
+        Context {
+            topo, host: config, ..
+        },
+        notes,
+    ) = match Context::build(&record, config, &[]) {
         Ok(built) => built,
         Err(e) => return unreadable(guest, policy, &format!("{e:#}")),
     };

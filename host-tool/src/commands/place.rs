@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
+use crate::decide;
 use crate::decide::nic_affinity::{NicChoice, NicPool};
 use crate::decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
@@ -90,6 +91,9 @@ struct VmReport {
     /// With `--with-nics`: the NIC each GPU got, or why none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     nics: Vec<NicChoice>,
+    /// On a board under Fabric Manager: the partition the VM's GPUs are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fm_partition: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -137,6 +141,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
             warnings: p.warnings,
             plan_error: None,
             nics: Vec::new(),
+            fm_partition: None,
             vm,
         },
         Err(e) => VmReport {
@@ -145,6 +150,7 @@ fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
             warnings: Vec::new(),
             plan_error: Some(e.to_string()),
             nics: Vec::new(),
+            fm_partition: None,
             vm,
         },
     }
@@ -172,6 +178,9 @@ fn vm_config_text(vm: &VmReport, p2p_level: PathKind) -> String {
         WorstPath::NvLink(_) => "no clique (NVLink)",
         _ => "no clique",
     };
+    if let Some(id) = vm.fm_partition {
+        t += &format!("# Fabric Manager partition {id}: activate it before the VM starts.\n");
+    }
     t += &format!("name: {}\ngpus:\n", vm.vm.name);
     for g in &vm.vm.gpus {
         let clique = vm.cliques.get(g).copied().flatten();
@@ -235,14 +244,19 @@ fn write_configs(
 }
 
 fn print_table(r: &PlaceReport) {
-    let mut t = vfio_p2p_style::table(vec![
+    let fm = r.vms.iter().any(|vm| vm.fm_partition.is_some());
+    let mut header = vec![
         "VM",
         "GPUs",
         "worst path",
         "NUMA",
         "IOMMU groups",
         "cliques",
-    ]);
+    ];
+    if fm {
+        header.push("FM partition");
+    }
+    let mut t = vfio_p2p_style::table(header);
     for vm in &r.vms {
         let cliques: Vec<String> = vm
             .vm
@@ -256,7 +270,7 @@ fn print_table(r: &PlaceReport) {
                     .map_or("-".into(), |c| c.to_string())
             })
             .collect();
-        t.add_row([
+        let mut row = vec![
             vm.vm.name.clone(),
             vm.vm
                 .gpus
@@ -268,7 +282,11 @@ fn print_table(r: &PlaceReport) {
             numa_text(&vm.vm.numa_nodes),
             vm.vm.iommu_groups.len().to_string(),
             cliques.join(" "),
-        ]);
+        ];
+        if fm {
+            row.push(vm.fm_partition.map_or("-".into(), |p| p.to_string()));
+        }
+        t.add_row(row);
     }
     println!("{t}");
     let width = vfio_p2p_style::output_width();
@@ -323,7 +341,7 @@ fn print_table(r: &PlaceReport) {
 }
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
-    let Context { host, topo } = Context::load(global, &args.host, &[])?;
+    let Context { host, topo, fabric } = Context::load(global, &args.host, &[])?;
     let host_gpus = topo.gpus().count();
     let requests = match args.shape {
         Some((count, gpus)) => {
@@ -350,18 +368,43 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     placement::validate_requests(&requests)?;
     let placement_host = PlacementHost::new(&topo, &options)
         .with_context(|| "checking --taken and the host config's reserved devices".to_string())?;
-    let placed = placement_host.place(&requests, options.max_path);
+    // On a board under Fabric Manager (shared NVSwitch), VMs get whole FM partitions.
+    let partitions = fabric.partitions();
+    let placed = match partitions {
+        Some(state) => decide::fabric::place_on_partitions(
+            &placement_host,
+            state,
+            &requests,
+            &options.unavailable,
+        ),
+        None => placement_host.place(&requests, options.max_path),
+    };
     let largest_shape = match args.shape {
-        Some((count, gpus)) if !placed.unplaced.is_empty() => {
-            placement::largest_shape(&placement_host, count, gpus, options.max_path)
-                .map(|(c, g)| format!("{c}x{g}"))
+        Some((count, gpus)) if !placed.unplaced.is_empty() => match partitions {
+            Some(state) => decide::fabric::largest_partition_shape(
+                &placement_host,
+                state,
+                count,
+                gpus,
+                &options.unavailable,
+            ),
+            None => placement::largest_shape(&placement_host, count, gpus, options.max_path),
         }
+        .map(|(c, g)| format!("{c}x{g}")),
         _ => None,
     };
     let mut vms: Vec<VmReport> = placed
         .vms
         .into_iter()
-        .map(|vm| plan_vm(&topo, vm, host.p2p_level))
+        .map(|vm| {
+            let id = partitions
+                .and_then(|s| s.partition_of(&vm.gpus))
+                .map(|p| p.id);
+            VmReport {
+                fm_partition: id,
+                ..plan_vm(&topo, vm, host.p2p_level)
+            }
+        })
         .collect();
     if args.with_nics {
         let mut pool = NicPool::new(&topo, &options.unavailable);

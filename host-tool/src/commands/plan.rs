@@ -31,6 +31,7 @@ pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
     let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
     ctx.require_gpus("plan")?;
     let gpus = ctx.gpus(&args.gpus);
+    ctx.warn_fabric(&gpus);
     let p = plan(&ctx.topo, &gpus, &ctx.plan_options(&args.plan, None))
         .with_context(|| format!("planning cliques on {}", ctx.topo.source))?;
     match emit::data::to_text(&p, args.format)? {

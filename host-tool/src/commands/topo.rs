@@ -34,8 +34,9 @@ pub struct TopoArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
-    let Context { topo, .. } = Context::load(global, &args.host, &args.nvlink)?;
-    let report = TopoReport::new(&topo);
+    let Context { topo, fabric, .. } = Context::load(global, &args.host, &args.nvlink)?;
+    let mut report = TopoReport::new(&topo);
+    report.fabric = fabric.state.is_some().then_some(fabric);
     if report.gpus.is_empty() && global.example.is_none() {
         eprintln!(
             "vfio-p2p: no GPUs in {}; to see what topo shows on a GPU server, try an embedded example: \

@@ -44,7 +44,8 @@ pub(super) fn chosen_nics<'t>(
     let mut named: Vec<&Device> = Vec::new();
     for bdf in nics {
         match topo.device(bdf) {
-            Some(d) if d.kind == DeviceKind::Nic => named.push(d),
+            // NVSwitches go in as NICs do, with a full-passthrough VM's whole baseboard.
+            Some(d) if matches!(d.kind, DeviceKind::Nic | DeviceKind::NvSwitch) => named.push(d),
             _ => return Err(LayoutError::NotANic(*bdf)),
         }
         if let Some(g) = gpu_slots.get(&bdf.with_function(0)) {

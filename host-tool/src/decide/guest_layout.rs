@@ -286,10 +286,20 @@ pub fn decide_with_nics(
             builder.guest_device(gpu, id, &others, clique)
         })
         .collect();
+    // NVSwitches (a full-passthrough VM's) ride with the NICs, numbered on their own.
+    let (mut nic_n, mut switch_n) = (0, 0);
     let nics_out = chosen_nics
         .iter()
-        .enumerate()
-        .map(|(i, (nic, others))| builder.guest_device(nic, format!("nic{i}"), others, None))
+        .map(|(nic, others)| {
+            let id = if nic.kind == crate::model::DeviceKind::NvSwitch {
+                switch_n += 1;
+                format!("nvswitch{}", switch_n - 1)
+            } else {
+                nic_n += 1;
+                format!("nic{}", nic_n - 1)
+            };
+            builder.guest_device(nic, id, others, None)
+        })
         .collect();
     builder.reject_shared_ports()?;
     Ok(GuestLayout {

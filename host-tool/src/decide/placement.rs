@@ -468,6 +468,62 @@ impl PlacementHost {
         }
     }
 
+    /// `gpus` as one VM when they are free GPUs of this host making up whole IOMMU
+    /// groups: for sets chosen elsewhere (Fabric Manager's partitions).
+    pub fn evaluate(&self, name: &str, gpus: &[Bdf]) -> Option<PlacedVm> {
+        let mut members = Vec::with_capacity(gpus.len());
+        for b in gpus {
+            members.push(self.gpus.binary_search(b).ok()?);
+        }
+        members.sort_unstable();
+        members.dedup();
+        let mut units: Vec<usize> = Vec::new();
+        for (u, unit) in self.units.iter().enumerate() {
+            let inside = unit
+                .gpus
+                .iter()
+                .filter(|g| members.binary_search(g).is_ok())
+                .count();
+            if inside == 0 {
+                continue;
+            }
+            if inside < unit.gpus.len() || self.blocked[u] {
+                return None;
+            }
+            units.push(u);
+        }
+        let mut worst = (WorstPath::Single, PathKind::X);
+        let mut so_far: Vec<usize> = Vec::new();
+        for u in &units {
+            worst = self.extend_worst(&so_far, &self.units[*u], worst);
+            so_far.extend(&self.units[*u].gpus);
+        }
+        let numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
+        let c = Candidate {
+            worst: worst.0,
+            numa_nodes: numa.len(),
+            groups: units.len(),
+            pcie: worst.1,
+            leftover: Vec::new(),
+            gpus: members,
+            units,
+        };
+        Some(self.placed(name, &c))
+    }
+
+    /// The host's GPUs that are neither unavailable nor in `used`, in BDF order.
+    pub fn free_gpus_without(&self, used: &BTreeSet<Bdf>) -> Vec<Bdf> {
+        self.units
+            .iter()
+            .zip(&self.blocked)
+            .filter(|(_, blocked)| !**blocked)
+            .flat_map(|(unit, _)| unit.gpus.iter().map(|g| self.gpus[*g]))
+            .filter(|b| !used.contains(b))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
     /// Places every request, largest first; see the module documentation.
     pub fn place(&self, requests: &[VmRequest], max_path: Option<PathKind>) -> Placement {
         let mut s = self.initial_state();

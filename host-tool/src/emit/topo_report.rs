@@ -9,6 +9,8 @@ use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 use pci_config::Bdf;
 use serde::Serialize;
 
+use crate::model::fabric::Fabric;
+
 use crate::model::HostBridgeId;
 use crate::model::{BridgeRole, Device, DeviceKind, Link, PathKind, Topology};
 
@@ -28,6 +30,10 @@ pub struct TopoReport {
     /// False when only 64 bytes of config space were readable (not root).
     pub config_complete: bool,
     pub warnings: Vec<String>,
+    /// Fabric Manager's partitions and the model planning follows, on a board where they
+    /// are known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<Fabric>,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,6 +163,7 @@ impl TopoReport {
                 .collect(),
             numa_nodes: topo.numa_nodes.clone(),
             config_complete: !partial_config(topo),
+            fabric: None,
             warnings: topo.warnings.iter().map(|w| w.to_string()).collect(),
         }
     }
@@ -218,6 +225,9 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
         }
         out.push_str("\nPCIe tree of the GPUs:\n\n");
         out.push_str(&render_tree(topo));
+        if let Some(f) = &report.fabric {
+            out.push_str(&fabric_text(report, f));
+        }
     }
     if !report.config_complete {
         out.push_str(
@@ -226,6 +236,65 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
              Run as root for the full picture.\n",
         );
     }
+    out
+}
+
+/// Each GPU's module id and FM's partitions, as one table.
+fn fabric_text(report: &TopoReport, fabric: &Fabric) -> String {
+    let Some(state) = &fabric.state else {
+        return String::new();
+    };
+    let model = fabric.model.map_or("none", |m| m.name());
+    let mut out = format!(
+        "\nFabric Manager partitions ({}; fabric model {model}):\n\n",
+        fabric.source
+    );
+    let gpu_name = |b: &Bdf| {
+        report
+            .gpus
+            .iter()
+            .find(|g| g.bdf == *b)
+            .map_or(b.to_string(), |g| format!("GPU{}", g.index))
+    };
+    let mut modules = vfio_p2p_style::table(vec!["GPU", "PCI address", "module"]);
+    for g in &report.gpus {
+        let id = state
+            .module_id(&g.bdf)
+            .map_or("-".into(), |m| m.to_string());
+        modules.add_row([format!("GPU{}", g.index), g.bdf.to_string(), id]);
+    }
+    let _ = writeln!(out, "{modules}\n");
+    let mut t = vfio_p2p_style::table(vec!["partition", "GPUs", "modules", "NVLinks/GPU", "state"]);
+    for p in &state.partitions {
+        let gpus = p
+            .gpus
+            .iter()
+            .map(|g| g.bdf.as_ref().map_or("?".into(), gpu_name))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let links = p
+            .gpus
+            .iter()
+            .map(|g| g.nvlinks_available)
+            .min()
+            .unwrap_or(0);
+        let max = p.gpus.iter().map(|g| g.nvlinks_max).max().unwrap_or(0);
+        let state_word = if state.unsupported.contains(&p.id) {
+            "unsupported"
+        } else if p.active {
+            "active"
+        } else {
+            "free"
+        };
+        t.add_row([
+            p.id.to_string(),
+            gpus,
+            p.module_list(),
+            format!("{links}/{max}"),
+            state_word.to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
     out
 }
 

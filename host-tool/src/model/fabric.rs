@@ -1,45 +1,52 @@
-//! NVIDIA Fabric Manager's view of an NVSwitch board: its partitions.
-//!
-//! Produced by the FM readers (live API or a capture) and by the embedded examples'
-//! partition tables; consumed by planning (`place`, `plan`, `check`), the hook's
-//! activation and the expectation. FM names a GPU by its *physical id* (the baseboard
-//! module id NVML reports as `nvmlDeviceGetModuleId`) and, when FM can see it, its PCI
-//! address.
+//! NVIDIA Fabric Manager's view of an NVSwitch board: its partitions, made by the FM
+//! readers (live API or a capture) and the embedded examples' partition tables (the
+//! read stage defines them, `read::fabric_facts`), and what a run knows of the fabric.
+//! Consumed by planning (`place`, `plan`, `check`), the hook's activation and the
+//! expectation.
 
-use pci_config::Bdf;
 use serde::Serialize;
 
-/// One GPU of a partition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PartitionGpu {
-    /// FM's physical id: the baseboard module id (1-based on HGX boards).
-    pub module_id: u32,
-    /// The GPU's PCI address on the host, when known (FM lists it; an embedded table
-    /// maps module ids to the example's addresses).
-    pub bdf: Option<Bdf>,
-    /// NVLinks of this GPU that FM found trained / the most it can have.
-    pub nvlinks_available: u32,
-    pub nvlinks_max: u32,
+pub use crate::read::fabric_facts::*;
+
+/// NVIDIA Fabric Manager's two virtualization models that vfio-p2p plans for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricModel {
+    /// NVSwitches stay with FM on the host (or a service VM); a VM's GPUs are one of
+    /// FM's partitions, activated before it starts.
+    SharedNvswitch,
+    /// The NVSwitches go into the VM with the whole baseboard; FM runs in the guest.
+    FullPassthrough,
 }
 
-/// One of FM's predefined partitions.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FabricPartition {
-    pub id: u32,
-    pub gpus: Vec<PartitionGpu>,
-    /// Activated (for some VM) right now.
-    pub active: bool,
+impl FabricModel {
+    /// `shared-nvswitch` / `full-passthrough`: the host config's words.
+    pub fn name(self) -> &'static str {
+        match self {
+            FabricModel::SharedNvswitch => "shared-nvswitch",
+            FabricModel::FullPassthrough => "full-passthrough",
+        }
+    }
 }
 
-/// Everything FM says about the board, read once.
+/// What this run knows of the board's fabric, settled once when the context is built.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FabricState {
-    /// FM's version, when the source tells it.
-    pub fm_version: Option<String>,
-    /// The partitions FM supports on this board as it is now.
-    pub partitions: Vec<FabricPartition>,
-    /// Partition ids FM lists as unsupported (a GPU or NVSwitch missing or degraded).
-    pub unsupported: Vec<u32>,
-    /// GPUs (by PCI address) with NVLinks FM could not train.
-    pub nvlink_failed_gpus: Vec<Bdf>,
+pub struct Fabric {
+    /// The model planning follows (`fabric:` with `auto` resolved); `None`: no fabric
+    /// management (PCIe, direct NVLink, or FM not known).
+    pub model: Option<FabricModel>,
+    /// FM's partitions, when they were read (an embedded example's table, a capture).
+    pub state: Option<FabricState>,
+    /// Where `state` came from, or why FM was not read.
+    pub source: String,
+}
+
+impl Fabric {
+    /// FM's partitions when planning must follow them (shared NVSwitch, partitions known).
+    pub fn partitions(&self) -> Option<&FabricState> {
+        match self.model {
+            Some(FabricModel::SharedNvswitch) => self.state.as_ref(),
+            _ => None,
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! Used for the embedded `--example` topologies, test fixtures and benchmarks.
 
 mod examples;
+mod fabric_tables;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use pci_config::{AcsFlags, Bdf};
 use crate::read::{DeviceRecord, HostBridgeId, HostRecord, Resource};
 
 pub use examples::{example, example_list, example_nvlink_capture, EXAMPLES};
+pub use fabric_tables::example_fabric;
 
 /// ACS control bits Linux requires for isolation (`REQ_ACS_FLAGS`): SV RR CR UF.
 pub const ACS_ISOLATING: u16 = AcsFlags::SV | AcsFlags::RR | AcsFlags::CR | AcsFlags::UF;

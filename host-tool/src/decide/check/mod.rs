@@ -7,12 +7,14 @@
 
 mod backend_rules;
 mod domain_rules;
+mod fabric_rules;
 mod facts;
 mod host_rules;
 mod report;
 mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs};
+pub use fabric_rules::fabric_checks;
 pub use facts::{
     HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe, NotProbed,
     QemuVersion, Vmm, VmmFacts,
