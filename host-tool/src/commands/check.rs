@@ -168,9 +168,14 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
-    if let (Some(d), Some(_)) = (&domain, &args.proxmox_conf) {
+    if let Some(d) = &domain {
+        // the cliques the definition sets against the plan, as the hook checks them
         let level = ctx.plan_options(&args.plan, None).p2p_level;
-        report.extend(check::clique_checks(topo, d, level, PROXMOX_FIX));
+        let fix = match &args.proxmox_conf {
+            Some(_) => PROXMOX_FIX,
+            None => check::PATCH_FIX,
+        };
+        report.extend(check::clique_checks(topo, d, level, fix));
     }
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),
