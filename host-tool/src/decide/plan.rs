@@ -709,6 +709,63 @@ mod tests {
         assert!(p.warnings.iter().any(|w| w.contains("untranslated")));
     }
 
+    /// Issue 28 (mutation `&&` → `||` in `redirects`): a port redirects peer requests to
+    /// the IOMMU only with both RR and CR; either alone leaves the switch routing
+    /// guest-physical addresses untranslated.
+    #[test]
+    fn rr_only_and_cr_only_ports_are_untranslated() {
+        for (what, half) in [("RR only", AcsFlags::RR), ("CR only", AcsFlags::CR)] {
+            let t = topo(&switches(1, 2, Some(AcsFlags::SV | AcsFlags::UF | half)));
+            let gpus = all_gpus(&t);
+            let err = plan(&t, &gpus, &PlanOptions::default()).unwrap_err();
+            assert!(
+                matches!(err, PlanError::Untranslated { .. }),
+                "{what}: {err}"
+            );
+            let opts = PlanOptions {
+                allow_untranslated_p2p: true,
+                ..PlanOptions::default()
+            };
+            let p = plan(&t, &gpus, &opts).unwrap();
+            assert_eq!(p.pairs[0].verdict, Verdict::Untranslated, "{what}");
+        }
+    }
+
+    /// RR/CR cleared, ATS enabled on both GPUs and DT on the ports: translated requests go
+    /// peer to peer, which is right in a VM; without ATS on one GPU, or without DT, it is
+    /// untranslated again.
+    #[test]
+    fn ats_on_both_gpus_and_dt_on_the_ports_is_direct_translated() {
+        let dt = AcsFlags::SV | AcsFlags::UF | AcsFlags::DT;
+        let with_ats = |acs: u16, ats: [bool; 2]| {
+            let mut t = topo(&switches(1, 2, Some(acs)));
+            let gpus = all_gpus(&t);
+            for (g, on) in gpus.iter().zip(ats) {
+                t.devices.get_mut(g).unwrap().ats = Some(pci_config::AtsCapability {
+                    offset: 0x100,
+                    enabled: on,
+                });
+            }
+            (t, gpus)
+        };
+        let (t, gpus) = with_ats(dt, [true, true]);
+        let p = plan(&t, &gpus, &PlanOptions::default()).unwrap();
+        assert_eq!(p.pairs[0].verdict, Verdict::DirectTranslated);
+        assert_eq!(p.pairs[0].clique, Some(0));
+        assert!(p.pairs[0].explanation.contains("ATS"));
+        for (what, acs, ats) in [
+            ("ATS on one GPU", dt, [true, false]),
+            ("no DT", AcsFlags::SV | AcsFlags::UF, [true, true]),
+        ] {
+            let (t, gpus) = with_ats(acs, ats);
+            let err = plan(&t, &gpus, &PlanOptions::default()).unwrap_err();
+            assert!(
+                matches!(err, PlanError::Untranslated { .. }),
+                "{what}: {err}"
+            );
+        }
+    }
+
     #[test]
     fn switch_without_acs_is_untranslated() {
         let t = topo(&switches(1, 2, None));
