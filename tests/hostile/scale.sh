@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 28's scale figures, from the release binary on flat dumps (tests/hostile/flat_host.py):
+# seconds and peak memory of `plan` and `place --shape 500x8` on 4,000 GPUs and `topo` on
+# 10,000 (targets: < 2 s and < 256 MB; topo < 5 s). A benchmark, not a test: it prints.
+#   tests/hostile/scale.sh [TARGET_DIR]   (default target/release; cargo build --release --bins)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+target=${1:-$here/../../target/release}
+bin=$target/vfio-p2p
+limit=${SCALE_LIMIT:-600}
+w=$(mktemp -d)
+trap 'rm -rf "$w"' EXIT
+python3 "$here/flat_host.py" 4000 >"$w/flat4000.json"
+python3 "$here/flat_host.py" 10000 >"$w/flat10000.json"
+echo "case                              |      s |   peak MB | exit | output bytes"
+run() {
+	local name=$1
+	shift
+	/usr/bin/time -f '%e %M' -o "$w/time" timeout -s KILL "$limit" "$@" >"$w/out" 2>"$w/err"
+	local rc=$?
+	read -r secs kb <"$w/time" 2>/dev/null || { secs=?; kb=0; }
+	printf '%-33s | %6s | %9.1f | %4s | %s\n' "$name" "$secs" "$(echo "$kb / 1024" | bc -l)" "$rc" "$(wc -c <"$w/out")"
+}
+run "plan, 4,000 flat GPUs" "$bin" --sysfs-root "$w/flat4000.json" plan
+run "plan --format json, 4,000 flat" "$bin" --sysfs-root "$w/flat4000.json" plan --format json
+run "place --shape 500x8, 4,000 flat" "$bin" --sysfs-root "$w/flat4000.json" place --shape 500x8
+run "topo, 10,000 flat GPUs" "$bin" --sysfs-root "$w/flat10000.json" topo
+run "topo --format json, 10,000 flat" "$bin" --sysfs-root "$w/flat10000.json" topo --format json
