@@ -154,20 +154,22 @@ mod tests {
         proptest::collection::vec(socket, 1..=2).prop_map(|sockets| ServerSpec { sockets })
     }
 
-    /// The server with `flat` more GPUs right on a root bus of its own (no bridge above).
+    /// The server with `flat` more GPUs right on a root bus of its own (no bridge above),
+    /// and two more below two root ports of that host bridge.
     fn host(spec: &ServerSpec, flat: usize) -> Topology {
         let mut record = server(spec);
         if flat > 0 {
             let mut b = crate::synth::HostBuilder::new("flat");
             b.numa_node(0, "0-15");
             let hb = b.host_bridge(1, 0);
+            let gpu = EndpointSpec::gpu(0x10de, 0x2330, 48);
             for _ in 0..flat {
-                b.endpoint(
-                    Attach::HostBridge(hb),
-                    0,
-                    &EndpointSpec::gpu(0x10de, 0x2330, 48),
-                    Some(0),
-                );
+                b.endpoint(Attach::HostBridge(hb), 0, &gpu, Some(0));
+            }
+            // two root ports of one host bridge: PHB between their GPUs, not PXB
+            for _ in 0..2 {
+                let rp = b.root_port(hb, Some(0), Some(crate::synth::ACS_ISOLATING));
+                b.endpoint(Attach::Below(rp), 0, &gpu, None);
             }
             record.devices.extend(b.build().devices);
         }
