@@ -257,3 +257,22 @@ fn nccl_topo_deep_and_special_files() {
         nccl(&format!("nccl-topo file: {kind:?}"));
     }
 }
+
+/// Issue 28: a GPU whose `driver` link points at itself has no driver (it was shown with
+/// driver "driver"); the real link names `nvidia`.
+#[test]
+fn a_driver_link_to_itself_names_no_driver() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("vm");
+    copy_tree(&vm_tree(), &root);
+    let dev = fs::canonicalize(root.join("sys/bus/pci/devices").join(GPUS[0])).unwrap();
+    let scan = |case: &str| {
+        let o = run_checked(agent(&["scan", "--format", "json"], &root), None, case, &[]);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        v["gpus"][0]["driver"].clone()
+    };
+    assert_eq!(scan("real link"), "nvidia");
+    fs::remove_file(dev.join("driver")).unwrap();
+    std::os::unix::fs::symlink("driver", dev.join("driver")).unwrap();
+    assert_eq!(scan("driver -> driver"), serde_json::Value::Null);
+}
