@@ -180,7 +180,10 @@ fn flat_10k() {
     b.numa_node(0, "0-31");
     let gpu = EndpointSpec::gpu(0x10de, 0x2330, 128);
     for i in 0..10_000usize {
-        let hb = b.host_bridge(u16::try_from(i / 4096).expect("domains"), ((i / 32) % 128) as u8);
+        let hb = b.host_bridge(
+            u16::try_from(i / 4096).expect("domains"),
+            ((i / 32) % 128) as u8,
+        );
         b.endpoint(Attach::HostBridge(hb), 0, &gpu, Some(0));
     }
     let record = b.build();

@@ -145,7 +145,7 @@ case_ 9i $null "$bin" --sysfs-root "$t" topo
 case_ 9j $null "$bin" --sysfs-root /etc/hostname/x topo
 # expect ID ERE: the last case's stdout+stderr must match, else it is a failure.
 expect() {
-	if ! grep -qE -- "$2" "$w/out" "$w/err"; then
+	if ! LC_ALL=C grep -qE -- "$2" "$w/out" "$w/err"; then
 		bad=1
 		printf '%-4s | FAIL: output does not match /%s/\n' "$1" "$2"
 	fi

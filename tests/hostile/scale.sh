@@ -18,7 +18,8 @@ run() {
 	shift
 	/usr/bin/time -f '%e %M' -o "$w/time" timeout -s KILL "$limit" "$@" >"$w/out" 2>"$w/err"
 	local rc=$?
-	read -r secs kb <"$w/time" 2>/dev/null || { secs=?; kb=0; }
+	# the last line: /usr/bin/time puts "Command exited with non-zero status N" before it
+	read -r secs kb < <(tail -n1 "$w/time") || { secs=?; kb=0; }
 	printf '%-33s | %6s | %9.1f | %4s | %s\n' "$name" "$secs" "$(echo "$kb / 1024" | bc -l)" "$rc" "$(wc -c <"$w/out")"
 }
 run "plan, 4,000 flat GPUs" "$bin" --sysfs-root "$w/flat4000.json" plan

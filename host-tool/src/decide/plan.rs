@@ -578,10 +578,10 @@ impl WarningContext<'_> {
             .collect::<Vec<_>>()
             .join(", ");
         if more > 0 {
-            if !text.is_empty() {
-                text.push_str(" and ");
-            }
-            text.push_str(&format!("{more} more pair(s)"));
+            text = match text.is_empty() {
+                true => format!("{more} pair(s)"),
+                false => format!("{text} and {more} more pair(s)"),
+            };
         }
         Some(text)
     }
