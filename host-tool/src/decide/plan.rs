@@ -252,16 +252,7 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
     if groups.len() > MAX_CLIQUES {
         return Err(PlanError::TooManyCliques {
             needed: groups.len(),
-            groups: groups
-                .iter()
-                .map(|g| {
-                    format!(
-                        "[{}]",
-                        g.iter().map(Bdf::to_string).collect::<Vec<_>>().join(" ")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
+            groups: groups_text(&groups),
         });
     }
     let cliques: Vec<Clique> = groups
@@ -298,6 +289,23 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
         pairs_left_out,
         warnings,
     })
+}
+
+/// The groups as `[A B] [C D]`, at most 20 groups of at most 16 GPUs named (a hostile
+/// host needs thousands): the rest counted.
+fn groups_text(groups: &[Vec<Bdf>]) -> String {
+    let one = |g: &Vec<Bdf>| {
+        let mut names: Vec<String> = g.iter().take(16).map(Bdf::to_string).collect();
+        if g.len() > 16 {
+            names.push(format!("and {} more", g.len() - 16));
+        }
+        format!("[{}]", names.join(" "))
+    };
+    let mut text: Vec<String> = groups.iter().take(20).map(one).collect();
+    if groups.len() > 20 {
+        text.push(format!("and {} more groups", groups.len() - 20));
+    }
+    text.join(" ")
 }
 
 /// The most GPUs whose every pair a plan lists (32,640 pairs); past it only the pairs
@@ -855,6 +863,48 @@ mod tests {
                 "{what}: {err}"
             );
         }
+    }
+
+    /// Past PAIR_LIST_MAX_GPUS the plan lists exactly the pairs inside a switch tree (and
+    /// NVLink pairs) and counts the others; the cliques are what they would be anyway.
+    #[test]
+    fn a_huge_selection_lists_the_pairs_inside_switch_trees() {
+        let mut b = HostBuilder::new("15 switch trees of 20 GPUs");
+        b.numa_node(0, "0-7");
+        for d in 0..15u16 {
+            let hb = b.host_bridge(d, 0);
+            let rp = b.root_port(hb, Some(0), Some(ACS_ISOLATING));
+            let (_, dsps) = b.switch(rp, 20, Some(ACS_ISOLATING));
+            for p in dsps {
+                b.endpoint(
+                    Attach::Below(p),
+                    0,
+                    &EndpointSpec::gpu(H100.0, H100.1, 80),
+                    None,
+                );
+            }
+        }
+        let mut t = topo(&b.build());
+        let gpus = all_gpus(&t);
+        assert_eq!(gpus.len(), 300);
+        t.set_nvlink(gpus[0], gpus[299], 4);
+        let options = PlanOptions {
+            p2p_level: PathKind::Phb,
+            ..PlanOptions::default()
+        };
+        let p = plan(&t, &gpus, &options).unwrap();
+        assert_eq!(
+            p.pairs.len(),
+            15 * 190 + 1,
+            "190 pairs per tree and the NVLink pair"
+        );
+        assert_eq!(p.pairs.len() + p.pairs_left_out, 300 * 299 / 2);
+        assert!(p
+            .pairs
+            .iter()
+            .all(|x| x.path <= PathKind::Pxb || x.nvlink.is_some()));
+        assert_eq!(p.cliques.len(), 15);
+        assert!(p.cliques.iter().all(|c| c.gpus.len() == 20));
     }
 
     #[test]
