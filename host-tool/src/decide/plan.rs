@@ -252,7 +252,7 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
     if groups.len() > MAX_CLIQUES {
         return Err(PlanError::TooManyCliques {
             needed: groups.len(),
-            groups: groups_text(&groups),
+            groups: plan_reach::groups_text(&groups),
         });
     }
     let cliques: Vec<Clique> = groups
@@ -289,23 +289,6 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
         pairs_left_out,
         warnings,
     })
-}
-
-/// The groups as `[A B] [C D]`, at most 20 groups of at most 16 GPUs named (a hostile
-/// host needs thousands): the rest counted.
-fn groups_text(groups: &[Vec<Bdf>]) -> String {
-    let one = |g: &Vec<Bdf>| {
-        let mut names: Vec<String> = g.iter().take(16).map(Bdf::to_string).collect();
-        if g.len() > 16 {
-            names.push(format!("and {} more", g.len() - 16));
-        }
-        format!("[{}]", names.join(" "))
-    };
-    let mut text: Vec<String> = groups.iter().take(20).map(one).collect();
-    if groups.len() > 20 {
-        text.push(format!("and {} more groups", groups.len() - 20));
-    }
-    text.join(" ")
 }
 
 /// The most GPUs whose every pair a plan lists (32,640 pairs); past it only the pairs

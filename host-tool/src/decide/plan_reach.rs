@@ -123,6 +123,23 @@ pub fn nvlink_degrees(topo: &Topology, selected: &[Bdf]) -> HashMap<Bdf, usize> 
     degree
 }
 
+/// The groups as `[A B] [C D]`, at most 20 groups of at most 16 GPUs named (a hostile
+/// host needs thousands): the rest counted.
+pub fn groups_text(groups: &[Vec<Bdf>]) -> String {
+    let one = |g: &Vec<Bdf>| {
+        let mut names: Vec<String> = g.iter().take(16).map(Bdf::to_string).collect();
+        if g.len() > 16 {
+            names.push(format!("and {} more", g.len() - 16));
+        }
+        format!("[{}]", names.join(" "))
+    };
+    let mut text: Vec<String> = groups.iter().take(20).map(one).collect();
+    if groups.len() > 20 {
+        text.push(format!("and {} more groups", groups.len() - 20));
+    }
+    text.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
