@@ -3,6 +3,16 @@
 # seconds and peak memory of `plan` and `place --shape 500x8` on 4,000 GPUs and `topo` on
 # 10,000 (targets: < 2 s and < 256 MB; topo < 5 s). A benchmark, not a test: it prints.
 #   tests/hostile/scale.sh [TARGET_DIR]   (default target/release; cargo build --release --bins)
+#
+# Recorded on the shared 2-core machine (loaded), release build:
+#   before (issue 28, d3584e3): plan 4,000 flat 26 s / 644 MB; plan --p2p-level sys on a
+#     4,000-GPU tree 116 s / 2.27 GB / 236 MB of output; topo 10,000 flat 160 s, then an abort
+#     at 4 GB; place 125x8 on 1,000 flat 55 s, 500x8 on 4,000 killed after 420 s.
+#   after (this script): plan 4,000 flat 0.20 s / 16.5 MB (json 0.21 s); topo 10,000 flat
+#     0.37 s / 33 MB (json 0.25 s / 35 MB); plan --p2p-level sys on 4,000 flat 0.23 s / 16.5 MB;
+#     `cargo bench --bench plan`: 4,000-GPU tree 72 ms (pxb: refused, 125 cliques), 114 ms
+#     (node), 127 ms (sys). place is unchanged: 125x8 on 1,000 flat 36.5 s, 500x8 on 4,000
+#     killed at 60 s (its seeds-times-units search is still quadratic).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 target=${1:-$here/../../target/release}
