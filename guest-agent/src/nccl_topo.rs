@@ -77,13 +77,17 @@ struct Parsed {
     nics: Vec<FileNic>,
 }
 
-/// What an open element of the file is, for the elements inside it.
-#[derive(Clone, Copy)]
-enum Open {
-    Gpu(usize),
-    Nic(usize),
-    Other,
+/// The GPU and NIC `<pci>` nodes an open element sits in (their indexes), innermost:
+/// each open element carries its own, so a deep file costs one step per element.
+#[derive(Clone, Copy, Default)]
+struct Inside {
+    gpu: Option<usize>,
+    nic: Option<usize>,
 }
+
+/// Nesting deeper than this is no NCCL topology file (NCCL's own are 5 levels deep); the
+/// domain reader refuses the same depth.
+const MAX_DEPTH: usize = 256;
 
 fn attr(e: &BytesStart, name: &str) -> Option<String> {
     e.try_get_attribute(name).ok().flatten().and_then(|a| {
@@ -104,8 +108,8 @@ fn is_nic_pci(e: &BytesStart) -> bool {
 fn parse(text: &str) -> Result<Parsed, String> {
     let mut r = Reader::from_str(text);
     let mut p = Parsed::default();
-    // Per open element: a GPU or NIC `<pci>` (its index), or anything else.
-    let mut open: Vec<Open> = Vec::new();
+    // Per open element: the GPU and NIC `<pci>` nodes it is in.
+    let mut open: Vec<Inside> = Vec::new();
     let mut saw_system = false;
     loop {
         let (e, empty) = match r.read_event() {
@@ -119,15 +123,8 @@ fn parse(text: &str) -> Result<Parsed, String> {
             Ok(_) => continue,
             Err(e) => return Err(format!("not XML at byte {}: {e}", r.error_position())),
         };
-        let gpu_here = open.iter().rev().find_map(|o| match o {
-            Open::Gpu(g) => Some(*g),
-            _ => None,
-        });
-        let nic_here = open.iter().rev().find_map(|o| match o {
-            Open::Nic(n) => Some(*n),
-            _ => None,
-        });
-        let mut this = Open::Other;
+        let here = open.last().copied().unwrap_or_default();
+        let mut this = here;
         match e.name().into_inner() {
             "system" => saw_system = true,
             "cpu" => p.cpus.push((
@@ -141,7 +138,7 @@ fn parse(text: &str) -> Result<Parsed, String> {
                     in_guest: false,
                     nvlinks: Vec::new(),
                 });
-                this = Open::Gpu(p.gpus.len() - 1);
+                this.gpu = Some(p.gpus.len() - 1);
             }
             "pci" if is_nic_pci(&e) => {
                 p.nics.push(FileNic {
@@ -150,16 +147,16 @@ fn parse(text: &str) -> Result<Parsed, String> {
                     nets: Vec::new(),
                     in_guest: false,
                 });
-                this = Open::Nic(p.nics.len() - 1);
+                this.nic = Some(p.nics.len() - 1);
             }
             // a `<net>` outside a NIC's `<pci>` is a virtual NIC NCCL attaches to a CPU
             "net" => {
-                if let Some(n) = nic_here {
+                if let Some(n) = here.nic {
                     p.nics[n].nets.push(attr(&e, "name").unwrap_or_default());
                 }
             }
             "nvlink" => {
-                let Some(g) = gpu_here else {
+                let Some(g) = here.gpu else {
                     return Err("an <nvlink> outside a GPU's <pci> node".into());
                 };
                 let count = attr(&e, "count").unwrap_or_default();
@@ -174,6 +171,12 @@ fn parse(text: &str) -> Result<Parsed, String> {
             _ => {}
         }
         if !empty {
+            if open.len() >= MAX_DEPTH {
+                return Err(format!(
+                    "elements nested deeper than {MAX_DEPTH} levels at byte {}: not an NCCL topology file",
+                    r.buffer_position()
+                ));
+            }
             open.push(this);
         }
     }
@@ -362,22 +365,35 @@ fn nvlink_problems(
     }
 }
 
-/// Reads and checks `path` (regular files only, at most 4 MiB).
+/// Reads and checks `path`: a regular file, opened without blocking (a FIFO never hangs
+/// the agent), at most 4 MiB.
 pub fn check_file(path: &Path, scan: &Scan) -> Result<NcclTopoCheck, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let shown = |e: std::io::Error| format!("{}: {e}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(shown)?;
+    if !file.metadata().map_err(shown)?.is_file() {
         return Err(format!(
             "{} is not a regular file; give the NCCL topology file",
             path.display()
         ));
     }
-    if meta.len() > MAX_FILE_BYTES {
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(shown)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
             "{} is larger than {MAX_FILE_BYTES} bytes, which no NCCL topology file is",
             path.display()
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text =
+        String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text: {e}", path.display()))?;
     let nics = crate::sysfs_scan::network_functions(Path::new(&scan.sysfs_root));
     check_text(&text, &path.display().to_string(), scan, &nics)
 }

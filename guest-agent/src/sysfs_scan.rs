@@ -244,9 +244,14 @@ fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
     let max_link_width = read_attr(dir, "max_link_width")
         .and_then(|w| w.parse().ok())
         .or_else(|| pcie.and_then(|p| p.max_width).map(u32::from));
-    let driver = fs::read_link(dir.join("driver"))
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    // the kernel links `driver` to `…/bus/pci/drivers/NAME`; a link elsewhere (to itself)
+    // names no driver
+    let driver = fs::read_link(dir.join("driver")).ok().and_then(|p| {
+        let parent_is_drivers = p.parent().and_then(Path::file_name) == Some("drivers".as_ref());
+        parent_is_drivers
+            .then(|| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .flatten()
+    });
     Ok(Some(GpuScan {
         bdf,
         vendor: format!("{vendor:#06x}"),

@@ -220,3 +220,59 @@ fn saved_report_mutations() {
         assert_ne!(o.code, Some(0), "saved report: {kind:?}");
     }
 }
+
+/// Issue 28: `nccl-topo` on a deeply nested file took time with the square of the depth
+/// (595k levels in 4 MiB: killed at 600 s): now a depth limit (256, the domain reader's)
+/// refuses it at once, a file within the limit is read in one step per element, and a
+/// FIFO, /dev/zero or a huge file is refused without blocking.
+#[test]
+fn nccl_topo_deep_and_special_files() {
+    let t = tempfile::tempdir().unwrap();
+    let root = vm_tree();
+    let file = t.path().join("topo.xml");
+    let shown = file.display().to_string();
+    let nccl = |case: &str| {
+        let mut c = Command::cargo_bin("vfio-p2p-agent").unwrap();
+        c.arg("nccl-topo").arg(&file).arg("--sysfs-root").arg(&root);
+        run_checked(c, None, case, &[&shown])
+    };
+    let deep = |n| {
+        format!(
+            "<system version=\"1\">{}</system>",
+            nested("<a>", "</a>", n)
+        )
+    };
+    fs::write(&file, deep(595_000)).unwrap();
+    let o = nccl("595,000 nested elements");
+    assert!(
+        o.stderr.contains("nested deeper than 256 levels"),
+        "{}",
+        o.stderr
+    );
+    fs::write(&file, deep(250)).unwrap();
+    let o = nccl("250 nested elements");
+    assert!(!o.stderr.contains("nested deeper"), "{}", o.stderr);
+    for kind in SPECIALS {
+        make_special(&file, *kind);
+        nccl(&format!("nccl-topo file: {kind:?}"));
+    }
+}
+
+/// Issue 28: a GPU whose `driver` link points at itself has no driver (it was shown with
+/// driver "driver"); the real link names `nvidia`.
+#[test]
+fn a_driver_link_to_itself_names_no_driver() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("vm");
+    copy_tree(&vm_tree(), &root);
+    let dev = fs::canonicalize(root.join("sys/bus/pci/devices").join(GPUS[0])).unwrap();
+    let scan = |case: &str| {
+        let o = run_checked(agent(&["scan", "--format", "json"], &root), None, case, &[]);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        v["gpus"][0]["driver"].clone()
+    };
+    assert_eq!(scan("real link"), "nvidia");
+    fs::remove_file(dev.join("driver")).unwrap();
+    std::os::unix::fs::symlink("driver", dev.join("driver")).unwrap();
+    assert_eq!(scan("driver -> driver"), serde_json::Value::Null);
+}

@@ -2,6 +2,9 @@
 //! PCI devices, written as a sysfs tree. Times read + model + matrix (the work of
 //! `vfio-p2p topo`), the whole binary, and `lspci -tv` on the same tree.
 //!
+//! Then (issue 28) 10,000 GPUs flat on root buses, 32 per host bridge: model, report
+//! (the matrix is left out past 256) and table, once each (target < 5 s).
+//!
 //! Run: `cargo bench -p vfio-p2p --bench topo`
 
 use std::path::Path;
@@ -168,4 +171,33 @@ fn main() {
     } else {
         println!("lspci -tv: not available or failed on this tree; skipped");
     }
+    flat_10k();
+}
+
+/// 10,000 GPUs on root buses (the issue 28 dump: 160 s, then an abort at 4 GB).
+fn flat_10k() {
+    let mut b = HostBuilder::new("flat 10,000");
+    b.numa_node(0, "0-31");
+    let gpu = EndpointSpec::gpu(0x10de, 0x2330, 128);
+    for i in 0..10_000usize {
+        let hb = b.host_bridge(
+            u16::try_from(i / 4096).expect("domains"),
+            ((i / 32) % 128) as u8,
+        );
+        b.endpoint(Attach::HostBridge(hb), 0, &gpu, Some(0));
+    }
+    let record = b.build();
+    let t = Instant::now();
+    let topo = Topology::from_record(&record);
+    let model = t.elapsed();
+    let t = Instant::now();
+    let report = TopoReport::new(&topo);
+    let text = render_table(&topo, &report);
+    println!(
+        "10,000 flat GPUs: model {:.0} ms, report + table {:.0} ms ({} bytes of table; matrix left out: {})",
+        model.as_secs_f64() * 1e3,
+        t.elapsed().as_secs_f64() * 1e3,
+        text.len(),
+        report.matrix_left_out.is_some()
+    );
 }

@@ -563,3 +563,86 @@ fn the_textfile_holds_every_domain_including_those_stored_before_the_start() {
         "{text}"
     );
 }
+
+/// Issue 28: a report that lists one GPU twice (clique 0 and clique 5) or one pair twice
+/// fails, whichever entry comes first.
+#[test]
+fn a_report_listing_a_gpu_or_a_pair_twice_fails() {
+    let floors = BandwidthFloors::default();
+    let mut twice = report("vm", 24.0);
+    let mut again = twice.gpus[0].clone();
+    again.clique = Some(5);
+    twice.gpus.push(again);
+    let r = judge(&plan("vm", 3), &twice, floors, 1);
+    assert_eq!(r.verdict, Outcome::Fail);
+    assert_eq!(
+        r.problems,
+        ["GPU 0000:06:00.0 is listed 2 times in the report (cliques 0, 5): a report lists each GPU once"]
+    );
+    let mut twice = report("vm", 24.0);
+    twice.pairs.push(twice.pairs[0].clone());
+    let r = judge(&plan("vm", 3), &twice, floors, 1);
+    assert_eq!(r.verdict, Outcome::Fail, "{:?}", r.problems);
+}
+
+/// Issue 28: every file of the state directory is read bounded and without blocking: a
+/// FIFO or /dev/zero among the plans leaves the others served (and `collect` listening),
+/// and at a domain's `latest.json` `verdicts` and `collect --wait` end with an error that
+/// names it instead of hanging or exhausting memory.
+#[test]
+fn special_files_in_the_state_directory_never_block_or_exhaust() {
+    use std::os::unix::fs::symlink;
+    let dir = store_with_verdicts();
+    let store = Store::new(dir.path());
+    store.put_plan(&plan("good", 1)).unwrap();
+    let plans = dir.path().join("plans");
+    nix::unistd::mkfifo(
+        &plans.join("fifo.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    symlink("/dev/zero", plans.join("zero.json")).unwrap();
+    let (served, problems) = store.plans_by_cid().unwrap();
+    assert!(served.contains_key(&1), "{problems:?}");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems.iter().all(|p| p.contains("not a regular file")),
+        "{problems:?}"
+    );
+    let latest = dir.path().join("records/good/latest.json");
+    for special in ["fifo", "zero"] {
+        std::fs::remove_file(&latest).unwrap();
+        if special == "fifo" {
+            nix::unistd::mkfifo(&latest, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        } else {
+            symlink("/dev/zero", &latest).unwrap();
+        }
+        for args in [
+            &["verdicts"][..],
+            &[
+                "collect",
+                "--wait",
+                "good",
+                "--timeout",
+                "2",
+                "--since",
+                "0",
+            ],
+        ] {
+            let out = assert_cmd::Command::cargo_bin("vfio-p2p")
+                .unwrap()
+                .args(args)
+                .arg("--state-dir")
+                .arg(dir.path())
+                .timeout(Duration::from_secs(20))
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{special} {args:?}: {err}");
+            assert!(
+                err.contains("latest.json is not a regular file"),
+                "{special} {args:?}: {err}"
+            );
+        }
+    }
+}

@@ -621,3 +621,45 @@ fn a_dry_run_of_the_hook_works_on_an_example() {
         .code(2)
         .stderr(predicate::str::contains("--dry-run"));
 }
+
+/// Issue 28: two GPUs the plan puts in one clique, given cliques 0 and 1 (P2P off between
+/// them in the guest), are a finding: a warning under warn, a refusal under deny, and a
+/// failed check of `check --domain-xml`.
+#[test]
+fn gpus_of_one_planned_clique_split_across_cliques_are_a_finding() {
+    let t = host_tree();
+    let xml = domain(
+        &[gpu(0x05, "ua-gpu0", Some(0)), gpu(0x06, "ua-gpu1", Some(1))],
+        "",
+    );
+    let said = "the plan puts these GPUs in one clique (0), but the domain has 0000:05:00.0 in clique 0; 0000:06:00.0 in clique 1: P2P will be off between them in the guest";
+    hook(t.path(), "prepare", "begin", &xml)
+        .success()
+        .stdout("")
+        .stderr(predicate::str::contains(format!(
+            "vfio-p2p hook: vm1: warning: {said}"
+        )));
+    set_policy(t.path(), "hook_policy: deny\n");
+    hook(t.path(), "prepare", "begin", &xml)
+        .code(1)
+        .stderr(predicate::str::contains(said));
+    let file = t.path().join("vm1.xml");
+    fs::write(&file, &xml).unwrap();
+    let out = Command::cargo_bin("vfio-p2p")
+        .unwrap()
+        .args(["--example", "dual-socket-pcie", "check", "--domain-xml"])
+        .arg(&file)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let split: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["check"] == "clique-split")
+        .collect();
+    assert_eq!(split.len(), 1, "{report:#}");
+    assert_eq!(split[0]["status"], "fail");
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -117,3 +117,67 @@ fn kubevirt_shim_recording_replays() {
         assert!(transcript.contains(line), "not in the shim's log: {line}");
     }
 }
+
+/// Issue 28: a `--vmi` or `--domain` that is not UTF-8 reaches the hook policy instead of
+/// stopping the argument parser (exit 2, no word): under warn the domain comes back byte
+/// for byte with a warning, under deny the hook refuses and says why.
+#[test]
+fn arguments_that_are_not_utf8_follow_the_policy() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let vmi = example("example-vmi.json");
+    let domain = example("example-domain.xml");
+    let mut bad_vmi = vmi.clone().into_bytes();
+    bad_vmi.insert(1, 0xff);
+    let mut bad_domain = domain.clone().into_bytes();
+    bad_domain.insert(domain.find("</name>").unwrap(), 0xfe);
+    let dir = tempfile::tempdir().unwrap();
+    let deny = dir.path().join("host.yaml");
+    std::fs::write(&deny, "hook_policy: deny\n").unwrap();
+    for (v, d, what) in [
+        (
+            bad_vmi.clone(),
+            domain.clone().into_bytes(),
+            "--vmi is not UTF-8",
+        ),
+        (
+            vmi.clone().into_bytes(),
+            bad_domain.clone(),
+            "--domain is not UTF-8",
+        ),
+    ] {
+        let run = |extra: &[&str]| {
+            Command::cargo_bin("vfio-p2p")
+                .unwrap()
+                .args([
+                    "--example",
+                    "dual-socket-pcie",
+                    "kubevirt",
+                    "on-define-domain",
+                ])
+                .arg("--vmi")
+                .arg(OsString::from_vec(v.clone()))
+                .arg("--domain")
+                .arg(OsString::from_vec(d.clone()))
+                .args(extra)
+                .output()
+                .unwrap()
+        };
+        let out = run(&[]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{what}: {log}");
+        assert_eq!(out.stdout, d, "{what}: the domain as it was");
+        assert!(
+            log.contains(what) && log.contains("(hook_policy: warn)"),
+            "{log}"
+        );
+        let out = run(&["--host-config", deny.to_str().unwrap()]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {log}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            log.contains(what) && log.contains("(hook_policy: deny)"),
+            "{log}"
+        );
+    }
+}

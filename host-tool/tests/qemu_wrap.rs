@@ -120,3 +120,26 @@ fn hook_install_links_the_wrapper() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be named qemu-system-*"));
 }
+
+/// Issue 28: a vfio-pci device whose host address cannot be told (neither `host=` nor a
+/// `sysfsdev=` ending in one) gets no clique and a warning, not silence; the argv passes
+/// unchanged.
+#[test]
+fn a_device_without_a_host_address_is_named() {
+    let args = [
+        "-device",
+        "vfio-pci,sysfsdev=/sys/bus/mdev/devices/83b8f4f2-509f-382f-3c1e-e6bfe0fa1001,id=m0",
+        "-device",
+        "vfio-pci,host=0000:06:00.0,id=hostdev1",
+    ];
+    let (code, argv, log) = wrap(&["--example", "dual-socket-pcie"], &[], &args);
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        argv.starts_with(&format!("{} {}", args[0], args[1])),
+        "{argv}"
+    );
+    assert!(
+        log.contains("warning: qemu-wrap: -device vfio-pci,sysfsdev=/sys/bus/mdev/devices/83b8f4f2-509f-382f-3c1e-e6bfe0fa1001,id=m0: left without a clique"),
+        "{log}"
+    );
+}

@@ -525,3 +525,90 @@ fn kubevirt_patched_domain_validates() {
     validate(&path);
     validate(Path::new(&config("example-domain.xml")));
 }
+
+/// Issue 28: every `-device` spelling QEMU 7.2 starts with still starts after qemu-wrap
+/// edits it — a trailing comma (not doubled into `,,`), bytes that are not UTF-8 (passed
+/// byte for byte), a `sysfsdev=` path with a trailing slash, the `vfio-pci-nohotplug`
+/// subclass — and a `-global` clique is kept and reported. QEMU gets as far as opening
+/// the (absent) host device both with the original argv and the edited one.
+#[test]
+fn qemu_wrap_edits_are_what_qemu_accepts() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let Some(qemu) = real_qemu() else { return };
+    let raw = |b: &[u8]| OsString::from_vec(b.to_vec());
+    let gpu1 = "vfio-pci,host=0000:06:00.0,id=gpu1";
+    let cases: [(&[u8], &[&str], &[u8]); 5] = [
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0,",
+            &[],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0,romfile=/r\xff\xfe.rom",
+            &[],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0,romfile=/r\xff\xfe.rom,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=gpu0",
+            &[],
+            b"-device vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci-nohotplug,host=0000:05:00.0,id=gpu0",
+            &[],
+            b"-device vfio-pci-nohotplug,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0",
+            &["-global", "vfio-pci.x-nv-gpudirect-clique=5"],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0: vfio ",
+        ),
+    ];
+    let base = [
+        "-machine",
+        "q35,accel=tcg",
+        "-nodefaults",
+        "-display",
+        "none",
+    ];
+    for (gpu0, extra, echoed) in cases {
+        let shown = String::from_utf8_lossy(gpu0).into_owned();
+        let mut argv: Vec<OsString> = base.iter().chain(extra).map(OsString::from).collect();
+        argv.extend([raw(b"-device"), raw(gpu0), raw(b"-device"), gpu1.into()]);
+        let direct = Process::new(&qemu).args(&argv).output().unwrap();
+        let direct_err = String::from_utf8_lossy(&direct.stderr);
+        assert!(
+            direct_err.contains("no such host device"),
+            "{shown}: QEMU itself: {direct_err}"
+        );
+        let out = Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(["--example", "dual-socket-pcie", "qemu-wrap", "--qemu"])
+            .arg(&qemu)
+            .arg("--")
+            .args(&argv)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), direct.status.code(), "{shown}: {stderr}");
+        assert!(
+            out.stderr.windows(echoed.len()).any(|w| w == echoed)
+                && stderr.contains("no such host device"),
+            "{shown}: QEMU got {stderr}"
+        );
+        assert!(
+            stderr.contains("gpu1 (0000:06:00.0): added x-nv-gpudirect-clique=0")
+                || !extra.is_empty(),
+            "{shown}: {stderr}"
+        );
+        if !extra.is_empty() {
+            assert!(
+                stderr.contains(
+                    "0000:05:00.0 keeps x-nv-gpudirect-clique=5 as written (from -global vfio-pci.x-nv-gpudirect-clique); the plan says 0"
+                ),
+                "{shown}: {stderr}"
+            );
+        }
+    }
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a flat sysfs JSON dump of N H100s on root buses of one host bridge, 32 per bus,
+"""Writes a flat sysfs JSON dump of N H100s on root buses, 32 per bus (255 buses per domain),
 no bridges above them (issue 15, reproducer 3): `flat_host.py N > host.json`.
 Optional overrides for one GPU (the first): `flat_host.py 1 iommu_group=4294967301`."""
 import json
@@ -12,9 +12,11 @@ config[0:4] = bytes([0xDE, 0x10, 0x30, 0x23])  # vendor 10de, device 2330
 config[0x0A:0x0C] = bytes([0x02, 0x03])  # class 0302 (3D controller)
 host = {}
 for i in range(n):
-    bdf = f"0000:{1 + i // 32:02x}:{i % 32:02x}.0"
+    # 32 per bus, 255 buses per PCI domain (10,000 GPUs take two domains)
+    domain, slot = divmod(i, 32 * 255)
+    bdf = f"{domain:04x}:{1 + slot // 32:02x}:{slot % 32:02x}.0"
     dev = {
-        "path": f"/sys/devices/pci0000:00/{bdf}",
+        "path": f"/sys/devices/pci{domain:04x}:00/{bdf}",
         "vendor": "0x10de",
         "device": "0x2330",
         "class": "0x030200",

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issue 15's reproducers (1-9), each run against the built binaries with a time limit;
+# Issue 15's reproducers (1-9) and issue 28's (r2-*), each run against the built binaries
+# with a time limit;
 # prints one table row per case: id, exit code, seconds, first line of the message.
 #   tests/hostile/reproduce.sh [TARGET_DIR]   (default target/release; build it first:
 #   cargo build --release --bins)
 # Exit codes 101/134/>128 (panic, abort, signal) and 124 (killed at the limit) are failures;
-# the script exits 1 if any case ends that way.
+# the script exits 1 if any case ends that way. Issue 28's cases also check what they print
+# (`expect ID PATTERN`: the case's output must match, else it fails).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 target=${1:-$here/../../target/release}
@@ -141,4 +143,107 @@ case_ 9h $null "$agent" scan --sysfs-root "$t"
 t=$(fresh); printf 'x' >"$t/sys/bus/pci/devices.file"; rm -rf "$t/sys/bus/pci/devices"; ln -s ../devices.file "$t/sys/bus/pci/devices"
 case_ 9i $null "$bin" --sysfs-root "$t" topo
 case_ 9j $null "$bin" --sysfs-root /etc/hostname/x topo
+# expect ID ERE: the last case's stdout+stderr must match, else it is a failure.
+expect() {
+	if ! LC_ALL=C grep -qE -- "$2" "$w/out" "$w/err"; then
+		bad=1
+		printf '%-4s | FAIL: output does not match /%s/\n' "$1" "$2"
+	fi
+}
+
+# --- issue 28 ---
+qemu=$(command -v qemu-system-x86_64 || true)
+if [ -n "$qemu" ]; then
+	qargs=(-machine q35,accel=tcg -nodefaults -display none)
+	for dev in 'vfio-pci,host=0000:05:00.0,id=gpu0,' $'vfio-pci,host=0000:05:00.0,id=gpu0,romfile=/r\xff.rom' \
+		'vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=gpu0' 'vfio-pci-nohotplug,host=0000:05:00.0,id=gpu0'; do
+		case_ r2a $null "$bin" --example dual-socket-pcie qemu-wrap --qemu "$qemu" -- "${qargs[@]}" \
+			-device "$dev" -device vfio-pci,host=0000:06:00.0,id=gpu1
+		expect r2a 'gpu0,?.*x-nv-gpudirect-clique=0: vfio .*no such host device'
+	done
+	case_ r2b $null "$bin" --example dual-socket-pcie qemu-wrap --qemu "$qemu" -- "${qargs[@]}" \
+		-global vfio-pci.x-nv-gpudirect-clique=5 -device vfio-pci,host=0000:05:00.0,id=gpu0
+	expect r2b 'keeps x-nv-gpudirect-clique=5 as written \(from -global'
+else
+	echo "r2a  | skipped: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"
+fi
+kv=$here/../../configs/kubevirt
+case_ r2c $null "$bin" --example dual-socket-pcie kubevirt on-define-domain --vmi $'{\xff' --domain "$(cat "$kv/example-domain.xml")"
+expect r2c 'vmi is not UTF-8.*hook_policy: warn'
+case_ r2d $null "$bin" --example dual-socket-pcie kubevirt on-define-domain --vmi "$(cat "$kv/example-vmi.json")" --domain $'<domain>\xfe</domain>'
+expect r2d 'domain is not UTF-8.*hook_policy: warn'
+
+t=$(fresh); mkdir -p "$t/proc/sys/kernel"; truncate -s 1G "$t/proc/sys/kernel/osrelease"
+case_ r2e $null "$bin" --sysfs-root "$t" check
+rm "$t/proc/sys/kernel/osrelease"; mkfifo "$t/proc/sys/kernel/osrelease"
+case_ r2f $null "$bin" --sysfs-root "$t" check
+rm "$t/proc/sys/kernel/osrelease"; ln -s /dev/zero "$t/proc/sys/kernel/osrelease"
+case_ r2g $null "$bin" --sysfs-root "$t" check
+rm "$t/proc/sys/kernel/osrelease"; echo 6.1.0 >"$t/proc/sys/kernel/osrelease"
+{ printf 'CONFIG_VFIO=m\n' | gzip; printf 'CONFIG_IOMMUFD=y\n' | gzip; } >"$t/proc/config.gz"
+case_ r2h $null "$bin" --sysfs-root "$t" check
+expect r2h 'could not tell'
+head -c 100000000 /dev/zero | gzip >"$t/proc/config.gz"
+case_ r2i $null "$bin" --sysfs-root "$t" check
+expect r2i 'could not tell'
+
+s=$w/state; mkdir -p "$s/plans" "$s/records/d"; mkfifo "$s/plans/fifo.json"
+# collect must get past the FIFO and listen: still running when stopped after 3 s
+case_ r2j $null sh -c 'timeout 3 "$0" collect --state-dir "$1" --unix-socket "$2"=5; echo "collect exit $?"' "$bin" "$s" "$w/vsock"
+expect r2j 'fifo.json is not a regular file'
+expect r2j 'collect exit 124'
+mkfifo "$s/records/d/latest.json"
+case_ r2k $null "$bin" verdicts --state-dir "$s"
+expect r2k 'latest.json is not a regular file'
+case_ r2l $null "$bin" collect --wait d --timeout 2 --state-dir "$s"
+expect r2l 'latest.json is not a regular file'
+rm "$s/records/d/latest.json"; ln -s /dev/zero "$s/records/d/latest.json"
+case_ r2m $null "$bin" verdicts --state-dir "$s"
+expect r2m 'latest.json is not a regular file'
+
+deep=$w/deep-topo.xml
+{ printf '<system version="1">'; for ((i = 0; i < 100000; i++)); do printf '<a>'; done; for ((i = 0; i < 100000; i++)); do printf '</a>'; done; printf '</system>\n'; } >"$deep"
+case_ r2n $null "$agent" nccl-topo "$deep" --sysfs-root "$vm"
+expect r2n 'nested deeper than 256'
+
+python3 "$here/flat_host.py" 10000 >"$w/flat10000.json"
+case_ r2o $null "$bin" --sysfs-root "$w/flat10000.json" topo
+expect r2o 'path matrix is left out'
+python3 "$here/flat_host.py" 4000 >"$w/flat4000.json"
+case_ r2p $null "$bin" --sysfs-root "$w/flat4000.json" plan
+expect r2p 'not listed'
+
+case_ r2q $null "$bin" --example lab gen proxmox $'--name=vm\nargs: -cpu host,kvm=off'
+expect r2q -- '--name: name "vm\\nargs'
+printf 'name: vm\nmemory_mib: 18446744073709551615\n' >"$w/mem.yaml"
+case_ r2r $null "$bin" --example lab gen qemu --config "$w/mem.yaml"
+expect r2r 'more than any host has'
+printf 'name: vm\nfirmware: uefi\novmf_code: "/x\\n.fd"\n' >"$w/ovmf.yaml"
+case_ r2s $null "$bin" --example lab gen libvirt --config "$w/ovmf.yaml"
+expect r2s 'control character'
+t=$(fresh); rm "$(tgpu)/config"; ln -s /dev/zero "$(tgpu)/config"
+case_ r2t $null "$bin" --sysfs-root "$t" topo
+expect r2t 'config: unreadable: not a regular file'
+t=$(fresh); rm -f "$(tgpu)/driver"; ln -s driver "$(tgpu)/driver"
+case_ r2u $null "$bin" --sysfs-root "$t" topo
+expect r2u 'points at driver, not at a driver'
+
+printf 'machine: q35\ncpu: host,hidden=YES\nhostpci0: 0000:05:00.0,pcie=1,x-vga=on\nhostpci1: 0000:06:00.0,pcie=1\n' >"$w/pve.conf"
+case_ r2v $null "$bin" --example dual-socket-pcie check --proxmox-conf "$w/pve.conf"
+expect r2v 'hidden=YES'
+expect r2v 'x-vga=on'
+
+dom() { # dom CLIQUE0 CLIQUE1: a domain with the dual-socket example's GPUs 05:00.0 and 06:00.0
+	printf "<domain type='kvm' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'><name>vm1</name><devices>"
+	for b in 05 06; do printf "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x%s' slot='0x00' function='0x0'/></source><alias name='ua-gpu%s'/></hostdev>" $b $b; done
+	printf "</devices><qemu:override>"
+	printf "<qemu:device alias='ua-gpu05'><qemu:frontend><qemu:property name='x-nv-gpudirect-clique' type='unsigned' value='%s'/></qemu:frontend></qemu:device>" "$1"
+	printf "<qemu:device alias='ua-gpu06'><qemu:frontend><qemu:property name='x-nv-gpudirect-clique' type='unsigned' value='%s'/></qemu:frontend></qemu:device>" "$2"
+	printf "</qemu:override></domain>\n"
+}
+dom 0 1 >"$w/split.xml"
+case_ r2w $null "$bin" --example dual-socket-pcie check --domain-xml "$w/split.xml"
+expect r2w 'clique-split'
+case_ r2x "$w/split.xml" "$bin" --example dual-socket-pcie hook run --dry-run vm1 prepare begin -
+expect r2x 'plan puts these GPUs in one clique'
 exit $bad

@@ -19,12 +19,17 @@ use std::time::SystemTime;
 use anyhow::{bail, Context as _};
 
 use crate::decide::fleet_verdict::{DomainPlan, Record};
+use crate::read::input_file::{read_input_file, InputFileError};
 
 /// The default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/vfio-p2p";
 
 /// Boots kept per domain; older records are removed when a new boot is stored.
 pub const HISTORY_PER_DOMAIN: usize = 32;
+
+/// The most a stored plan or record holds: a record is one guest report (at most
+/// `MAX_GUEST_REPORT_BYTES`, 256 KiB) pretty-printed with its plan and verdict.
+pub const MAX_STATE_FILE_BYTES: u64 = 8 << 20;
 
 pub struct Store {
     root: PathBuf,
@@ -229,8 +234,9 @@ fn is_boot_record(p: &Path) -> bool {
 }
 
 fn read_plan(path: &Path) -> anyhow::Result<DomainPlan> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
+    // like every file the tools read: regular files only, without blocking, bounded
+    let bytes = read_input_file(path, MAX_STATE_FILE_BYTES, "stored plan")?;
+    serde_json::from_slice(&bytes).with_context(|| {
         format!(
             "{} is not a plan written by vfio-p2p gen --state-dir",
             path.display()
@@ -239,11 +245,11 @@ fn read_plan(path: &Path) -> anyhow::Result<DomainPlan> {
 }
 
 fn read_record(path: &Path) -> anyhow::Result<Option<Record>> {
-    match fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
+    match read_input_file(path, MAX_STATE_FILE_BYTES, "stored record") {
+        Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .with_context(|| format!("{} is not a vfio-p2p record", path.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(InputFileError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }

@@ -209,13 +209,14 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         &fm_config,
         &reserved,
     ));
-    let stack_fix = match (&args.proxmox_conf, &args.incus_config) {
-        (Some(_), _) => Some(PROXMOX_FIX),
-        (_, Some(_)) => Some(INCUS_FIX),
-        _ => None,
-    };
-    if let (Some(d), Some(fix)) = (&domain, stack_fix) {
+    if let Some(d) = &domain {
+        // the cliques the definition sets against the plan, as the hook checks them
         let level = ctx.plan_options(&args.plan, None).p2p_level;
+        let fix = match (&args.proxmox_conf, &args.incus_config) {
+            (Some(_), _) => PROXMOX_FIX,
+            (_, Some(_)) => INCUS_FIX,
+            _ => check::PATCH_FIX,
+        };
         report.extend(check::clique_checks(topo, d, level, fix));
     }
     match emit::data::to_text(&report, args.format)? {

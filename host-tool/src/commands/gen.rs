@@ -197,6 +197,10 @@ fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
         None => VmConfig::default(),
     };
     if let Some(n) = &args.name {
+        // the same rule as vm.yaml's `name:`: it goes into every config line
+        if let Some(e) = crate::config::vm_name_error(n) {
+            bail!("--name: {e}");
+        }
         config.name = n.clone();
     }
     if !args.nics.is_empty() {

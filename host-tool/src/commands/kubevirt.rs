@@ -5,8 +5,12 @@
 //! /sys/bus/pci, which shows the node's PCI devices.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
@@ -33,11 +37,13 @@ pub enum KubevirtCommand {
 #[derive(Debug, Args)]
 pub struct OnDefineDomainArgs {
     /// The VirtualMachineInstance as JSON (the sidecar shim passes it).
+    // OsString: an argument that is not UTF-8 must reach the hook policy, not stop the
+    // parser (which would fail the VMI's start without a word).
     #[arg(long, value_name = "JSON")]
-    pub vmi: String,
+    pub vmi: OsString,
     /// The domain XML virt-launcher is about to define (the sidecar shim passes it).
     #[arg(long, value_name = "XML")]
-    pub domain: String,
+    pub domain: OsString,
     #[command(flatten)]
     pub plan: PlanOptionArgs,
     /// The libvirt in virt-launcher (KubeVirt ≥ 1.0 ships ≥ 9.0; below 8.2 cliques use `-set`).
@@ -63,7 +69,10 @@ pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> 
                     tracing::warn!(
                         "kubevirt onDefineDomain: {why}; the domain is left as it was, without cliques (hook_policy: warn)"
                     );
-                    print!("{}", a.domain);
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(a.domain.as_bytes())
+                        .and_then(|()| out.flush())
+                        .context("writing the domain to stdout")?;
                 }
             }
         }
@@ -73,12 +82,20 @@ pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> 
 
 /// The domain with the cliques of the VMI's GPUs, or why it cannot be made.
 fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result<String> {
-    let vmi = parse_kubevirt_vmi(&a.vmi).map_err(anyhow::Error::msg)?;
+    let vmi_text = a
+        .vmi
+        .to_str()
+        .context("--vmi is not UTF-8, so it is no VirtualMachineInstance JSON")?;
+    let vmi = parse_kubevirt_vmi(vmi_text).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
         a.domain.len() as u64 <= MAX_DOMAIN_XML_BYTES,
         "--domain is larger than {MAX_DOMAIN_XML_BYTES} bytes"
     );
-    let facts = parse_domain_xml_bytes(a.domain.as_bytes(), "the domain from virt-launcher")?;
+    let domain = a
+        .domain
+        .to_str()
+        .context("--domain is not UTF-8, which libvirt's domain XML always is")?;
+    let facts = parse_domain_xml_bytes(domain.as_bytes(), "the domain from virt-launcher")?;
     let wanted: Vec<(Bdf, &str)> = facts
         .hostdevs
         .iter()
@@ -95,7 +112,7 @@ fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result
             "vfio-p2p kubevirt: {}: no PCI hostdev of its gpus/hostDevices in the domain; left as it was",
             vmi.name
         );
-        return Ok(a.domain.clone());
+        return Ok(domain.to_string());
     }
     let record = load_host(global)?;
     let config = match &a.plan.host.host_config {
@@ -129,7 +146,7 @@ fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result
         ctx.plan(&gpus, &ctx.plan_options(&a.plan, None))?
             .assignments
     };
-    let patched = libvirt_patch::apply(&a.domain, &facts, &cliques, a.libvirt_version)?;
+    let patched = libvirt_patch::apply(domain, &facts, &cliques, a.libvirt_version)?;
     for w in &patched.warnings {
         tracing::warn!("{}: {w}", vmi.name);
     }

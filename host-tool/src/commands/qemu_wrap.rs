@@ -17,8 +17,8 @@ use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig};
 use crate::context::{load_host, Context, PlanOptionArgs};
 use crate::emit::qemu::QEMU_BINARY;
-use crate::emit::qemu_argv_patch::{with_cliques, CliqueAdded};
-use crate::read::qemu_argv::{read_qemu_argv, QemuArgvFacts};
+use crate::emit::qemu_argv_patch::{argv_text, with_cliques, CliqueAdded};
+use crate::read::qemu_argv::{read_qemu_argv, CliqueSource, QemuArgvFacts};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// Names under which the binary acts as the wrapper (argv[0]).
@@ -66,29 +66,27 @@ pub fn run(global: &GlobalArgs, args: QemuWrapArgs) -> anyhow::Result<ExitCode> 
         .argv0
         .clone()
         .unwrap_or_else(|| qemu.clone().into_os_string());
-    let text: Vec<String> = args
-        .qemu_args
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let text = argv_text(&args.qemu_args);
     let facts = read_qemu_argv(&text);
     let mut final_args = args.qemu_args.clone();
     if !facts.vfio.is_empty() {
         for u in &facts.unreadable {
             tracing::warn!("qemu-wrap: left as written: {u}");
         }
+        for d in facts.vfio.iter().filter(|d| d.host.is_none()) {
+            tracing::warn!(
+                "qemu-wrap: -device {}: left without a clique: neither host= nor sysfsdev= names a PCI address",
+                text[d.arg_index]
+            );
+        }
         let config = match &args.plan.host.host_config {
             Some(p) => HostConfig::load(p)?,
             None => HostConfig::load_below(config_root(global))?,
         };
-        match planned_args(global, &args.plan, config.clone(), &facts, &text) {
+        match planned_args(global, &args.plan, config.clone(), &facts, &args.qemu_args) {
             Ok((edited, added)) => {
                 log_added(&added);
-                for (i, e) in edited.into_iter().enumerate() {
-                    if e != text[i] {
-                        final_args[i] = e.into();
-                    }
-                }
+                final_args = edited;
             }
             Err(e) => {
                 let why = vfio_p2p_style::error_chain(e.as_ref());
@@ -128,8 +126,8 @@ fn planned_args(
     plan_args: &PlanOptionArgs,
     config: HostConfig,
     facts: &QemuArgvFacts,
-    text: &[String],
-) -> anyhow::Result<(Vec<String>, Vec<CliqueAdded>)> {
+    args: &[OsString],
+) -> anyhow::Result<(Vec<OsString>, Vec<CliqueAdded>)> {
     let (ctx, warnings) = Context::build(&load_host(global)?, config, &plan_args.nvlink)?;
     for w in &warnings {
         tracing::debug!("{w}");
@@ -151,13 +149,19 @@ fn planned_args(
         };
         let want = cliques.get(&host).map(u8::to_string);
         if want.as_deref() != Some(have.as_str()) {
+            let written = match d.clique_source {
+                Some(CliqueSource::Global) => {
+                    format!(" (from -global {}.{CLIQUE_PROPERTY})", d.driver)
+                }
+                _ => String::new(),
+            };
             tracing::warn!(
-                "qemu-wrap: {host} keeps {CLIQUE_PROPERTY}={have} as written; the plan says {}",
+                "qemu-wrap: {host} keeps {CLIQUE_PROPERTY}={have} as written{written}; the plan says {}",
                 want.unwrap_or_else(|| "none".into())
             );
         }
     }
-    Ok(with_cliques(text, facts, &cliques))
+    Ok(with_cliques(args, facts, &cliques))
 }
 
 fn log_added(added: &[CliqueAdded]) {

@@ -125,3 +125,29 @@ pub fn is_valid_vm_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && !name.starts_with(['-', '.'])
 }
+
+/// [`is_valid_vm_name`] as an error to print, the same for vm.yaml's `name:` and
+/// `gen --name`: the name shown escaped (a newline stays visible) and cut short.
+pub fn vm_name_error(name: &str) -> Option<String> {
+    if is_valid_vm_name(name) {
+        return None;
+    }
+    let shown: String = name.chars().take(70).collect();
+    let more = if shown.len() < name.len() { "…" } else { "" };
+    Some(format!(
+        "name {:?}{more}: use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'",
+        shown
+    ))
+}
+
+/// A path written into a VMM's configuration (`ovmf_code`, `ovmf_vars`): absolute, and no
+/// control character (a newline would start a new config line or argument).
+pub fn config_path_error(key: &str, path: &Path) -> Option<String> {
+    let text = path.to_string_lossy();
+    if !path.is_absolute() {
+        return Some(format!("{key}: {text:?} must be an absolute path"));
+    }
+    text.chars().any(char::is_control).then(|| {
+        format!("{key}: {text:?} has a control character (a newline, a tab…); give the file's path")
+    })
+}

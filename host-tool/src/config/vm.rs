@@ -164,6 +164,9 @@ pub const DEFAULT_VCPUS: u32 = 8;
 pub const DEFAULT_OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 /// Guest memory floor: below this no GPU driver loads.
 const MIN_MEMORY_MIB: u64 = 512;
+/// The most memory a VM may be given: 64 TiB (its bytes, and the MMIO window above them,
+/// stay far from overflowing 64 bits).
+const MAX_MEMORY_MIB: u64 = 64 << 20;
 
 impl Default for VmConfig {
     fn default() -> Self {
@@ -198,11 +201,8 @@ impl VmConfig {
     pub fn validate(file: VmConfigFile, path: &Path) -> Result<VmConfig, ConfigError> {
         let invalid = |at: &Location, message: String| ConfigError::invalid(path, at, message);
         let name = file.name.value.clone();
-        if !super::is_valid_vm_name(&name) {
-            return Err(invalid(
-                &file.name.referenced,
-                format!("name '{name}': use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'"),
-            ));
+        if let Some(e) = super::vm_name_error(&name) {
+            return Err(invalid(&file.name.referenced, e));
         }
         let field = |e: super::FieldError| invalid(&e.at, e.message);
         let gpus = super::bdf_list("gpus", &file.gpus).map_err(field)?;
@@ -217,6 +217,15 @@ impl VmConfig {
                     &m.referenced,
                     format!(
                         "memory_mib: {} MiB is too little; give at least {MIN_MEMORY_MIB}",
+                        m.value
+                    ),
+                ))
+            }
+            Some(m) if m.value > MAX_MEMORY_MIB => {
+                return Err(invalid(
+                    &m.referenced,
+                    format!(
+                        "memory_mib: {} MiB is more than any host has; give at most {MAX_MEMORY_MIB} (64 TiB)",
                         m.value
                     ),
                 ))
@@ -240,11 +249,11 @@ impl VmConfig {
                     &p.referenced,
                     format!("{key} is only used with 'firmware: uefi'; remove it or set firmware"),
                 )),
-                Some(p) if !p.value.is_absolute() => Err(invalid(
-                    &p.referenced,
-                    format!("{key}: '{}' must be an absolute path", p.value.display()),
-                )),
-                _ => Ok(()),
+                Some(p) => match super::config_path_error(key, &p.value) {
+                    Some(e) => Err(invalid(&p.referenced, e)),
+                    None => Ok(()),
+                },
+                None => Ok(()),
             }
         };
         check_path(&file.ovmf_code, "ovmf_code")?;
@@ -475,7 +484,7 @@ mod tests {
     #[test]
     fn semantic_errors_carry_position() {
         let cases = [
-            ("name: 'bad name'\n", "vm.yaml:1:7: name 'bad name'"),
+            ("name: 'bad name'\n", "vm.yaml:1:7: name \"bad name\""),
             (
                 "name: a\nvcpus: 0\n",
                 "vm.yaml:2:8: vcpus: 0 is out of range",
@@ -494,7 +503,25 @@ mod tests {
             ),
             (
                 "name: a\nfirmware: uefi\novmf_code: x.fd\n",
-                "vm.yaml:3:12: ovmf_code: 'x.fd' must be",
+                "vm.yaml:3:12: ovmf_code: \"x.fd\" must be",
+            ),
+            // issue 28: a newline in a path would start a new argument or config line,
+            // and a memory size past any host overflowed into `-m 18446744073709551615M`
+            (
+                "name: a\nfirmware: uefi\novmf_code: \"/x\\n.fd\"\n",
+                "vm.yaml:3:12: ovmf_code: \"/x\\n.fd\" has a control character",
+            ),
+            (
+                "name: a\nfirmware: uefi\novmf_vars: \"/v\\t.fd\"\n",
+                "vm.yaml:3:12: ovmf_vars: \"/v\\t.fd\" has a control character",
+            ),
+            (
+                "name: a\nmemory_mib: 18446744073709551615\n",
+                "vm.yaml:2:13: memory_mib: 18446744073709551615 MiB is more than any host has",
+            ),
+            (
+                "name: \"a\\nargs: -x\"\n",
+                "vm.yaml:1:7: name \"a\\nargs: -x\": use 1-64",
             ),
             (
                 "name: a\ngpus: [0000:01:00.0, 0000:01:00.0]\n",

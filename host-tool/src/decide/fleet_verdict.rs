@@ -3,6 +3,8 @@
 //! and, when the agent measured, every pair the plan says has P2P working both ways with
 //! writes arriving and bandwidth above the floor for its link type.
 
+use std::collections::BTreeMap;
+
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::{Expectation, GuestReport, ReportedPair, Verdict};
@@ -111,6 +113,7 @@ pub fn judge(
         problems.push("the agent could not run (exit 2)".into());
     }
     let gpus = judge_gpus(e, report, &mut problems);
+    listed_twice(report, &mut problems);
     let pairs = judge_pairs(e, report, floors, &mut problems);
     Record {
         domain: plan.domain.clone(),
@@ -173,6 +176,34 @@ fn judge_gpus(e: &Expectation, r: &GuestReport, problems: &mut Vec<String>) -> V
         }
     }
     out
+}
+
+/// One GPU listed twice contradicts itself (two cliques for one device), and so does a pair
+/// measured twice: the verdict must not rest on whichever entry came first.
+fn listed_twice(r: &GuestReport, problems: &mut Vec<String>) {
+    let mut listed: BTreeMap<Bdf, Vec<String>> = BTreeMap::new();
+    for f in &r.gpus {
+        listed
+            .entry(f.guest_bdf)
+            .or_default()
+            .push(clique_text(f.clique));
+    }
+    for (bdf, cliques) in listed.iter().filter(|(_, c)| c.len() > 1) {
+        problems.push(format!(
+            "GPU {bdf} is listed {} times in the report (cliques {}): a report lists each GPU once",
+            cliques.len(),
+            cliques.join(", ")
+        ));
+    }
+    let mut pairs: BTreeMap<(Bdf, Bdf), usize> = BTreeMap::new();
+    for p in &r.pairs {
+        *pairs.entry((p.src, p.dst)).or_default() += 1;
+    }
+    for ((src, dst), n) in pairs.iter().filter(|(_, n)| **n > 1) {
+        problems.push(format!(
+            "{src} → {dst} is listed {n} times in the report: a report lists each pair once"
+        ));
+    }
 }
 
 fn clique_text(c: Option<u8>) -> String {

@@ -78,8 +78,15 @@ pub fn iommufd_offered(f: &IommuFacts) -> Offered {
                     why: format!("{saw}: {release} is built without CONFIG_IOMMUFD ({path})"),
                     fix: NO_IOMMUFD_FIX.into(),
                 },
-                _ => Offered::No {
+                Some((KernelOption::BuiltIn, _)) => Offered::No {
                     why: format!("{saw}: {release} offers no iommufd"),
+                    fix: NO_IOMMUFD_FIX.into(),
+                },
+                None => Offered::No {
+                    why: format!(
+                        "{saw}: {release} offers no iommufd; whether it is built with CONFIG_IOMMUFD \
+                         could not tell (no complete kernel config in /boot/config-<release> or /proc/config.gz)"
+                    ),
                     fix: NO_IOMMUFD_FIX.into(),
                 },
             }

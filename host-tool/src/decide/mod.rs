@@ -17,3 +17,4 @@ pub mod nic_affinity;
 pub mod nvlink;
 pub mod placement;
 pub mod plan;
+pub mod plan_reach;

@@ -16,6 +16,7 @@ use pci_config::clique::MAX_CLIQUE;
 use pci_config::{AcsFlags, Bdf};
 use serde::Serialize;
 
+use super::plan_reach;
 use crate::model::{AcsUnknown, BridgeRole, Device, GpuPath, PathKind, Topology};
 
 /// Most cliques a VM can have: the ID is four bits.
@@ -136,7 +137,15 @@ pub struct Plan {
     /// peers, no peer within the level, or not an NVIDIA GPU).
     pub assignments: BTreeMap<Bdf, Option<u8>>,
     pub pairs: Vec<Pair>,
+    /// Pairs not in `pairs`: past [`PAIR_LIST_MAX_GPUS`] GPUs, those across switch trees
+    /// without NVLink.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pairs_left_out: usize,
     pub warnings: Vec<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Plan {
@@ -187,13 +196,8 @@ pub enum PlanError {
 pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan, PlanError> {
     let selected = validate_selection(topo, gpus)?;
     let mut warnings = Vec::new();
-    let mut pairs = Vec::new();
-    for (i, a) in selected.iter().enumerate() {
-        for b in &selected[i + 1..] {
-            pairs.push(pair(topo, a, b));
-        }
-    }
-    let eligible: Vec<&Device> = selected
+    let (mut pairs, pairs_left_out) = listed_pairs(topo, &selected);
+    let eligible: Vec<Bdf> = selected
         .iter()
         .filter_map(|b| topo.device(b))
         .filter(|d| {
@@ -205,20 +209,12 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
             }
             d.is_nvidia_gpu()
         })
+        .map(|d| d.bdf)
         .collect();
-    // Pairs are in (i, j > i) order of `selected`: a pair's index follows from the
-    // positions of its ends, without a map of n² entries (a linear search here made
-    // 500 GPUs take 28 s; a hash map of the pairs took most of the time for 1,000).
-    let position: HashMap<Bdf, usize> = selected.iter().enumerate().map(|(i, b)| (*b, i)).collect();
-    let n = selected.len();
-    let find = |a: &Bdf, b: &Bdf| {
-        let (x, y) = (position[a], position[b]);
-        let (i, j) = (x.min(y), x.max(y));
-        &pairs[i * (2 * n - i - 1) / 2 + (j - i - 1)]
-    };
-    let eligible_set: HashSet<Bdf> = eligible.iter().map(|d| d.bdf).collect();
+    let eligible_set: HashSet<Bdf> = eligible.iter().copied().collect();
     let is_eligible = |g: &Bdf| eligible_set.contains(g);
     if !options.allow_untranslated_p2p {
+        // untranslated pairs share a switch tree (PIX/PXB), and those pairs are all listed
         if let Some(p) = pairs.iter().find(|p| {
             p.verdict == Verdict::Untranslated
                 && p.path <= options.p2p_level
@@ -232,42 +228,31 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
             });
         }
     }
-    let clique_ok = |p: &Pair| p.path <= options.p2p_level;
-    // A GPU needs a clique only for peers it reaches over PCIe but not over NVLink.
-    let mut groups: Vec<Vec<Bdf>> = Vec::new();
-    for d in &eligible {
-        let mut placed = false;
-        for g in groups.iter_mut() {
-            if g.iter().all(|m| clique_ok(find(m, &d.bdf))) {
-                g.push(d.bdf);
-                placed = true;
-                break;
-            }
-        }
-        if !placed {
-            groups.push(vec![d.bdf]);
+    let groups = plan_reach::groups(topo, &eligible, options.p2p_level);
+    // A group needs a clique unless every pair of it is joined by NVLink.
+    let degree = plan_reach::nvlink_degrees(topo, &eligible);
+    let group_of: HashMap<Bdf, usize> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| g.iter().map(move |b| (*b, i)))
+        .collect();
+    let mut nvlink_pairs = vec![0usize; groups.len()];
+    for (a, b) in topo.nvlinks.keys() {
+        match (group_of.get(a), group_of.get(b)) {
+            (Some(x), Some(y)) if x == y && a != b => nvlink_pairs[*x] += 1,
+            _ => {}
         }
     }
-    let needs_clique = |g: &Vec<Bdf>| {
-        g.len() > 1
-            && g.iter()
-                .enumerate()
-                .any(|(i, a)| g[i + 1..].iter().any(|b| find(a, b).nvlink.is_none()))
-    };
-    let groups: Vec<Vec<Bdf>> = groups.into_iter().filter(needs_clique).collect();
+    let groups: Vec<Vec<Bdf>> = groups
+        .into_iter()
+        .zip(nvlink_pairs)
+        .filter(|(g, nv)| g.len() > 1 && *nv < g.len() * (g.len() - 1) / 2)
+        .map(|(g, _)| g)
+        .collect();
     if groups.len() > MAX_CLIQUES {
         return Err(PlanError::TooManyCliques {
             needed: groups.len(),
-            groups: groups
-                .iter()
-                .map(|g| {
-                    format!(
-                        "[{}]",
-                        g.iter().map(Bdf::to_string).collect::<Vec<_>>().join(" ")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
+            groups: plan_reach::groups_text(&groups),
         });
     }
     let cliques: Vec<Clique> = groups
@@ -287,14 +272,65 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
             _ => None,
         };
     }
-    warnings.extend(pair_warnings(topo, &pairs, &assignments, options));
+    let context = WarningContext {
+        topo,
+        pairs: &pairs,
+        assignments: &assignments,
+        cliques: &cliques,
+        degree: &degree,
+        options,
+    };
+    warnings.extend(pair_warnings(&context));
     Ok(Plan {
         p2p_level: options.p2p_level,
         cliques,
         assignments,
         pairs,
+        pairs_left_out,
         warnings,
     })
+}
+
+/// The most GPUs whose every pair a plan lists (32,640 pairs); past it only the pairs
+/// inside a switch tree and the NVLink pairs are listed, the others counted: a plan's
+/// pairs grow with the square of its GPUs.
+pub const PAIR_LIST_MAX_GPUS: usize = 256;
+
+/// The pairs a plan lists (in the order of `selected`) and how many it leaves out.
+fn listed_pairs(topo: &Topology, selected: &[Bdf]) -> (Vec<Pair>, usize) {
+    let n = selected.len();
+    let all = n * n.saturating_sub(1) / 2;
+    if n <= PAIR_LIST_MAX_GPUS {
+        let mut pairs = Vec::with_capacity(all);
+        for (i, a) in selected.iter().enumerate() {
+            for b in &selected[i + 1..] {
+                pairs.push(pair(topo, a, b));
+            }
+        }
+        return (pairs, 0);
+    }
+    let position: HashMap<Bdf, usize> = selected.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+    let mut near: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for tree in plan_reach::classes(selected, |g| plan_reach::reach(topo, g, PathKind::Pxb)) {
+        for (i, a) in tree.iter().enumerate() {
+            for b in &tree[i + 1..] {
+                near.insert((position[a], position[b]));
+            }
+        }
+    }
+    for (a, b) in topo.nvlinks.keys() {
+        if let (Some(x), Some(y)) = (position.get(a), position.get(b)) {
+            if x != y {
+                near.insert((*x.min(y), *x.max(y)));
+            }
+        }
+    }
+    let pairs: Vec<Pair> = near
+        .into_iter()
+        .map(|(i, j)| pair(topo, &selected[i], &selected[j]))
+        .collect();
+    let left_out = all - pairs.len();
+    (pairs, left_out)
 }
 
 /// The selected GPUs, checked and in BDF order.
@@ -492,39 +528,92 @@ fn verdict(
     }
 }
 
-/// Warnings about the pairs that share a clique, one line per kind of concern.
-fn pair_warnings(
-    topo: &Topology,
-    pairs: &[Pair],
-    assignments: &BTreeMap<Bdf, Option<u8>>,
-    options: &PlanOptions,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    let in_clique = |v: Verdict| -> Vec<String> {
-        pairs
+/// What the warnings are made from.
+struct WarningContext<'a> {
+    topo: &'a Topology,
+    /// The listed pairs (every pair up to [`PAIR_LIST_MAX_GPUS`] GPUs).
+    pairs: &'a [Pair],
+    assignments: &'a BTreeMap<Bdf, Option<u8>>,
+    cliques: &'a [Clique],
+    /// Selected peers over NVLink, per GPU.
+    degree: &'a HashMap<Bdf, usize>,
+    options: &'a PlanOptions,
+}
+
+/// The most pairs one warning names; the others are counted.
+const WARNING_PAIRS: usize = 64;
+
+impl WarningContext<'_> {
+    /// The pairs sharing a clique with verdict `v`, named up to [`WARNING_PAIRS`], then
+    /// counted (with those a large plan does not list); `None` when there are none.
+    fn in_clique(&self, v: Verdict) -> Option<String> {
+        let listed: Vec<String> = self
+            .pairs
             .iter()
             .filter(|p| p.clique.is_some() && p.verdict == v)
             .map(|p| format!("{}↔{}", p.a, p.b))
-            .collect()
-    };
-    let list = |v: Vec<String>| v.join(", ");
-    let routed = in_clique(Verdict::IommuRouted);
-    if !routed.is_empty() {
+            .collect();
+        let unlisted = match v {
+            Verdict::RootComplex => self.unlisted_in_cliques(PathKind::Phb),
+            Verdict::CrossHostBridge => self.unlisted_in_cliques(PathKind::Node),
+            Verdict::CrossSocket => self.unlisted_in_cliques(PathKind::Sys),
+            _ => 0,
+        };
+        let more = listed.len().saturating_sub(WARNING_PAIRS) + unlisted;
+        if listed.is_empty() && more == 0 {
+            return None;
+        }
+        let mut text = listed
+            .into_iter()
+            .take(WARNING_PAIRS)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if more > 0 {
+            text = match text.is_empty() {
+                true => format!("{more} pair(s)"),
+                false => format!("{text} and {more} more pair(s)"),
+            };
+        }
+        Some(text)
+    }
+
+    /// Pairs sharing a clique over PCIe path `kind` that the plan does not list.
+    fn unlisted_in_cliques(&self, kind: PathKind) -> usize {
+        if self.pairs.len() * 2 >= self.assignments.len() * (self.assignments.len() - 1) {
+            return 0; // every pair is listed
+        }
+        let counted: usize = self
+            .cliques
+            .iter()
+            .flat_map(|c| plan_reach::far_pairs_by_path(self.topo, &c.gpus))
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, n)| n)
+            .sum();
+        let listed = self
+            .pairs
+            .iter()
+            .filter(|p| p.clique.is_some() && p.path == kind)
+            .count();
+        counted.saturating_sub(listed)
+    }
+}
+
+/// Warnings about the pairs that share a clique, one line per kind of concern.
+fn pair_warnings(cx: &WarningContext<'_>) -> Vec<String> {
+    let (topo, pairs, options) = (cx.topo, cx.pairs, cx.options);
+    let mut out = Vec::new();
+    if let Some(routed) = cx.in_clique(Verdict::IommuRouted) {
         out.push(format!(
-            "P2P is IOMMU-routed through the root complex for {}: correct in a VM, slower than bare metal",
-            list(routed)
+            "P2P is IOMMU-routed through the root complex for {routed}: correct in a VM, slower than bare metal"
         ));
     }
-    let untranslated = in_clique(Verdict::Untranslated);
-    if !untranslated.is_empty() {
+    if let Some(untranslated) = cx.in_clique(Verdict::Untranslated) {
         out.push(format!(
-            "--allow-untranslated-p2p: {} share a clique although their switch routes guest-physical \
-             addresses untranslated; this is only right with the IOMMU off or identity-mapped for the VM",
-            list(untranslated)
+            "--allow-untranslated-p2p: {untranslated} share a clique although their switch routes guest-physical \
+             addresses untranslated; this is only right with the IOMMU off or identity-mapped for the VM"
         ));
     }
-    let unknown = in_clique(Verdict::AcsUnknown);
-    if !unknown.is_empty() {
+    if let Some(unknown) = cx.in_clique(Verdict::AcsUnknown) {
         let corrupt: BTreeSet<String> = pairs
             .iter()
             .filter(|p| p.clique.is_some() && p.verdict == Verdict::AcsUnknown)
@@ -538,46 +627,39 @@ fn pair_warnings(
             .collect();
         out.push(if corrupt.is_empty() {
             format!(
-                "ACS state unknown for {} (not running as root): the clique assumes the switch \
-                 redirects P2P to the IOMMU; run `vfio-p2p plan` as root to verify",
-                list(unknown)
+                "ACS state unknown for {unknown} (not running as root): the clique assumes the switch \
+                 redirects P2P to the IOMMU; run `vfio-p2p plan` as root to verify"
             )
         } else {
             format!(
                 "ACS state unknown for {}: a corrupt capability list on {} (see the warnings); \
                  the clique assumes the switch redirects P2P to the IOMMU",
-                list(unknown),
+                unknown,
                 corrupt.into_iter().collect::<Vec<_>>().join(", ")
             )
         });
     }
-    let rc = in_clique(Verdict::RootComplex);
-    if !rc.is_empty() {
+    if let Some(rc) = cx.in_clique(Verdict::RootComplex) {
         out.push(format!(
-            "--p2p-level {}: {} do P2P through the root complex (PHB), which is platform-dependent; \
+            "--p2p-level {}: {rc} do P2P through the root complex (PHB), which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
-            list(rc)
         ));
     }
-    let node = in_clique(Verdict::CrossHostBridge);
-    if !node.is_empty() {
+    if let Some(node) = cx.in_clique(Verdict::CrossHostBridge) {
         out.push(format!(
-            "--p2p-level {}: {} do P2P across root complexes, which is platform-dependent; \
+            "--p2p-level {}: {node} do P2P across root complexes, which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
-            list(node)
         ));
     }
-    let sys = in_clique(Verdict::CrossSocket);
-    if !sys.is_empty() {
+    if let Some(sys) = cx.in_clique(Verdict::CrossSocket) {
         let intel = topo
             .devices
             .values()
             .any(|d| d.bridge_role() == Some(BridgeRole::RootPort) && d.vendor == 0x8086);
         out.push(format!(
-            "--p2p-level sys: {} do P2P across sockets, which is unsupported on Intel (QPI/UPI){}",
-            list(sys),
+            "--p2p-level sys: {sys} do P2P across sockets, which is unsupported on Intel (QPI/UPI){}",
             if intel {
                 " — and this host's root ports are Intel's: expect P2P to fail or corrupt data"
             } else {
@@ -585,15 +667,15 @@ fn pair_warnings(
             }
         ));
     }
-    let lonely: Vec<String> = assignments
+    // a GPU without a clique that has a peer it does not reach over NVLink
+    let peers = cx.assignments.len() - 1;
+    let lonely: Vec<String> = cx
+        .assignments
         .iter()
         .filter(|(g, c)| {
             c.is_none()
                 && topo.device(g).is_some_and(Device::is_nvidia_gpu)
-                && pairs
-                    .iter()
-                    .filter(|p| p.a == **g || p.b == **g)
-                    .any(|p| p.nvlink.is_none())
+                && cx.degree.get(*g).copied().unwrap_or(0) < peers
         })
         .map(|(g, _)| g.to_string())
         .collect();
@@ -707,6 +789,105 @@ mod tests {
         assert_eq!(p.cliques.len(), 1);
         assert_eq!(p.pairs[0].verdict, Verdict::Untranslated);
         assert!(p.warnings.iter().any(|w| w.contains("untranslated")));
+    }
+
+    /// Issue 28 (mutation `&&` → `||` in `redirects`): a port redirects peer requests to
+    /// the IOMMU only with both RR and CR; either alone leaves the switch routing
+    /// guest-physical addresses untranslated.
+    #[test]
+    fn rr_only_and_cr_only_ports_are_untranslated() {
+        for (what, half) in [("RR only", AcsFlags::RR), ("CR only", AcsFlags::CR)] {
+            let t = topo(&switches(1, 2, Some(AcsFlags::SV | AcsFlags::UF | half)));
+            let gpus = all_gpus(&t);
+            let err = plan(&t, &gpus, &PlanOptions::default()).unwrap_err();
+            assert!(
+                matches!(err, PlanError::Untranslated { .. }),
+                "{what}: {err}"
+            );
+            let opts = PlanOptions {
+                allow_untranslated_p2p: true,
+                ..PlanOptions::default()
+            };
+            let p = plan(&t, &gpus, &opts).unwrap();
+            assert_eq!(p.pairs[0].verdict, Verdict::Untranslated, "{what}");
+        }
+    }
+
+    /// RR/CR cleared, ATS enabled on both GPUs and DT on the ports: translated requests go
+    /// peer to peer, which is right in a VM; without ATS on one GPU, or without DT, it is
+    /// untranslated again.
+    #[test]
+    fn ats_on_both_gpus_and_dt_on_the_ports_is_direct_translated() {
+        let dt = AcsFlags::SV | AcsFlags::UF | AcsFlags::DT;
+        let with_ats = |acs: u16, ats: [bool; 2]| {
+            let mut t = topo(&switches(1, 2, Some(acs)));
+            let gpus = all_gpus(&t);
+            for (g, on) in gpus.iter().zip(ats) {
+                t.devices.get_mut(g).unwrap().ats = Some(pci_config::AtsCapability {
+                    offset: 0x100,
+                    enabled: on,
+                });
+            }
+            (t, gpus)
+        };
+        let (t, gpus) = with_ats(dt, [true, true]);
+        let p = plan(&t, &gpus, &PlanOptions::default()).unwrap();
+        assert_eq!(p.pairs[0].verdict, Verdict::DirectTranslated);
+        assert_eq!(p.pairs[0].clique, Some(0));
+        assert!(p.pairs[0].explanation.contains("ATS"));
+        for (what, acs, ats) in [
+            ("ATS on one GPU", dt, [true, false]),
+            ("no DT", AcsFlags::SV | AcsFlags::UF, [true, true]),
+        ] {
+            let (t, gpus) = with_ats(acs, ats);
+            let err = plan(&t, &gpus, &PlanOptions::default()).unwrap_err();
+            assert!(
+                matches!(err, PlanError::Untranslated { .. }),
+                "{what}: {err}"
+            );
+        }
+    }
+
+    /// Past PAIR_LIST_MAX_GPUS the plan lists exactly the pairs inside a switch tree (and
+    /// NVLink pairs) and counts the others; the cliques are what they would be anyway.
+    #[test]
+    fn a_huge_selection_lists_the_pairs_inside_switch_trees() {
+        let mut b = HostBuilder::new("15 switch trees of 20 GPUs");
+        b.numa_node(0, "0-7");
+        for d in 0..15u16 {
+            let hb = b.host_bridge(d, 0);
+            let rp = b.root_port(hb, Some(0), Some(ACS_ISOLATING));
+            let (_, dsps) = b.switch(rp, 20, Some(ACS_ISOLATING));
+            for p in dsps {
+                b.endpoint(
+                    Attach::Below(p),
+                    0,
+                    &EndpointSpec::gpu(H100.0, H100.1, 80),
+                    None,
+                );
+            }
+        }
+        let mut t = topo(&b.build());
+        let gpus = all_gpus(&t);
+        assert_eq!(gpus.len(), 300);
+        t.set_nvlink(gpus[0], gpus[299], 4);
+        let options = PlanOptions {
+            p2p_level: PathKind::Phb,
+            ..PlanOptions::default()
+        };
+        let p = plan(&t, &gpus, &options).unwrap();
+        assert_eq!(
+            p.pairs.len(),
+            15 * 190 + 1,
+            "190 pairs per tree and the NVLink pair"
+        );
+        assert_eq!(p.pairs.len() + p.pairs_left_out, 300 * 299 / 2);
+        assert!(p
+            .pairs
+            .iter()
+            .all(|x| x.path <= PathKind::Pxb || x.nvlink.is_some()));
+        assert_eq!(p.cliques.len(), 15);
+        assert!(p.cliques.iter().all(|c| c.gpus.len() == 20));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub fn table(p: &Plan, details: bool) -> String {
         p.cliques.len(),
         p.p2p_level.label().to_lowercase()
     );
-    if !p.pairs.is_empty() {
+    if !p.pairs.is_empty() || p.pairs_left_out > 0 {
         out += &pairs_table(p, details);
     }
     let width = vfio_p2p_style::output_width();
@@ -82,6 +82,13 @@ fn pairs_table(p: &Plan, details: bool) -> String {
         out += &vfio_p2p_style::wrap(&format!(
             "{} more pair(s) not listed: a summary lists at most {SUMMARY_PAIRS} (those sharing a clique first); --details or --format json lists every pair",
             near - listed.len()
+        ), width);
+    }
+    if p.pairs_left_out > 0 {
+        out += &vfio_p2p_style::wrap(&format!(
+            "{} pair(s) across switch trees without NVLink not listed: a plan of more than {} GPUs lists only the pairs inside a switch tree and the NVLink pairs",
+            p.pairs_left_out,
+            crate::decide::plan::PAIR_LIST_MAX_GPUS
         ), width);
     }
     if hidden > 0 {

@@ -34,7 +34,15 @@ pub struct TopoReport {
     /// are known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fabric: Option<Fabric>,
+    /// Why `matrix`, `pcie_matrix` and the NICs' paths are empty: more GPUs and NICs than
+    /// [`MATRIX_MAX_DEVICES`] (the matrix grows with their square).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matrix_left_out: Option<String>,
 }
+
+/// The most GPUs and NICs whose path matrix `topo` shows: 65,536 cells. A host has at most
+/// a few dozen; past this the matrix (n² cells) is left out and the rest stays linear.
+pub const MATRIX_MAX_DEVICES: usize = 256;
 
 #[derive(Debug, Serialize)]
 pub struct GpuEntry {
@@ -94,6 +102,36 @@ impl TopoReport {
         let gpus: Vec<&Device> = topo.gpus().collect();
         let nics: Vec<&Device> = nics(topo).collect();
         let label = |a: &Device, b: &Device| topo.path(&a.bdf, &b.bdf).label();
+        let with_matrix = gpus.len() + nics.len() <= MATRIX_MAX_DEVICES;
+        let matrix_left_out = (!with_matrix).then(|| {
+            format!(
+                "the path matrix is left out: {} GPUs and {} NICs are more than {MATRIX_MAX_DEVICES}; \
+                 `vfio-p2p plan --gpus BDF,…` shows the paths between the GPUs of one VM",
+                gpus.len(),
+                nics.len()
+            )
+        });
+        let matrix_of = |pcie: bool| -> Vec<Vec<String>> {
+            if !with_matrix {
+                return Vec::new();
+            }
+            gpus.iter()
+                .map(|a| {
+                    gpus.iter()
+                        .map(|b| match pcie {
+                            true => topo.path(&a.bdf, &b.bdf).kind.label().to_string(),
+                            false => label(a, b),
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let paths_to = |n: &Device, to: &[&Device]| -> Vec<String> {
+            match with_matrix {
+                true => to.iter().map(|m| label(n, m)).collect(),
+                false => Vec::new(),
+            }
+        };
         TopoReport {
             source: topo.source.clone(),
             gpus: gpus
@@ -127,18 +165,8 @@ impl TopoReport {
                         .collect(),
                 })
                 .collect(),
-            matrix: gpus
-                .iter()
-                .map(|a| gpus.iter().map(|b| label(a, b)).collect())
-                .collect(),
-            pcie_matrix: gpus
-                .iter()
-                .map(|a| {
-                    gpus.iter()
-                        .map(|b| topo.path(&a.bdf, &b.bdf).kind.label().to_string())
-                        .collect()
-                })
-                .collect(),
+            matrix: matrix_of(false),
+            pcie_matrix: matrix_of(true),
             nics: nics
                 .iter()
                 .enumerate()
@@ -149,8 +177,8 @@ impl TopoReport {
                     device: format!("{:#06x}", n.device),
                     numa_node: n.numa_node,
                     driver: n.driver.clone(),
-                    gpu_paths: gpus.iter().map(|g| label(n, g)).collect(),
-                    nic_paths: nics.iter().map(|m| label(n, m)).collect(),
+                    gpu_paths: paths_to(n, &gpus),
+                    nic_paths: paths_to(n, &nics),
                 })
                 .collect(),
             host_bridges: topo
@@ -165,6 +193,7 @@ impl TopoReport {
             config_complete: !partial_config(topo),
             fabric: None,
             warnings: topo.warnings.iter().map(|w| w.to_string()).collect(),
+            matrix_left_out,
         }
     }
 }
@@ -213,7 +242,13 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
             report.source
         );
     } else {
-        out.push_str(&matrix_table(report));
+        match &report.matrix_left_out {
+            Some(why) => out.push_str(&vfio_p2p_style::wrap(
+                &format!("Note: {why}."),
+                vfio_p2p_style::output_width(),
+            )),
+            None => out.push_str(&matrix_table(report)),
+        }
         out.push_str("\n\n");
         out.push_str(&legend());
         if !report.nics.is_empty() {
@@ -399,7 +434,9 @@ fn gib(bytes: u64) -> String {
 /// GPUs and every bridge above them, by host bridge then parent.
 struct GpuTree<'a> {
     topo: &'a Topology,
-    shown: BTreeSet<Bdf>,
+    /// The shown devices under each (host bridge, parent), in BDF order: one lookup per
+    /// node, so the tree of 10,000 GPUs is drawn in n log n.
+    children: BTreeMap<(HostBridgeId, Option<Bdf>), Vec<&'a Device>>,
     gpu_index: BTreeMap<Bdf, usize>,
 }
 
@@ -412,9 +449,16 @@ impl<'a> GpuTree<'a> {
             shown.insert(g.bdf);
             shown.extend(topo.ancestors(&g.bdf).iter().map(|d| d.bdf));
         }
+        let mut children: BTreeMap<(HostBridgeId, Option<Bdf>), Vec<&'a Device>> = BTreeMap::new();
+        for d in shown.iter().filter_map(|b| topo.device(b)) {
+            children
+                .entry((d.host_bridge, d.parent))
+                .or_default()
+                .push(d);
+        }
         GpuTree {
             topo,
-            shown,
+            children,
             gpu_index,
         }
     }
@@ -431,10 +475,11 @@ impl<'a> GpuTree<'a> {
         hb: HostBridgeId,
         parent: Option<Bdf>,
     ) -> impl Iterator<Item = &'a Device> + '_ {
-        self.shown
-            .iter()
-            .filter_map(|b| self.topo.device(b))
-            .filter(move |d| d.host_bridge == hb && d.parent == parent)
+        self.children
+            .get(&(hb, parent))
+            .into_iter()
+            .flatten()
+            .copied()
     }
 
     fn describe(&self, d: &Device) -> String {
@@ -558,7 +603,9 @@ pub fn render_dot(topo: &Topology, report: &TopoReport) -> String {
             out.push_str("  }\n");
         }
     }
-    for (i, a) in report.gpus.iter().enumerate() {
+    // the dashed edges come from the matrix, which a huge host leaves out
+    let with_matrix = report.matrix.len() == report.gpus.len();
+    for (i, a) in report.gpus.iter().enumerate().filter(|_| with_matrix) {
         for (j, b) in report.gpus.iter().enumerate().skip(i + 1) {
             let kind = topo.path(&a.bdf, &b.bdf);
             if kind.nvlink.is_some() || kind.kind <= PathKind::Pxb {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::node;
 use crate::decide::check::{IommuFacts, KernelConfig, KernelOption};
-use crate::read::input_file::read_input_file;
+use crate::read::input_file::{read_attribute_text, read_input_file};
 
 /// The most a kernel `.config` holds, plain or compressed (a distribution kernel's: ~300 KiB).
 const MAX_KERNEL_CONFIG_BYTES: u64 = 4 << 20;
@@ -17,10 +17,12 @@ const MAX_KERNEL_CONFIG_BYTES: u64 = 4 << 20;
 pub fn probe(root: &Path) -> IommuFacts {
     let dev_iommu = root.join("dev/iommu");
     let cdev_dir = root.join("dev/vfio/devices");
-    let kernel_release = fs::read_to_string(root.join("proc/sys/kernel/osrelease"))
-        .ok()
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
+    // an attribute: bounded and non-blocking like every file the tools read
+    let kernel_release =
+        read_attribute_text(&root.join("proc/sys/kernel/osrelease"), "kernel release")
+            .ok()
+            .and_then(|r| Some(r.lines().next()?.trim().to_string()))
+            .filter(|r| !r.is_empty() && !r.contains('/'));
     let kernel_config = kernel_release
         .as_deref()
         .and_then(|r| read_kernel_config(root, r));
@@ -33,23 +35,39 @@ pub fn probe(root: &Path) -> IommuFacts {
 }
 
 /// The running kernel's options: `/boot/config-<release>` (distribution kernels), else
-/// `/proc/config.gz` (CONFIG_IKCONFIG_PROC: kernels built by hand often have only that);
-/// neither readable, or not gzip: unknown.
+/// `/proc/config.gz` (CONFIG_IKCONFIG_PROC: kernels built by hand often have only that).
+/// Unknown (`None`), never "off", unless one of them is a whole kernel config: readable,
+/// within the cap, one gzip member (what the kernel writes) and text with `CONFIG_` lines.
 fn read_kernel_config(root: &Path, release: &str) -> Option<KernelConfig> {
     let boot = root.join(format!("boot/config-{release}"));
     if let Ok(bytes) = read_input_file(&boot, MAX_KERNEL_CONFIG_BYTES, "kernel config") {
-        let text = String::from_utf8_lossy(&bytes);
-        return Some(parse_kernel_config(&text, &boot.display().to_string()));
+        if let Some(c) = whole_config(&bytes, &boot) {
+            return Some(c);
+        }
     }
     let proc = root.join("proc/config.gz");
     let gz = read_input_file(&proc, MAX_KERNEL_CONFIG_BYTES, "kernel config").ok()?;
+    let mut decoder = flate2::bufread::GzDecoder::new(gz.as_slice());
     let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(gz.as_slice())
-        .take(MAX_KERNEL_CONFIG_BYTES)
+    (&mut decoder)
+        .take(MAX_KERNEL_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)
         .ok()?;
-    let text = String::from_utf8_lossy(&bytes);
-    Some(parse_kernel_config(&text, &proc.display().to_string()))
+    if bytes.len() as u64 > MAX_KERNEL_CONFIG_BYTES || !decoder.into_inner().is_empty() {
+        // past the cap, or more after the first member: the option may be there
+        return None;
+    }
+    whole_config(&bytes, &proc)
+}
+
+/// `bytes` parsed when they look like a kernel `.config` (text, `CONFIG_` lines), else `None`.
+fn whole_config(bytes: &[u8], path: &Path) -> Option<KernelConfig> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let configured = text
+        .lines()
+        .any(|l| l.starts_with("CONFIG_") || l.starts_with("# CONFIG_"));
+    (configured && !text.contains('\0'))
+        .then(|| parse_kernel_config(text, &path.display().to_string()))
 }
 
 fn list_cdevs(dir: &Path) -> io::Result<Vec<String>> {
@@ -192,10 +210,57 @@ mod tests {
         fs::write(root.join("proc/sys/kernel/osrelease"), "7.2.13\n").unwrap();
         fs::write(root.join("proc/config.gz"), b"CONFIG_IOMMUFD=y\n").unwrap();
         assert!(probe(root).kernel_config.is_none(), "not gzip: unknown");
-        // 64 MiB of one option line compresses to ~64 KiB: read no further than the cap
+        // 64 MiB of one option line compresses to ~64 KiB: read no further than the cap,
+        // and past it the answer is unknown, not "off"
         let line = "CONFIG_IOMMUFD=y\n".repeat(4 << 20);
         fs::write(root.join("proc/config.gz"), gzip(&line)).unwrap();
-        let c = probe(root).kernel_config.unwrap();
-        assert_eq!(c.iommufd, KernelOption::BuiltIn);
+        assert!(probe(root).kernel_config.is_none(), "past the cap: unknown");
+        let config = "CONFIG_VFIO=m\nCONFIG_IOMMUFD=y\n";
+        fs::write(root.join("proc/config.gz"), gzip(config)).unwrap();
+        assert_eq!(
+            probe(root).kernel_config.unwrap().iommufd,
+            KernelOption::BuiltIn,
+            "one member within the cap: read"
+        );
+    }
+
+    /// Issue 28: `check` said "built without CONFIG_IOMMUFD" where it could not know:
+    /// the option in a second gzip member, after the cap, or a config.gz of zeros; and a
+    /// kernel release that is a FIFO, /dev/zero or huge hung or exhausted memory.
+    #[test]
+    fn a_kernel_config_that_cannot_tell_is_unknown_not_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("proc/sys/kernel")).unwrap();
+        fs::write(root.join("proc/sys/kernel/osrelease"), "7.2.13\n").unwrap();
+        let mut two = gzip("CONFIG_VFIO=m\n");
+        two.extend(gzip("CONFIG_IOMMUFD=y\n"));
+        fs::write(root.join("proc/config.gz"), two).unwrap();
+        assert!(
+            probe(root).kernel_config.is_none(),
+            "a second member: unknown"
+        );
+        let past = "# filler\n".repeat(500_000) + "CONFIG_IOMMUFD=y\n";
+        fs::write(root.join("proc/config.gz"), gzip(&past)).unwrap();
+        assert!(
+            probe(root).kernel_config.is_none(),
+            "after the cap: unknown"
+        );
+        fs::write(root.join("proc/config.gz"), gzip(&"\0".repeat(1 << 20))).unwrap();
+        assert!(probe(root).kernel_config.is_none(), "zeros: unknown");
+        fs::write(root.join("proc/config.gz"), gzip("CONFIG_VFIO=m\n")).unwrap();
+        let os = root.join("proc/sys/kernel/osrelease");
+        for kind in ["fifo", "zero", "huge"] {
+            fs::remove_file(&os).unwrap();
+            match kind {
+                "fifo" => nix::unistd::mkfifo(&os, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                    .unwrap(),
+                "zero" => std::os::unix::fs::symlink("/dev/zero", &os).unwrap(),
+                _ => fs::File::create(&os).unwrap().set_len(1 << 30).unwrap(),
+            }
+            let f = probe(root);
+            assert_eq!(f.kernel_release, None, "{kind}");
+            assert!(f.kernel_config.is_none(), "{kind}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! Parsers for the text of sysfs attribute files. Shared by the live reader and
 //! the flat-JSON snapshot import, so both read the same way.
 
+use std::path::Path;
+
 use super::record::Resource;
 
 /// `0x10de\n` → 0x10de.
@@ -57,6 +59,21 @@ fn hex_u64(f: &str) -> Option<u64> {
 /// `reset_method`: space-separated names (`flr bus`), empty when none.
 pub fn reset_method(text: &str) -> Vec<String> {
     text.split_whitespace().map(str::to_string).collect()
+}
+
+/// The driver a device's `driver` link names: the kernel links it to
+/// `…/bus/pci/drivers/NAME`, so a target whose parent is not `drivers` (a link to itself,
+/// to the device, anywhere else) names no driver; `Err` says what it points at.
+pub fn driver_link(target: &Path) -> Result<String, String> {
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
+    let parent = target.parent().and_then(Path::file_name);
+    match name {
+        Some(n) if parent.is_some_and(|p| p == "drivers") && !n.is_empty() => Ok(n),
+        _ => Err(format!(
+            "points at {}, not at a driver (…/bus/pci/drivers/NAME): no driver read",
+            target.display()
+        )),
+    }
 }
 
 /// `driver_override`: `(null)` when unset.

@@ -40,7 +40,11 @@ pub fn read_binding(root: &Path, bdf: Bdf) -> Result<Binding, ReadError> {
         });
     }
     let driver = match fs::read_link(dir.join("driver")) {
-        Ok(t) => t.file_name().map(|n| n.to_string_lossy().into_owned()),
+        // a link that names no driver (one to itself): refuse to guess what is bound
+        Ok(t) => Some(attr::driver_link(&t).map_err(|why| ReadError::Io {
+            path: dir.join("driver"),
+            source: io::Error::new(io::ErrorKind::InvalidData, why),
+        })?),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
             return Err(ReadError::Io {

@@ -92,7 +92,11 @@ pub fn parse(text: &str, source: &str) -> Result<HostRecord, String> {
             numa_node,
             local_cpulist: get("local_cpulist").as_deref().and_then(attr::cpulist),
             iommu_group,
-            driver: get("driver").map(|d| d.rsplit('/').next().unwrap_or(&d).to_string()),
+            // a name, or the link's target as sysfs has it (then the same rule as sysfs)
+            driver: get("driver").and_then(|d| match d.contains('/') {
+                true => attr::driver_link(Path::new(&d)).ok(),
+                false => Some(d),
+            }),
             driver_override: get("driver_override")
                 .as_deref()
                 .and_then(attr::driver_override),

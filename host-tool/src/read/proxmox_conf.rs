@@ -162,12 +162,14 @@ fn hostpci_line(index: usize, value: &str, conf: &mut ProxmoxConf) -> Result<boo
         match item.split_once('=') {
             None if i == 0 => host = Some(item.trim()),
             Some(("host", v)) => host = Some(v.trim()),
-            Some(("pcie", v)) => pcie = v.trim() == "1",
-            Some(("x-vga", v)) if v.trim() == "1" => conf.facts.hidden_hypervisor.push(
-                HiddenHypervisor::Described(format!(
-                    "hostpci{index}: x-vga=1 (qemu-server then passes -cpu …,kvm=off)"
-                )),
-            ),
+            Some(("pcie", v)) => pcie = proxmox_bool(v) == Some(true),
+            Some(("x-vga", v)) if proxmox_bool(v) == Some(true) => conf
+                .facts
+                .hidden_hypervisor
+                .push(HiddenHypervisor::Described(format!(
+                    "hostpci{index}: x-vga={} (qemu-server then passes -cpu …,kvm=off)",
+                    v.trim()
+                ))),
             Some(("mapping", m)) => conf.warnings.push(format!(
                 "hostpci{index}: mapping={m} names a cluster resource mapping, which this check cannot resolve: give its host address instead to have it checked"
             )),
@@ -209,15 +211,25 @@ fn hostpci_line(index: usize, value: &str, conf: &mut ProxmoxConf) -> Result<boo
 }
 
 fn cpu_line(value: &str, facts: &mut DomainFacts) {
-    if value
-        .split(',')
-        .any(|o| o.trim() == "hidden=1" || o.trim() == "hidden=yes")
-    {
+    let hidden = value.split(',').find_map(|o| {
+        let (k, v) = o.split_once('=')?;
+        (k.trim() == "hidden" && proxmox_bool(v) == Some(true)).then(|| v.trim())
+    });
+    if let Some(v) = hidden {
         facts
             .hidden_hypervisor
             .push(HiddenHypervisor::Described(format!(
-                "cpu: {value} (hidden=1)"
+                "cpu: {value} (hidden={v})"
             )));
+    }
+}
+
+/// A boolean as Proxmox's schema takes it: 1/on/yes/true or 0/off/no/false, in any case.
+fn proxmox_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Some(true),
+        "0" | "off" | "no" | "false" => Some(false),
+        _ => None,
     }
 }
 
@@ -376,6 +388,32 @@ snaptime: 1457170803
         assert!(c.warnings.is_empty());
         let c = parse_proxmox_conf("hostpci0: 05:00.0,pcie=1\n", "x.conf").unwrap();
         assert!(c.warnings[0].contains("machine: q35"));
+    }
+
+    /// Issue 28: Proxmox's booleans are 1/on/yes/true in any case, for every flag read.
+    #[test]
+    fn every_proxmox_boolean_spelling() {
+        for yes in ["1", "on", "yes", "true", "YES", "True", "On"] {
+            let c = parse_proxmox_conf(
+                &format!("cpu: host,hidden={yes}\nhostpci0: 05:00.0,x-vga={yes},pcie={yes}\n"),
+                "x.conf",
+            )
+            .unwrap();
+            assert_eq!(c.facts.hidden_hypervisor.len(), 2, "{yes}");
+            assert!(
+                c.warnings.len() == 1 && c.warnings[0].contains("machine: q35"),
+                "{yes}: pcie read as on: {:?}",
+                c.warnings
+            );
+        }
+        for no in ["0", "off", "no", "false", "NO", "False"] {
+            let c = parse_proxmox_conf(
+                &format!("cpu: host,hidden={no}\nhostpci0: 05:00.0,x-vga={no}\n"),
+                "x.conf",
+            )
+            .unwrap();
+            assert!(c.facts.hidden_hypervisor.is_empty(), "{no}");
+        }
     }
 
     #[test]

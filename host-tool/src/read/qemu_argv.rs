@@ -1,6 +1,7 @@
 //! A QEMU command line as `qemu-wrap` receives it (from libvirt, Nova's libvirt, a script):
 //! its `vfio-pci` devices, in either `-device` syntax, and the cliques already set on them
-//! (`x-nv-gpudirect-clique` in the device or a `-set device.ID.x-nv-gpudirect-clique=K`).
+//! (`x-nv-gpudirect-clique` in the device, a `-set device.ID.x-nv-gpudirect-clique=K`, or a
+//! `-global vfio-pci.x-nv-gpudirect-clique=K` that every such device without its own takes).
 //! Positions are kept so the argv can be edited in place and passed on otherwise unchanged.
 
 use std::collections::BTreeMap;
@@ -17,17 +18,36 @@ pub enum DeviceSyntax {
     KeyValue,
 }
 
+/// The device types that are QEMU's vfio-pci (`vfio-pci-nohotplug` is its subclass with
+/// the same properties, `x-nv-gpudirect-clique` among them).
+pub const VFIO_PCI_DRIVERS: [&str; 2] = ["vfio-pci", "vfio-pci-nohotplug"];
+
+/// Where a device's clique comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CliqueSource {
+    /// The device's own property.
+    Device,
+    /// `-set device.ID.x-nv-gpudirect-clique=K`.
+    Set,
+    /// `-global DRIVER.x-nv-gpudirect-clique=K` (the default of every such device).
+    Global,
+}
+
 /// One `vfio-pci` device of the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VfioDevice {
     /// Index in the argv (program excluded) of the `-device` value.
     pub arg_index: usize,
     pub syntax: DeviceSyntax,
+    /// `vfio-pci` or `vfio-pci-nohotplug`.
+    pub driver: String,
     pub id: Option<String>,
     /// `host=` or the address ending `sysfsdev=`; `None` when neither names one.
     pub host: Option<Bdf>,
-    /// The clique value already set, in the device or through `-set`.
+    /// The clique value already set, in the device, through `-set` or `-global`.
     pub clique: Option<String>,
+    /// Where `clique` comes from.
+    pub clique_source: Option<CliqueSource>,
 }
 
 /// What `qemu-wrap` needs from the command line.
@@ -42,11 +62,12 @@ pub struct QemuArgvFacts {
 pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
     let mut facts = QemuArgvFacts::default();
     let mut set_cliques: BTreeMap<String, String> = BTreeMap::new();
+    let mut global_cliques: BTreeMap<String, String> = BTreeMap::new();
     let mut i = 0;
     while i < args.len() {
         let (opt, value, index) = match args[i].split_once('=') {
             // `--device=…` / `-device=…` are accepted by QEMU's option parser too
-            Some((o, v)) if o == "-device" || o == "--device" => (o, Some(v), i),
+            Some((o, v)) if OPTIONS_WITH_VALUE.contains(&o) => (o, Some(v), i),
             _ => (args[i].as_str(), args.get(i + 1).map(String::as_str), i + 1),
         };
         let consumed = if index == i { 1 } else { 2 };
@@ -61,6 +82,11 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
                     set_cliques.insert(id, k);
                 }
             }
+            ("-global" | "--global", Some(v)) => {
+                if let Some((driver, k)) = global_clique(v) {
+                    global_cliques.insert(driver, k);
+                }
+            }
             _ => {
                 i += 1;
                 continue;
@@ -69,11 +95,46 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
         i += consumed;
     }
     for d in &mut facts.vfio {
+        if d.clique.is_some() {
+            continue;
+        }
         if let Some(k) = d.id.as_ref().and_then(|id| set_cliques.get(id)) {
-            d.clique.get_or_insert_with(|| k.clone());
+            d.clique = Some(k.clone());
+            d.clique_source = Some(CliqueSource::Set);
+        } else if let Some(k) = global_cliques
+            .get(&d.driver)
+            .or_else(|| global_cliques.get(VFIO_PCI_DRIVERS[0]))
+        {
+            // a global of vfio-pci applies to its subclass too, after the subclass's own
+            d.clique = Some(k.clone());
+            d.clique_source = Some(CliqueSource::Global);
         }
     }
     facts
+}
+
+/// Options whose value may also follow an `=` in the same argument.
+const OPTIONS_WITH_VALUE: [&str; 6] = [
+    "-device", "--device", "-set", "--set", "-global", "--global",
+];
+
+/// `vfio-pci.x-nv-gpudirect-clique=K` or `driver=vfio-pci,property=…,value=K` (a
+/// `-global` value) → (driver, K), for the vfio-pci drivers only.
+fn global_clique(v: &str) -> Option<(String, String)> {
+    let (driver, property, value) = if v.contains("property=") {
+        let kv = key_values(&format!("global,{v}"));
+        (
+            kv.get("driver")?.clone(),
+            kv.get("property")?.clone(),
+            kv.get("value")?.clone(),
+        )
+    } else {
+        let (path, value) = v.split_once('=')?;
+        let (driver, property) = path.rsplit_once('.')?;
+        (driver.to_string(), property.to_string(), value.to_string())
+    };
+    (property == CLIQUE_PROPERTY && VFIO_PCI_DRIVERS.contains(&driver.as_str()))
+        .then_some((driver, value))
 }
 
 /// `device.ID.x-nv-gpudirect-clique=K` (a `-set` value) → (ID, K).
@@ -105,19 +166,32 @@ fn device(v: &str, arg_index: usize) -> Result<Option<VfioDevice>, String> {
     } else {
         (DeviceSyntax::KeyValue, key_values(v))
     };
-    if props.get("driver").map(String::as_str) != Some("vfio-pci") {
+    let Some(driver) = props
+        .get("driver")
+        .filter(|d| VFIO_PCI_DRIVERS.contains(&d.as_str()))
+    else {
         return Ok(None);
-    }
+    };
+    // `sysfsdev=` is a path: QEMU takes a trailing slash, so does this
     let host = props
         .get("host")
         .or_else(|| props.get("sysfsdev"))
-        .and_then(|h| h.rsplit('/').next()?.parse::<Bdf>().ok());
+        .and_then(|h| {
+            h.trim_end_matches('/')
+                .rsplit('/')
+                .next()?
+                .parse::<Bdf>()
+                .ok()
+        });
+    let clique = props.get(CLIQUE_PROPERTY).cloned();
     Ok(Some(VfioDevice {
         arg_index,
         syntax,
+        driver: driver.clone(),
         id: props.get("id").cloned(),
         host,
-        clique: props.get(CLIQUE_PROPERTY).cloned(),
+        clique_source: clique.as_ref().map(|_| CliqueSource::Device),
+        clique,
     }))
 }
 
@@ -206,6 +280,43 @@ mod tests {
         );
         assert_eq!(f.unreadable.len(), 1);
         assert!(f.unreadable[0].starts_with("-device {broken: not a JSON object"));
+    }
+
+    /// Issue 28: a trailing slash on `sysfsdev=`, the `vfio-pci-nohotplug` subclass and a
+    /// `-global` clique (both spellings) are read as QEMU reads them.
+    #[test]
+    fn sysfsdev_slash_nohotplug_and_global() {
+        let f = read_qemu_argv(&argv(&[
+            "-global",
+            "vfio-pci.x-nv-gpudirect-clique=5",
+            "-device",
+            "vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=a",
+            "-device",
+            "vfio-pci-nohotplug,host=0000:06:00.0,id=b,x-nv-gpudirect-clique=1",
+            "--global=driver=vfio-pci-nohotplug,property=x-nv-gpudirect-clique,value=7",
+            "-device",
+            "vfio-pci-nohotplug,host=0000:07:00.0,id=c",
+            "-global",
+            "e1000.x-nv-gpudirect-clique=9",
+        ]));
+        let seen: Vec<String> = f
+            .vfio
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} {:?} {:?} {:?}",
+                    d.driver, d.host, d.clique, d.clique_source
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                "vfio-pci Some(0000:05:00.0) Some(\"5\") Some(Global)",
+                "vfio-pci-nohotplug Some(0000:06:00.0) Some(\"1\") Some(Device)",
+                "vfio-pci-nohotplug Some(0000:07:00.0) Some(\"7\") Some(Global)",
+            ]
+        );
     }
 
     #[test]

@@ -240,7 +240,7 @@ fn read_device(
     };
     let numa_node = r.parsed("numa_node", attr::numa_node);
     let local_cpulist = r.optional("local_cpulist", attr::cpulist, "");
-    let driver = r.link_name("driver");
+    let driver = r.driver();
     // `(null)` (no override) parses to None and is not worth a warning.
     let driver_override = r.parsed("driver_override", |t| Ok(attr::driver_override(t)));
     let resources = r
@@ -466,12 +466,17 @@ impl<'a> AttrReader<'a> {
     /// copied tree is an error instead of a hang.
     fn read(&mut self, name: &str) -> io::Result<usize> {
         let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
-        let file = fs::File::from(nix::fcntl::openat(
-            self.dir_fd()?,
-            name,
-            flags,
-            Mode::empty(),
-        )?);
+        let fd = nix::fcntl::openat(self.dir_fd()?, name, flags, Mode::empty()).map_err(|e| {
+            match e {
+                // O_NOFOLLOW on a symlink: say what it is, not "too many levels of links"
+                nix::errno::Errno::ELOOP => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "not a regular file but a symbolic link (sysfs attributes are regular files)",
+                ),
+                e => io::Error::from(e),
+            }
+        })?;
+        let file = fs::File::from(fd);
         if !file.metadata()?.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -492,12 +497,17 @@ impl<'a> AttrReader<'a> {
         }
     }
 
-    /// The last component of symlink `name` (`driver` → `nvidia`).
-    fn link_name(&self, name: &str) -> Option<String> {
-        let target = nix::fcntl::readlinkat(self.dir_fd().ok()?, name).ok()?;
-        Path::new(&target)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
+    /// The driver the `driver` link names (`…/drivers/nvidia` → `nvidia`); a link that
+    /// points elsewhere is a warning, not a driver.
+    fn driver(&mut self) -> Option<String> {
+        let target = nix::fcntl::readlinkat(self.dir_fd().ok()?, "driver").ok()?;
+        match attr::driver_link(Path::new(&target)) {
+            Ok(name) => Some(name),
+            Err(why) => {
+                self.warn("driver", why);
+                None
+            }
+        }
     }
 
     fn warn(&mut self, name: &str, message: String) {

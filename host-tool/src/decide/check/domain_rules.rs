@@ -15,7 +15,7 @@ use crate::model::{PathKind, Topology};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// The fix for a domain whose cliques are missing or wrong.
-const PATCH_FIX: &str =
+pub const PATCH_FIX: &str =
     "run `virsh dumpxml DOMAIN | vfio-p2p libvirt patch - > DOMAIN.xml && virsh define DOMAIN.xml`";
 
 fn fail(
@@ -125,7 +125,40 @@ fn gpu_cliques(
         }
     };
     out.extend(missing_cliques(&planned, gpus, &has, fix));
+    out.extend(split_cliques(&planned, &has, fix));
     out.extend(wrong_cliques(&planned, &has, p2p_level, fix));
+    out
+}
+
+/// GPUs the plan puts in one clique that the domain gives different cliques: the driver
+/// then keeps P2P off between them, as surely as if the clique were missing.
+fn split_cliques(planned: &Plan, has: &BTreeMap<Bdf, u8>, fix: &str) -> Vec<CheckResult> {
+    let mut out = Vec::new();
+    for c in &planned.cliques {
+        let mut given: BTreeMap<u8, Vec<String>> = BTreeMap::new();
+        for g in &c.gpus {
+            if let Some(k) = has.get(g) {
+                given.entry(*k).or_default().push(g.to_string());
+            }
+        }
+        if given.len() < 2 {
+            continue;
+        }
+        let split: Vec<String> = given
+            .iter()
+            .map(|(k, gpus)| format!("{} in clique {k}", gpus.join(", ")))
+            .collect();
+        out.push(fail(
+            "clique-split",
+            Some(c.gpus.iter().map(Bdf::to_string).collect::<Vec<_>>().join(" ")),
+            format!(
+                "the plan puts these GPUs in one clique ({}), but the domain has {}: P2P will be off between them in the guest",
+                c.id,
+                split.join("; ")
+            ),
+            Some(fix.into()),
+        ));
+    }
     out
 }
 

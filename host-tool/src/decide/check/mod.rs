@@ -13,7 +13,7 @@ mod host_rules;
 mod report;
 mod vm_rules;
 
-pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs};
+pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs, PATCH_FIX};
 pub use fabric_rules::fabric_checks;
 pub use facts::{
     HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe, NotProbed,
