@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cross_process;
 pub mod cuda;
 pub mod expect;
+pub mod fabric;
 pub mod guest_topo;
 pub mod kernels;
 pub mod measure;

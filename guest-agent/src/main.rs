@@ -18,7 +18,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);
@@ -167,7 +167,23 @@ fn run_expect(
 ) -> Result<u8, CannotRun> {
     let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
     let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
-    let r = expect::compare(&e, &source, &scan);
+    let mut r = expect::compare(&e, &source, &scan);
+    if fabric::planned(&e) {
+        match Nvml::open() {
+            Some(nvml) => {
+                let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
+                r.fabric = Some(fabric::judge(&fabric::read(&nvml, &bdfs), Some(&e)));
+            }
+            None => {
+                r.fabric_unchecked = Some(
+                    "the expectation plans an NVSwitch fabric (module ids, FM partition) but \
+                     NVML (libnvidia-ml.so.1) cannot be loaded: install the NVIDIA driver in \
+                     the guest"
+                        .into(),
+                )
+            }
+        }
+    }
     emit(f, &r, render::expect)?;
     let code = match (r.mismatches(), r.unchecked()) {
         (0, 0) => 0,
@@ -177,6 +193,8 @@ fn run_expect(
     deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
     if r.mismatches() > 0 {
         Ok(1)
+    } else if let Some(why) = &r.fabric_unchecked {
+        Err(CannotRun(anyhow::anyhow!("{why}")))
     } else if r.unchecked() > 0 {
         let unread: Vec<String> = scan
             .gpus
@@ -300,7 +318,11 @@ fn run_report(
             let topo = expectation
                 .as_ref()
                 .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
-            (nvml, topo)
+            let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
+                let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();
+                fabric::judge(&fabric::read(n, &bdfs), expectation.as_ref().map(|(e, _)| e))
+            });
+            (nvml, (topo, fabric))
         });
         let gpus = open_gpus();
         let nvml_topo = beside
@@ -308,6 +330,7 @@ fn run_report(
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         (gpus, nvml_topo)
     });
+    let (topo, fabric_report) = topo;
     let gpus = gpus?;
     phases.lap("CUDA contexts (a thread per GPU; NVML beside)", started);
     let vm = in_vm();
@@ -347,6 +370,7 @@ fn run_report(
         scan,
         expect: expect_report,
         topo,
+        fabric: fabric_report,
         gpus: gpus.iter().map(GpuInfo::from).collect(),
         pairs: reports,
         baseline: None,

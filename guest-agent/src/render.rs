@@ -4,6 +4,7 @@ use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
+use crate::fabric::FabricReport;
 use crate::guest_topo::TopoReport;
 use crate::measure::{RoundRecord, SimulatedRun};
 use crate::nccl_topo::NcclTopoCheck;
@@ -104,8 +105,61 @@ pub fn expect(e: &ExpectReport) -> String {
     for g in e.gpus.iter().filter(|g| g.status != GpuStatus::Ok) {
         out.push_str(&format!("{}\n", g.message));
     }
+    if let Some(f) = &e.fabric {
+        out.push_str(&fabric(f));
+    }
+    if let Some(why) = &e.fabric_unchecked {
+        out.push_str(&fit(&format!("fabric not checked: {why}")));
+    }
     for b in &e.unexpected {
         out.push_str(&format!("note: GPU {b} is not in the host's expectation\n"));
+    }
+    out
+}
+
+/// Each GPU's module id and fabric registration, against the plan when there is one.
+pub fn fabric(f: &FabricReport) -> String {
+    let mut t = table(&[
+        "GPU", "module", "planned", "fabric", "status", "clique", "check",
+    ]);
+    for g in &f.gpus {
+        let found = &g.found;
+        t.add_row(vec![
+            found.bdf.to_string(),
+            found.module_id.map_or_else(|| "?".into(), |m| m.to_string()),
+            opt(&g.expected_module_id),
+            found
+                .state
+                .map_or_else(|| "?".into(), crate::fabric::state_name),
+            found.status.map_or_else(
+                || "-".into(),
+                |s| if s == 0 { "success".into() } else { format!("error {s}") },
+            ),
+            opt(&found.clique_id),
+            if g.ok { "ok" } else { "DIFFERS" }.into(),
+        ]);
+    }
+    let plan = match &f.planned {
+        Some(p) => format!(
+            "{}{}{}",
+            p.model,
+            p.partition_id
+                .map_or_else(String::new, |id| format!(", FM partition {id}")),
+            p.fm_version
+                .as_deref()
+                .map_or_else(String::new, |v| format!(", FM {v}"))
+        ),
+        None if f.gpus.iter().any(|g| g.expected_module_id.is_some()) => {
+            "module ids only".into()
+        }
+        None => "none planned".into(),
+    };
+    let mut out = format!(
+        "NVSwitch fabric (NVML; driver {}; plan: {plan})\n{t}\n",
+        f.driver_version.as_deref().unwrap_or("?")
+    );
+    for p in &f.problems {
+        out.push_str(&fit(p));
     }
     out
 }
@@ -292,6 +346,9 @@ pub fn report(r: &Report) -> String {
     }
     if let Some(t) = &r.topo {
         out.push_str(&topo(t, "the host's expectation"));
+    }
+    if let Some(f) = &r.fabric {
+        out.push_str(&fabric(f));
     }
     let peers_: Vec<_> = r.pairs.iter().map(|p| p.peer.clone()).collect();
     out.push_str(&peers(&peers_));

@@ -63,6 +63,10 @@ pub struct Report {
     /// Path labels in the guest against the host's (with an expectation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topo: Option<TopoReport>,
+    /// Each GPU's module id and NVSwitch fabric registration (NVML), judged against the
+    /// planned partition when the expectation has one (absent without NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<crate::fabric::FabricReport>,
     pub gpus: Vec<GpuInfo>,
     pub pairs: Vec<PairReport>,
     pub baseline: Option<Vec<BaselineRatio>>,
@@ -181,7 +185,8 @@ impl Report {
     /// Exit status: 0 all as expected, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0)
-            && self.topo.as_ref().is_none_or(|t| t.mismatches() == 0);
+            && self.topo.as_ref().is_none_or(|t| t.mismatches() == 0)
+            && self.fabric.as_ref().is_none_or(|f| f.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
         let nccl_ok = self.nccl_topo.as_ref().is_none_or(|c| c.ok());
         let across_ok = self
