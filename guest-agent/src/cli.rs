@@ -93,6 +93,12 @@ pub enum Command {
         /// Size of the checked buffer, in MiB.
         #[arg(long, default_value_t = 64)]
         mib: usize,
+        /// A test aid (self-test): after the writes land, corrupt word WORD on the
+        /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
+        /// pair; the check must report exactly the destination's words. Comma-separated or
+        /// repeated.
+        #[arg(long, value_name = "dst:WORD|src:WORD")]
+        inject: Vec<String>,
     },
     /// Latency and bandwidth of every pair, with P2P and with it disabled.
     Bench {
@@ -163,8 +169,14 @@ pub enum Command {
         #[arg(long)]
         cross_process: bool,
         /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
-        #[arg(long, conflicts_with_all = ["quick", "expect", "send"])]
+        #[arg(long, conflicts_with_all = ["quick", "expect", "send", "inject"])]
         from: Option<PathBuf>,
+        /// A test aid (self-test): after the writes land, corrupt word WORD on the
+        /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
+        /// pair; the check must report exactly the destination's words. Comma-separated or
+        /// repeated.
+        #[arg(long, value_name = "dst:WORD|src:WORD")]
+        inject: Vec<String>,
         #[command(flatten)]
         send: SendArgs,
     },

@@ -18,6 +18,7 @@ use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
+use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
 
 /// A failure that means the command could not do its job (exit 2).
@@ -105,7 +106,15 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             emit(f, &check, render::nccl_topo)?;
             Ok(u8::from(!check.ok()))
         }
-        Command::Verify { sysfs, expect, mib } => run_verify_command(f, sysfs, expect, *mib),
+        Command::Verify {
+            sysfs,
+            expect,
+            mib,
+            inject,
+        } => {
+            let inject = parse_inject(inject, mib * (1 << 20) / 4)?;
+            run_verify_command(f, sysfs, expect, (*mib, &inject))
+        }
         Command::Bench {
             quick,
             simulate,
@@ -138,7 +147,10 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             cross_process,
             from,
             send,
+            inject,
         } => {
+            let words = if *quick { 2 << 20 } else { 16 << 20 };
+            let inject = parse_inject(inject, words)?;
             let baseline = baseline
                 .as_deref()
                 .map(|p| load_report(p, "baseline"))
@@ -150,7 +162,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     sysfs,
                     expect,
                     (*quick, cli.verbose, *cross_process),
-                    baseline.as_ref(),
+                    (baseline.as_ref(), &inject),
                     send,
                 ),
             }
@@ -258,7 +270,7 @@ fn run_verify_command(
     f: Format,
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
-    mib: usize,
+    (mib, inject): (usize, &Injection),
 ) -> Result<u8, CannotRun> {
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
     let gpus = open_gpus()?;
@@ -269,7 +281,7 @@ fn run_verify_command(
     let words = mib * (1 << 20) / 4;
     let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
-    measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
+    measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     let results: Vec<_> = reports.iter().filter_map(|r| r.verify.clone()).collect();
     judge_all(&mut reports, in_vm());
     emit(f, &results, |r| render::verify(r))?;
@@ -296,7 +308,7 @@ fn run_report(
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
     (quick, verbose, across): (bool, bool, bool),
-    baseline: Option<&Report>,
+    (baseline, inject): (Option<&Report>, &Injection),
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
@@ -343,7 +355,8 @@ fn run_report(
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
     let sides = (gpus.as_slice(), modules.as_slice());
     let words = if quick { 2 << 20 } else { 16 << 20 };
-    let verify_walls = measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
+    let verify_walls =
+        measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     phases.lap("verify (one-way writes checked)", started);
     let plan = if quick { Plan::QUICK } else { Plan::FULL };
     let ran = (rounds.as_slice(), Some(verify_walls.as_slice()));
@@ -421,6 +434,17 @@ fn deliver(
             Ok(())
         }
     }
+}
+
+/// `--inject` items, each word within the `words` words checked.
+fn parse_inject(items: &[String], words: usize) -> Result<Injection, CannotRun> {
+    let i = Injection::parse(items).map_err(anyhow::Error::msg)?;
+    if let Some(w) = i.out_of_range(words as u64) {
+        return Err(CannotRun(anyhow::anyhow!(
+            "--inject: word {w} is beyond the {words} words each pair's check writes"
+        )));
+    }
+    Ok(i)
 }
 
 fn in_vm() -> bool {

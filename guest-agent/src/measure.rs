@@ -140,7 +140,7 @@ pub fn verify_by_rounds(
     gpus: &[Gpu],
     modules: &[Module<'_>],
     reports: &mut [PairReport],
-    words: usize,
+    (words, inject): (usize, &verify::Injection),
     rounds: &[RoundPlan],
 ) -> Result<Vec<f64>> {
     let enabled = Enabled::of(gpus, reports);
@@ -151,7 +151,12 @@ pub fn verify_by_rounds(
             .into_iter()
             .map(|(s, d, i)| {
                 let v =
-                    verify::verify_pair((&gpus[s], &modules[s]), (&gpus[d], &modules[d]), words)
+                    verify::verify_pair(
+                    (&gpus[s], &modules[s]),
+                    (&gpus[d], &modules[d]),
+                    words,
+                    inject,
+                )
                         .with_context(|| format!("verifying {}", labels[i]))?;
                 Ok((i, v))
             })

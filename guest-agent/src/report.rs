@@ -350,8 +350,16 @@ pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) ->
         if !v.ce_copy.ok() {
             broken.push(lost("copy-engine copy", &v.ce_copy));
         }
+        let note = v.injected.as_ref().map(|i| self_test_note(v, i));
         if !broken.is_empty() {
-            return (false, format!("P2P BROKEN: {}", broken.join("; ")));
+            let mut line = format!("P2P BROKEN: {}", broken.join("; "));
+            if let Some(n) = note {
+                line.push_str(&format!("; {n}"));
+            }
+            return (false, line);
+        }
+        if let Some(n) = note {
+            return (true, format!("P2P OK; {n}"));
         }
     }
     if p.bench.as_ref().is_some_and(|b| b.pingpong_timed_out) {
@@ -400,6 +408,41 @@ pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) ->
     }
     line.push_str(&nvlink_note);
     (ok, line)
+}
+
+/// What `--inject` (a self-test) corrupted and whether the check saw exactly the
+/// destination's words: each write's check must count every injected destination word
+/// and name the first, and never a source word.
+fn self_test_note(v: &crate::verify::VerifyResult, i: &crate::verify::Injection) -> String {
+    let mut dst = i.dst_words.clone();
+    dst.sort_unstable();
+    dst.dedup();
+    let exact = |c: &crate::verify::WriteCheck| {
+        c.bad_words == dst.len() as u64 && c.first_bad == dst.first().copied()
+    };
+    let list = |w: &[u64]| {
+        w.iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let verdict = if exact(&v.kernel_write) && exact(&v.ce_copy) {
+        "self-test passed"
+    } else {
+        "SELF-TEST FAILED"
+    };
+    let src = if i.src_words.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", source word(s) {} (not P2P failures: the check reads the destination)",
+            list(&i.src_words)
+        )
+    };
+    format!(
+        "--inject corrupted destination word(s) [{}]{src}: {verdict}",
+        list(&dst)
+    )
 }
 
 /// Whether the CPU reports a hypervisor (the `hypervisor` CPUID flag in /proc/cpuinfo).
