@@ -67,6 +67,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         Command::Scan(s) => {
             let scan = sysfs_scan::scan(&s.sysfs_root)?;
             emit(f, &scan, render::scan)?;
+            if f == Format::Table && !s.sysfs_root.join(expect::FW_CFG_PATH).exists() {
+                print!("{}", render::no_expectation_note());
+            }
             Ok(0)
         }
         Command::Expect {
@@ -234,9 +237,28 @@ fn topo_report(root: &Path, e: &Expectation, nvml: Option<&Nvml>) -> guest_topo:
     r
 }
 
-/// `topo`: each pair's path label in the guest against the host's (no CUDA needed).
+/// `topo`: each pair's path label in the guest against the host's (no CUDA needed); with
+/// no expectation, the guest's own view (labels, NVML's labels, module ids and fabric).
 fn run_topo(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
-    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let Some((e, source)) = optional_expectation(expect, &sysfs.sysfs_root)? else {
+        let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+        let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
+        let nvml = Nvml::open();
+        let mut pairs = guest_topo::guest_view(&sysfs.sysfs_root, &bdfs);
+        if let Some(n) = &nvml {
+            pairs.add_nvml(|a, b| n.common_ancestor(a, b));
+        }
+        let view = render::GuestView {
+            pairs,
+            fabric: nvml
+                .as_ref()
+                .map(|n| fabric::judge(&fabric::read(n, &bdfs), None)),
+            expectation: None,
+            an_expectation_adds: render::EXPECTATION_ADDS.into(),
+        };
+        emit(f, &view, render::guest_view)?;
+        return Ok(0);
+    };
     let r = topo_report(&sysfs.sysfs_root, &e, Nvml::open().as_ref());
     emit(f, &r, |r| render::topo(r, &source.display().to_string()))?;
     Ok(u8::from(r.mismatches() > 0))

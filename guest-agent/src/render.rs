@@ -117,6 +117,54 @@ pub fn expect(e: &ExpectReport) -> String {
     out
 }
 
+/// What an expectation adds to `scan` and `topo`, in words.
+pub const EXPECTATION_ADDS: &str = "the host's plan for this VM: the clique each GPU must carry \
+    (`expect`), the host's PCIe label of each pair to compare with the guest's (`topo`), \
+    which pairs must have P2P and over how many NVLinks (`report`), and on an NVSwitch board \
+    the Fabric Manager partition, its module ids and FM version. The host writes it to QEMU's \
+    fw_cfg (`vfio-p2p gen`); or give a copy with --expect FILE";
+
+/// `scan`'s closing note when the host's expectation is not there.
+pub fn no_expectation_note() -> String {
+    fit(&format!(
+        "note: no expectation from the host (fw_cfg opt/vfio-p2p/expect.json); one would add {EXPECTATION_ADDS}"
+    ))
+}
+
+/// `topo` with no expectation: the guest's own view.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GuestView {
+    /// Every pair of GPUs with its guest (sysfs) and NVML label.
+    pub pairs: TopoReport,
+    /// Module ids and fabric registration (NVML), nothing judged.
+    pub fabric: Option<FabricReport>,
+    /// Always `null` here: no expectation was found.
+    pub expectation: Option<String>,
+    pub an_expectation_adds: String,
+}
+
+pub fn guest_view(v: &GuestView) -> String {
+    let mut tb = table(&["GPU", "GPU", "guest", "NVML"]);
+    for p in &v.pairs.pairs {
+        tb.add_row(vec![
+            p.a.to_string(),
+            p.b.to_string(),
+            opt(&p.guest),
+            opt(&p.nvml),
+        ]);
+    }
+    let mut out = format!("PCIe path labels in this guest (no expectation: nothing compared)\n{tb}\n");
+    for w in &v.pairs.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    match &v.fabric {
+        Some(f) => out.push_str(&fabric(f)),
+        None => out.push_str("NVML not loaded: module ids and fabric state unknown\n"),
+    }
+    out.push_str(&fit(&format!("an expectation would add {}", v.an_expectation_adds)));
+    out
+}
+
 /// Each GPU's module id and fabric registration, against the plan when there is one.
 pub fn fabric(f: &FabricReport) -> String {
     let mut t = table(&[
