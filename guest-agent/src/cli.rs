@@ -152,6 +152,28 @@ pub enum Command {
         #[arg(long)]
         socket: PathBuf,
     },
+    /// One GPU's child of `cross-process` (started by it, not by hand): owner of a buffer
+    /// per handle kind with a slot per other GPU, writer into every other GPU's.
+    #[command(hide = true)]
+    CrossProcessGpu {
+        /// This child's GPU, an index into --gpus.
+        #[arg(long)]
+        index: usize,
+        /// Every GPU of the check, comma-separated PCI addresses.
+        #[arg(long, value_delimiter = ',')]
+        gpus: Vec<pci_config::Bdf>,
+        /// Handle kinds, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = ["posix-fd", "legacy"])]
+        kinds: Vec<String>,
+        #[arg(long)]
+        mib: usize,
+        /// Seconds the whole check may take.
+        #[arg(long)]
+        limit_s: u64,
+        /// Where the children's sockets are.
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
     Report {

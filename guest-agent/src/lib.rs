@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cross_gpu;
 pub mod cross_process;
 pub mod cuda;
 pub mod expect;

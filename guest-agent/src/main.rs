@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
+use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::{self, HandleKind};
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
@@ -92,6 +93,20 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             socket,
         } => {
             cross_process::run_child(role, *gpu, kind, *mib, socket).map_err(anyhow::Error::msg)?;
+            Ok(0)
+        }
+        Command::CrossProcessGpu {
+            index,
+            gpus,
+            kinds,
+            mib,
+            limit_s,
+            dir,
+        } => {
+            let kinds: Vec<HandleKind> = kinds.iter().filter_map(|k| HandleKind::parse(k)).collect();
+            let limit = std::time::Duration::from_secs(*limit_s);
+            cross_gpu::run_child(*index, gpus, &kinds, (*mib, dir, limit))
+                .map_err(anyhow::Error::msg)?;
             Ok(0)
         }
         Command::NcclTopo { file, sysfs } => {
@@ -387,9 +402,8 @@ fn run_report(
     let cross = if across {
         let exe = std::env::current_exe().context("finding this program to start its children")?;
         let bdfs: Vec<_> = gpus.iter().map(|g| g.bus_id).collect();
-        let pairs = cross_process::pairs_to_check(&bdfs, false).map_err(anyhow::Error::msg)?;
-        let r = cross_process::run_all(&exe, &pairs, &HandleKind::ALL, 64);
-        phases.lap("cross-process (children per pair)", started);
+        let r = cross_gpu::run_all(&exe, &bdfs, &HandleKind::ALL, 64, CROSS_PROCESS_LIMIT);
+        phases.lap("cross-process (a child per GPU)", started);
         Some(r)
     } else {
         None
@@ -510,12 +524,26 @@ fn run_cross_process(f: Format, handle: &str, mib: usize, same_gpu: bool) -> Res
         Some(k) => vec![k],
         None => HandleKind::ALL.to_vec(),
     };
-    let gpus: Vec<pci_config::Bdf> = peers::open_gpus()?.iter().map(|g| g.bus_id).collect();
+    let gpus = cuda_bus_ids()?;
     let pairs = cross_process::pairs_to_check(&gpus, same_gpu).map_err(anyhow::Error::msg)?;
     let exe = std::env::current_exe().context("finding this program to start its children")?;
-    let results = cross_process::run_all(&exe, &pairs, &kinds, mib);
+    let results = if same_gpu {
+        cross_process::run_all(&exe, &pairs, &kinds, mib)
+    } else {
+        cross_gpu::run_all(&exe, &gpus, &kinds, mib, CROSS_PROCESS_LIMIT)
+    };
     emit(f, &results, |r| render::cross_process(r))?;
     Ok(u8::from(!results.iter().all(|r| r.ok())))
+}
+
+/// How long `cross-process` with a child per GPU may take in all.
+const CROSS_PROCESS_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The PCI addresses of the GPUs CUDA sees, sorted, without creating any context (the
+/// children create their own).
+fn cuda_bus_ids() -> Result<Vec<pci_config::Bdf>> {
+    cuda::init()?;
+    Ok(cuda::Gpu::bus_ids()?)
 }
 
 /// `$NCCL_TOPO_FILE`, when set and not empty.
