@@ -41,6 +41,11 @@ pub struct Plan {
     pub min_samples: usize,
     #[serde(default)]
     pub target_spread_permille: u32,
+    /// The ping-pong's adaptive stop: at least this many rounds within the spread
+    /// above (up to `pingpong_samples`). 0 in reports of earlier agents, which always
+    /// took `pingpong_samples`.
+    #[serde(default)]
+    pub pingpong_min_samples: usize,
 }
 
 impl Plan {
@@ -63,6 +68,9 @@ impl Plan {
         // are as good, and a noisy measurement still gets all 5.
         min_samples: 3,
         target_spread_permille: 10,
+        // The ping-pong's rounds spread under 0.5 % inside a process (2 × H100, 2 × H200):
+        // 5 within 1 % keep its median; a noisy link still gets all 9.
+        pingpong_min_samples: 5,
     };
 
     pub const QUICK: Plan = Plan {
@@ -79,6 +87,7 @@ impl Plan {
         disabled_memcpy_copies: 200,
         min_samples: 3,
         target_spread_permille: 0,
+        pingpong_min_samples: 0,
     };
 
     /// Number of progress steps of one pair.
@@ -329,6 +338,22 @@ pub fn bench_pair(
     })
 }
 
+/// The pointer-chase array of `words` words, computed once per process (every pair and
+/// direction uploads the same one).
+fn chase_chain(words: u32) -> std::sync::Arc<Vec<u32>> {
+    static CHAIN: std::sync::Mutex<Option<(u32, std::sync::Arc<Vec<u32>>)>> =
+        std::sync::Mutex::new(None);
+    let mut cached = CHAIN.lock().unwrap_or_else(|p| p.into_inner());
+    match &*cached {
+        Some((w, c)) if *w == words => c.clone(),
+        _ => {
+            let c = std::sync::Arc::new((0..words).map(|i| chase_next(i, words)).collect::<Vec<_>>());
+            *cached = Some((words, c.clone()));
+            c
+        }
+    }
+}
+
 /// One ordered pair being measured: its GPUs, the source's kernels, a stream on each.
 struct PairRun<'a, 'g> {
     src: &'g Gpu,
@@ -348,9 +373,7 @@ impl PairRun<'_, '_> {
     /// local memory (µs per read).
     fn pointer_chase(&self) -> Result<(Stat, Stat), CudaError> {
         let plan = self.plan;
-        let chain: Vec<u32> = (0..plan.chase_words)
-            .map(|i| chase_next(i, plan.chase_words))
-            .collect();
+        let chain = chase_chain(plan.chase_words);
         let out = DeviceBuffer::words(self.src, 1, 0)?;
         let chase = |array: &DeviceBuffer<'_>| -> Result<Stat, CudaError> {
             let launch = |steps: u32| {
@@ -542,16 +565,25 @@ impl PingPong<'_, '_> {
             ..PingPongResult::default()
         };
         let mut samples = Vec::with_capacity(plan.pingpong_samples);
-        for round in 0..=plan.pingpong_samples {
+        // Round 0 is the warm-up; then rounds until `pingpong_samples`, or fewer once
+        // `pingpong_min_samples` agree within the plan's spread (batches sized by the
+        // spread measured, as the other measurements are).
+        let steady = Plan {
+            samples: plan.pingpong_samples,
+            min_samples: plan.pingpong_min_samples,
+            ..*plan
+        };
+        let mut round = 0;
+        while round == 0 || !enough(&samples, &steady) {
             let Some(us) = self.round((flag_a, flag_b), 0)? else {
                 out.reference = Stat::of(samples);
                 out.timed_out = true;
                 return Ok(out);
             };
-            // Round 0 is the warm-up.
             if round > 0 {
                 samples.push(us);
             }
+            round += 1;
         }
         out.reference = Stat::of(samples);
         if plan.pingpong_positions == 0 {

@@ -174,6 +174,20 @@ pub enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Times CUDA's setup step by step (cuInit, each context, NVML, each GPU's kernels)
+    /// and prints the timeline as JSON; for the bench scripts.
+    #[command(hide = true)]
+    SetupProbe {
+        /// One GPU after the other instead of a thread per GPU.
+        #[arg(long)]
+        serial: bool,
+        /// This GPU only.
+        #[arg(long)]
+        only: Option<pci_config::Bdf>,
+        /// Keep the contexts this many seconds after (keeps the driver warm for others).
+        #[arg(long, default_value_t = 0)]
+        hold_s: u64,
+    },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
     Report {

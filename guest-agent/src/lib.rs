@@ -20,6 +20,7 @@ pub mod render;
 pub mod report;
 pub mod schedule;
 pub mod send;
+pub mod setup_probe;
 pub mod stats;
 pub mod sysfs_scan;
 pub mod verify;

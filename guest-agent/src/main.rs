@@ -109,6 +109,16 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                 .map_err(anyhow::Error::msg)?;
             Ok(0)
         }
+        Command::SetupProbe {
+            serial,
+            only,
+            hold_s,
+        } => {
+            let hold = std::time::Duration::from_secs(*hold_s);
+            let t = vfio_p2p_agent::setup_probe::run(!*serial, *only, hold)?;
+            println!("{}", serde_json::to_string(&t).map_err(anyhow::Error::from)?);
+            Ok(0)
+        }
         Command::NcclTopo { file, sysfs } => {
             let path = match file {
                 Some(p) => p.clone(),
