@@ -137,7 +137,8 @@ for name in ("inject-report.json", "inject-src-only.json"):
 
 print("== fabric ==")
 print(open(f"{work}/expectations.txt").read().strip())
-for name in ("expect-good.json", "expect-wrong-module.json", "report-expect-wrong-module.json"):
+for name in ("expect-good.json", "expect-wrong-module.json", "report-expect-good.json",
+             "report-expect-wrong-module.json"):
     rep = load(name)
     f = (rep or {}).get("fabric") if isinstance(rep, dict) else None
     print(f"{name}: rc/wall {wall(name)} problems {f and f['problems']} "

@@ -20,6 +20,7 @@
 #   CUDA_SAMPLES    cuda-samples with p2pBandwidthLatencyTest.cu and Common/ [target/devcarry/cuda-samples]
 #   REF_PROBE       p2p_lat.cu [/work/shared/reference/p2p_lat.cu, else guest-agent/bench/p2p_lat.cu]
 #   RUNS            side-by-side runs of each [3]
+#   ONLY=fabric     only step 5 (the fabric check, topo and scan)
 # Output under $OUT: summary.txt and issue31.tar.gz (every log, report and JSON).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,6 +52,7 @@ times=$work/timings.txt
 } >"$work/env.txt" 2>&1
 { nvidia-smi topo -m; nvidia-smi -q | grep -iE -A6 '^ *(fabric|module id)'; } >"$work/topo-m.txt" 2>&1
 
+if [ "${ONLY:-}" != fabric ]; then
 # 1. Builds, then side by side: p2pBandwidthLatencyTest, this agent, the previous agent.
 p2pblt=$CUDA_SAMPLES/Samples/5_Domain_Specific/p2pBandwidthLatencyTest/p2pBandwidthLatencyTest.cu
 step 240 nvcc-p2pblt.txt nvcc -O2 -arch=sm_90 -I "$CUDA_SAMPLES/Common" -o "$work/p2pblt" "$p2pblt"
@@ -101,6 +103,8 @@ step 60 inject-report.json "$AGENT" report --inject dst:4097,src:12 --format jso
 step 60 inject-verify.txt env COLUMNS=160 "$AGENT" verify --inject dst:4097,src:12
 step 60 inject-src-only.json "$AGENT" verify --inject src:12 --format json
 
+fi # ONLY=fabric skips 1-4
+
 # 5. The fabric (issue 30): an expectation from NVML (Python), passing and failing.
 "$AGENT" scan --format json >"$work/scan.json" 2>"$work/scan.err"
 python3 - "$work" <<'PY' >"$work/expectations.txt" 2>&1
@@ -121,15 +125,16 @@ good = {"version": 1, "vm": "issue31", "gpus": gpus,
 wrong = json.loads(json.dumps(good))
 a, b = wrong["gpus"][0], wrong["gpus"][1]
 a["module_id"], b["module_id"] = b["module_id"], a["module_id"]
-json.dump(good, open(f"{work}/expect-good.json", "w"), indent=1)
-json.dump(wrong, open(f"{work}/expect-wrong-module.json", "w"), indent=1)
+json.dump(good, open(f"{work}/plan-good.json", "w"), indent=1)
+json.dump(wrong, open(f"{work}/plan-wrong-module.json", "w"), indent=1)
 print("driver", drv, "modules", [g["module_id"] for g in gpus])
 PY
-step 20 expect-good.json "$AGENT" expect --expect "$work/expect-good.json" --format json
-step 20 expect-good.txt env COLUMNS=160 "$AGENT" expect --expect "$work/expect-good.json"
-step 20 expect-wrong-module.json "$AGENT" expect --expect "$work/expect-wrong-module.json" --format json
-step 20 expect-wrong-module.txt env COLUMNS=160 "$AGENT" expect --expect "$work/expect-wrong-module.json"
-step 60 report-expect-wrong-module.json "$AGENT" report --quick --expect "$work/expect-wrong-module.json" --format json
+step 20 expect-good.json "$AGENT" expect --expect "$work/plan-good.json" --format json
+step 20 expect-good.txt env COLUMNS=160 "$AGENT" expect --expect "$work/plan-good.json"
+step 20 expect-wrong-module.json "$AGENT" expect --expect "$work/plan-wrong-module.json" --format json
+step 20 expect-wrong-module.txt env COLUMNS=160 "$AGENT" expect --expect "$work/plan-wrong-module.json"
+step 60 report-expect-good.json "$AGENT" report --quick --expect "$work/plan-good.json" --format json
+step 60 report-expect-wrong-module.json "$AGENT" report --quick --expect "$work/plan-wrong-module.json" --format json
 step 20 topo-no-expectation.txt env COLUMNS=160 "$AGENT" topo
 step 20 topo-no-expectation.json "$AGENT" topo --format json
 step 20 scan.txt env COLUMNS=160 "$AGENT" scan

@@ -360,38 +360,32 @@ fn run_report(
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
-    let expect_report = match (&expectation, &scan) {
-        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
-        _ => None,
-    };
     let mut phases = report::Phases {
         verbose,
         ..Default::default()
     };
-    phases.lap("scan and expectation", started);
-    // NVML and the guest's path labels beside the CUDA contexts.
-    let (gpus, (nvml, topo)) = std::thread::scope(|s| {
-        let beside = s.spawn(|| {
-            let nvml = Nvml::open();
-            let topo = expectation
-                .as_ref()
-                .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
-            let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
-                let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();
-                fabric::judge(&fabric::read(n, &bdfs), expectation.as_ref().map(|(e, _)| e))
-            });
-            (nvml, (topo, fabric))
-        });
+    // The guest's side (sysfs, NVML, path labels, fabric) beside cuInit and the contexts,
+    // which the driver serialises (bench/issue31.sh: `setup-probe`).
+    let (gpus, guest) = std::thread::scope(|s| {
+        let beside = s.spawn(|| guest_side(&sysfs.sysfs_root, expectation.as_ref()));
         let gpus = open_gpus();
-        let nvml_topo = beside
+        let guest = beside
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (gpus, nvml_topo)
+        (gpus, guest)
     });
-    let (topo, fabric_report) = topo;
+    let GuestSide {
+        scan,
+        expect_report,
+        nvml,
+        topo,
+        fabric: fabric_report,
+    } = guest;
     let gpus = gpus?;
-    phases.lap("CUDA contexts (a thread per GPU; NVML beside)", started);
+    phases.lap(
+        "CUDA init and contexts (a thread per GPU; sysfs, NVML and fabric beside)",
+        started,
+    );
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
@@ -452,6 +446,37 @@ fn run_report(
     let vm = e.map_or("", |e| e.vm.as_str());
     deliver(f, send.send, e, send::from_report(&r, vm, code))?;
     Ok(code)
+}
+
+/// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
+/// NVML, the path labels and the fabric.
+struct GuestSide {
+    scan: Option<sysfs_scan::Scan>,
+    expect_report: Option<expect::ExpectReport>,
+    nvml: Option<Nvml>,
+    topo: Option<guest_topo::TopoReport>,
+    fabric: Option<fabric::FabricReport>,
+}
+
+fn guest_side(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSide {
+    let scan = sysfs_scan::scan(root).ok();
+    let expect_report = match (expectation, &scan) {
+        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
+        _ => None,
+    };
+    let nvml = Nvml::open();
+    let topo = expectation.map(|(e, _)| topo_report(root, e, nvml.as_ref()));
+    let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
+        let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();
+        fabric::judge(&fabric::read(n, &bdfs), expectation.map(|(e, _)| e))
+    });
+    GuestSide {
+        scan,
+        expect_report,
+        nvml,
+        topo,
+        fabric,
+    }
 }
 
 /// Prints the Prometheus text when asked, and sends the report when `--send` says so and
