@@ -347,7 +347,8 @@ fn chase_chain(words: u32) -> std::sync::Arc<Vec<u32>> {
     match &*cached {
         Some((w, c)) if *w == words => c.clone(),
         _ => {
-            let c = std::sync::Arc::new((0..words).map(|i| chase_next(i, words)).collect::<Vec<_>>());
+            let c =
+                std::sync::Arc::new((0..words).map(|i| chase_next(i, words)).collect::<Vec<_>>());
             *cached = Some((words, c.clone()));
             c
         }

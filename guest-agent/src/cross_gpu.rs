@@ -106,7 +106,15 @@ fn own<'g>(
             }
         };
         let poison = !seed(usize::MAX >> 1, kind);
-        fill_words(gpu, module, &stream, h.ptr(), (words * slots) as u64, poison).map_err(e)?;
+        fill_words(
+            gpu,
+            module,
+            &stream,
+            h.ptr(),
+            (words * slots) as u64,
+            poison,
+        )
+        .map_err(e)?;
         held.push((kind, h, fd, offer));
     }
     stream.synchronize().map_err(e)?;
@@ -215,7 +223,11 @@ fn write_to(
     Ok(written)
 }
 
-fn import<'g>(gpu: &'g Gpu, offer: &KindOffer, fd: &mut Option<OwnedFd>) -> Result<Held<'g>, String> {
+fn import<'g>(
+    gpu: &'g Gpu,
+    offer: &KindOffer,
+    fd: &mut Option<OwnedFd>,
+) -> Result<Held<'g>, String> {
     let e = |e: crate::cuda::CudaError| e.to_string();
     match offer.kind {
         HandleKind::PosixFd => {
@@ -236,7 +248,13 @@ fn import<'g>(gpu: &'g Gpu, offer: &KindOffer, fd: &mut Option<OwnedFd>) -> Resu
 }
 
 /// Writes the pattern of `seed` at `ptr` twice, the second time between events: its ms.
-fn timed_fill(gpu: &Gpu, module: &Module<'_>, ptr: u64, words: u64, seed: u32) -> Result<f64, String> {
+fn timed_fill(
+    gpu: &Gpu,
+    module: &Module<'_>,
+    ptr: u64,
+    words: u64,
+    seed: u32,
+) -> Result<f64, String> {
     let e = |e: crate::cuda::CudaError| e.to_string();
     let stream = Stream::new(gpu).map_err(e)?;
     fill_words(gpu, module, &stream, ptr, words, seed).map_err(e)?;
@@ -281,7 +299,9 @@ pub fn run_child(
                 Err(e) => writes.extend(kinds.iter().map(|&k| (gpus[o], k, Err(e.clone())))),
             }
         }
-        let checks = owner.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let checks = owner
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
         (checks, writes)
     });
     print_json(&ChildOutput { checks, writes }).map_err(|e| format!("writing the result: {e}"))
@@ -379,7 +399,8 @@ fn combine(
                 r.error.get_or_insert(format!("owner on {dst}: {e}"));
             }
             None => {
-                r.error.get_or_insert(format!("owner on {dst}: no check of {src}"));
+                r.error
+                    .get_or_insert(format!("owner on {dst}: no check of {src}"));
             }
         },
         Err(e) => {
@@ -397,7 +418,8 @@ mod tests {
     fn every_writer_has_its_own_slot_in_every_owner() {
         for n in 2..9 {
             for o in 0..n {
-                let mut slots: Vec<usize> = (0..n).filter(|&w| w != o).map(|w| slot(w, o)).collect();
+                let mut slots: Vec<usize> =
+                    (0..n).filter(|&w| w != o).map(|w| slot(w, o)).collect();
                 slots.sort_unstable();
                 assert_eq!(slots, (0..n - 1).collect::<Vec<_>>());
             }
@@ -431,10 +453,17 @@ mod tests {
         });
         let words = 16 << 20;
         let ab = combine((a, b, k), (&child_a, &child_b), words);
-        assert!(ab.ok() && (ab.write_gbps.unwrap() - 335.544_32).abs() < 1e-3, "{ab:?}");
+        assert!(
+            ab.ok() && (ab.write_gbps.unwrap() - 335.544_32).abs() < 1e-3,
+            "{ab:?}"
+        );
         let ba = combine((b, a, k), (&child_b, &child_a), words);
         assert!(!ba.ok());
-        assert!(ba.error.as_deref().unwrap().contains("writer on 0000:00:07.0: cuMemMap"));
+        assert!(ba
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("writer on 0000:00:07.0: cuMemMap"));
         // the owner's check decides: lost words with a writer that said it wrote
         let child_b2 = Ok(ChildOutput {
             checks: vec![],

@@ -127,7 +127,10 @@ pub fn judge(view: &FabricView, e: Option<&Expectation>) -> FabricReport {
         e.and_then(|e| e.gpus.iter().find(|g| g.guest_bdf == bdf))
             .and_then(|g| g.module_id)
     };
-    if let Some(fm) = planned_fabric.as_ref().and_then(|f| f.fm_version.as_deref()) {
+    if let Some(fm) = planned_fabric
+        .as_ref()
+        .and_then(|f| f.fm_version.as_deref())
+    {
         match &view.driver_version {
             Some(d) if d == fm => {}
             Some(d) => problems.push(format!(
@@ -261,7 +264,10 @@ mod tests {
             driver_version: Some("580.159.04".into()),
             gpus: vec![gpu("0000:00:06.0", 1, 3, 0), gpu("0000:00:07.0", 3, 3, 0)],
         };
-        let good = expectation(&[("0000:00:06.0", 1), ("0000:00:07.0", 3)], Some("580.159.04"));
+        let good = expectation(
+            &[("0000:00:06.0", 1), ("0000:00:07.0", 3)],
+            Some("580.159.04"),
+        );
         assert_eq!(judge(&view, Some(&good)).problems, Vec::<String>::new());
         // a wrong module id
         let swapped = expectation(&[("0000:00:06.0", 3), ("0000:00:07.0", 1)], None);
@@ -275,7 +281,11 @@ mod tests {
         assert_eq!(r.mismatches(), 1);
         assert!(r.problems[0].contains("580.159.04 but Fabric Manager on the host is 570.1"));
         // not completed, completed with an error
-        for (state, status, says) in [(2, 0, "in progress"), (1, 0, "not started"), (3, 19, "error 19")] {
+        for (state, status, says) in [
+            (2, 0, "in progress"),
+            (1, 0, "not started"),
+            (3, 19, "error 19"),
+        ] {
             let mut v = view.clone();
             v.gpus[1] = gpu("0000:00:07.0", 3, state, status);
             let r = judge(&v, Some(&good));
@@ -286,7 +296,10 @@ mod tests {
         // a planned GPU NVML does not see
         let more = expectation(&[("0000:00:06.0", 1), ("0000:00:08.0", 2)], None);
         let r = judge(&view, Some(&more));
-        assert!(r.problems.iter().any(|p| p.contains("0000:00:08.0") && p.contains("no GPU")));
+        assert!(r
+            .problems
+            .iter()
+            .any(|p| p.contains("0000:00:08.0") && p.contains("no GPU")));
         // no plan: a view, nothing judged
         assert!(judge(&view, None).problems.is_empty());
     }

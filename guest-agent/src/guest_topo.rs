@@ -181,9 +181,12 @@ pub fn guest_view(root: &Path, gpus: &[Bdf]) -> TopoReport {
     for (i, a) in gpus.iter().enumerate() {
         for (j, b) in gpus.iter().enumerate().skip(i + 1) {
             let guest = match (&places[i], &places[j]) {
-                (Some(pa), Some(pb)) => {
-                    Some(pci_config::classify(&pa.path(), &pb.path()).kind.label().to_string())
-                }
+                (Some(pa), Some(pb)) => Some(
+                    pci_config::classify(&pa.path(), &pb.path())
+                        .kind
+                        .label()
+                        .to_string(),
+                ),
                 _ => None,
             };
             pairs.push(TopoPair {

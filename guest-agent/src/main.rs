@@ -103,7 +103,8 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             limit_s,
             dir,
         } => {
-            let kinds: Vec<HandleKind> = kinds.iter().filter_map(|k| HandleKind::parse(k)).collect();
+            let kinds: Vec<HandleKind> =
+                kinds.iter().filter_map(|k| HandleKind::parse(k)).collect();
             let limit = std::time::Duration::from_secs(*limit_s);
             cross_gpu::run_child(*index, gpus, &kinds, (*mib, dir, limit))
                 .map_err(anyhow::Error::msg)?;
@@ -116,7 +117,10 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         } => {
             let hold = std::time::Duration::from_secs(*hold_s);
             let t = vfio_p2p_agent::setup_probe::run(!*serial, *only, hold)?;
-            println!("{}", serde_json::to_string(&t).map_err(anyhow::Error::from)?);
+            println!(
+                "{}",
+                serde_json::to_string(&t).map_err(anyhow::Error::from)?
+            );
             Ok(0)
         }
         Command::NcclTopo { file, sysfs } => {

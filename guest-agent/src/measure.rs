@@ -150,14 +150,13 @@ pub fn verify_by_rounds(
             .both_ways(a, b)
             .into_iter()
             .map(|(s, d, i)| {
-                let v =
-                    verify::verify_pair(
+                let v = verify::verify_pair(
                     (&gpus[s], &modules[s]),
                     (&gpus[d], &modules[d]),
                     words,
                     inject,
                 )
-                        .with_context(|| format!("verifying {}", labels[i]))?;
+                .with_context(|| format!("verifying {}", labels[i]))?;
                 Ok((i, v))
             })
             .collect::<Result<Vec<(usize, VerifyResult)>>>()

@@ -198,9 +198,9 @@ impl Nvml {
         // SAFETY: signature as in nvml.h; info is a valid out pointer of the v1 layout.
         let r = unsafe {
             let f: Symbol<unsafe extern "C" fn(NvmlDevice, *mut GpuFabricInfo) -> NvmlReturn> =
-                self.lib
-                    .get(b"nvmlDeviceGetGpuFabricInfo")
-                    .map_err(|_| "this NVML has no nvmlDeviceGetGpuFabricInfo (driver before R525)")?;
+                self.lib.get(b"nvmlDeviceGetGpuFabricInfo").map_err(|_| {
+                    "this NVML has no nvmlDeviceGetGpuFabricInfo (driver before R525)"
+                })?;
             f(dev, &mut info)
         };
         if r != NVML_SUCCESS {
@@ -210,7 +210,11 @@ impl Nvml {
             state: info.state,
             status: info.status,
             clique_id: info.clique_id,
-            cluster_uuid: info.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect(),
+            cluster_uuid: info
+                .cluster_uuid
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
         })
     }
 
@@ -225,7 +229,11 @@ impl Nvml {
                 return None;
             }
         }
-        let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = buf
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 

@@ -153,7 +153,8 @@ pub fn guest_view(v: &GuestView) -> String {
             opt(&p.nvml),
         ]);
     }
-    let mut out = format!("PCIe path labels in this guest (no expectation: nothing compared)\n{tb}\n");
+    let mut out =
+        format!("PCIe path labels in this guest (no expectation: nothing compared)\n{tb}\n");
     for w in &v.pairs.warnings {
         out.push_str(&format!("warning: {w}\n"));
     }
@@ -161,7 +162,10 @@ pub fn guest_view(v: &GuestView) -> String {
         Some(f) => out.push_str(&fabric(f)),
         None => out.push_str("NVML not loaded: module ids and fabric state unknown\n"),
     }
-    out.push_str(&fit(&format!("an expectation would add {}", v.an_expectation_adds)));
+    out.push_str(&fit(&format!(
+        "an expectation would add {}",
+        v.an_expectation_adds
+    )));
     out
 }
 
@@ -174,14 +178,22 @@ pub fn fabric(f: &FabricReport) -> String {
         let found = &g.found;
         t.add_row(vec![
             found.bdf.to_string(),
-            found.module_id.map_or_else(|| "?".into(), |m| m.to_string()),
+            found
+                .module_id
+                .map_or_else(|| "?".into(), |m| m.to_string()),
             opt(&g.expected_module_id),
             found
                 .state
                 .map_or_else(|| "?".into(), crate::fabric::state_name),
             found.status.map_or_else(
                 || "-".into(),
-                |s| if s == 0 { "success".into() } else { format!("error {s}") },
+                |s| {
+                    if s == 0 {
+                        "success".into()
+                    } else {
+                        format!("error {s}")
+                    }
+                },
             ),
             opt(&found.clique_id),
             if g.ok { "ok" } else { "DIFFERS" }.into(),
@@ -197,9 +209,7 @@ pub fn fabric(f: &FabricReport) -> String {
                 .as_deref()
                 .map_or_else(String::new, |v| format!(", FM {v}"))
         ),
-        None if f.gpus.iter().any(|g| g.expected_module_id.is_some()) => {
-            "module ids only".into()
-        }
+        None if f.gpus.iter().any(|g| g.expected_module_id.is_some()) => "module ids only".into(),
         None => "none planned".into(),
     };
     let mut out = format!(

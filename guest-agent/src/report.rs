@@ -420,12 +420,7 @@ fn self_test_note(v: &crate::verify::VerifyResult, i: &crate::verify::Injection)
     let exact = |c: &crate::verify::WriteCheck| {
         c.bad_words == dst.len() as u64 && c.first_bad == dst.first().copied()
     };
-    let list = |w: &[u64]| {
-        w.iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let list = |w: &[u64]| w.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
     let verdict = if exact(&v.kernel_write) && exact(&v.ce_copy) {
         "self-test passed"
     } else {

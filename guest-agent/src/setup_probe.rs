@@ -71,7 +71,10 @@ pub fn run(threads: bool, only: Option<Bdf>, hold: Duration) -> Result<SetupTime
         std::thread::scope(|sc| {
             let n = sc.spawn(nvml_open);
             let hs: Vec<_> = bdfs.iter().map(|&b| sc.spawn(move || open(b))).collect();
-            let gpus: Vec<_> = hs.into_iter().map(|h| h.join().expect("no panic")).collect();
+            let gpus: Vec<_> = hs
+                .into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .collect();
             (gpus, n.join().expect("no panic"))
         })
     } else {
@@ -86,8 +89,13 @@ pub fn run(threads: bool, only: Option<Bdf>, hold: Duration) -> Result<SetupTime
     }
     let modules: Vec<_> = if threads {
         std::thread::scope(|sc| {
-            let hs: Vec<_> = gpus.iter().map(|&g| sc.spawn(move || load(g, t0))).collect();
-            hs.into_iter().map(|h| h.join().expect("no panic")).collect()
+            let hs: Vec<_> = gpus
+                .iter()
+                .map(|&g| sc.spawn(move || load(g, t0)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .collect()
         })
     } else {
         gpus.iter().map(|&g| load(g, t0)).collect()

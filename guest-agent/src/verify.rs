@@ -118,7 +118,13 @@ impl Injection {
         Ok(out)
     }
 
-    fn corrupt<L: WriteLab>(&self, lab: &L, buf: &L::Buf, words: &[u64], seed: u32) -> Result<(), CudaError> {
+    fn corrupt<L: WriteLab>(
+        &self,
+        lab: &L,
+        buf: &L::Buf,
+        words: &[u64],
+        seed: u32,
+    ) -> Result<(), CudaError> {
         for &w in words {
             lab.set_word(buf, w, !crate::kernels::pattern(w, seed))?;
         }
@@ -382,7 +388,10 @@ mod tests {
     #[test]
     fn injections_parse_and_name_their_mistakes() {
         let i = Injection::parse(&["dst:5".into(), "src:7,dst:9".into()]).unwrap();
-        assert_eq!((i.dst_words.clone(), i.src_words.clone()), (vec![5, 9], vec![7]));
+        assert_eq!(
+            (i.dst_words.clone(), i.src_words.clone()),
+            (vec![5, 9], vec![7])
+        );
         assert_eq!(i.out_of_range(9), Some(9));
         assert_eq!(i.out_of_range(10), None);
         for bad in ["dst5", "dst:x", "mid:3"] {

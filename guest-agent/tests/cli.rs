@@ -548,7 +548,10 @@ fn topo_and_scan_without_an_expectation_show_the_guests_view() {
         .success();
     let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
     assert!(text.contains("no expectation: nothing compared"), "{text}");
-    assert!(text.contains("0000:00:06.0") && text.contains("PHB"), "{text}");
+    assert!(
+        text.contains("0000:00:06.0") && text.contains("PHB"),
+        "{text}"
+    );
     assert!(text.contains("an expectation would add"), "{text}");
     let out = agent()
         .args(["topo", "--format", "json", "--sysfs-root"])

@@ -19,10 +19,13 @@ fn captured_view() -> FabricView {
         .unwrap()
         .iter()
         .map(|g| {
-            assert_eq!((g["module_rc"].as_i64(), g["fabric_rc"].as_i64()), (Some(0), Some(0)));
+            assert_eq!(
+                (g["module_rc"].as_i64(), g["fabric_rc"].as_i64()),
+                (Some(0), Some(0))
+            );
             let bus = g["busId"].as_str().unwrap().to_ascii_lowercase();
             GpuFabric {
-                bdf: bus.trim_start_matches("0000").parse().unwrap(),
+                bdf: bus.strip_prefix("0000").unwrap().parse().unwrap(),
                 module_id: g["module_id"].as_u64().map(|m| m as u32),
                 module_error: None,
                 state: g["state"].as_u64().map(|s| s as u8),
@@ -68,7 +71,10 @@ fn the_real_partition_is_as_planned() {
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     assert!(r.gpus.iter().all(|g| g.ok));
     let table = vfio_p2p_agent::render::fabric(&r);
-    assert!(table.contains("completed") && table.contains("FM partition 2"), "{table}");
+    assert!(
+        table.contains("completed") && table.contains("FM partition 2"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -82,7 +88,11 @@ fn a_wrong_module_id_fm_version_or_state_fails_on_the_real_readings() {
     // FM on the host is another version than the guest driver
     let r = judge(&view, Some(&plan([7, 5, 6, 8], "570.172.08")));
     assert_eq!(r.mismatches(), 1);
-    assert!(r.problems[0].contains("guest driver is 580.159.04"), "{:?}", r.problems);
+    assert!(
+        r.problems[0].contains("guest driver is 580.159.04"),
+        "{:?}",
+        r.problems
+    );
     // a GPU whose registration has not completed, and one that completed with an error
     let mut v = view.clone();
     v.gpus[2].state = Some(2);
@@ -90,5 +100,7 @@ fn a_wrong_module_id_fm_version_or_state_fails_on_the_real_readings() {
     let r = judge(&v, Some(&plan([7, 5, 6, 8], "580.159.04")));
     assert_eq!(r.mismatches(), 2, "{:?}", r.problems);
     assert!(r.problems[0].contains("0000:00:08.0: fabric state in progress"));
-    assert!(r.problems[1].contains("0000:00:09.0: fabric registration completed with NVML error -1"));
+    assert!(
+        r.problems[1].contains("0000:00:09.0: fabric registration completed with NVML error -1")
+    );
 }
