@@ -13,7 +13,7 @@ use serde::Serialize;
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
 use vfio_p2p_agent::cross_gpu;
-use vfio_p2p_agent::cross_process::{self, HandleKind};
+use vfio_p2p_agent::cross_process::HandleKind;
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
@@ -21,6 +21,10 @@ use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+
+mod children;
+
+use children::{run_cross_process, CROSS_PROCESS_LIMIT};
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);
@@ -85,44 +89,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             mib,
             same_gpu,
         } => run_cross_process(f, handle, *mib, *same_gpu),
-        Command::CrossProcessChild {
-            role,
-            gpu,
-            kind,
-            mib,
-            socket,
-        } => {
-            cross_process::run_child(role, *gpu, kind, *mib, socket).map_err(anyhow::Error::msg)?;
-            Ok(0)
-        }
-        Command::CrossProcessGpu {
-            index,
-            gpus,
-            kinds,
-            mib,
-            limit_s,
-            dir,
-        } => {
-            let kinds: Vec<HandleKind> =
-                kinds.iter().filter_map(|k| HandleKind::parse(k)).collect();
-            let limit = std::time::Duration::from_secs(*limit_s);
-            cross_gpu::run_child(*index, gpus, &kinds, (*mib, dir, limit))
-                .map_err(anyhow::Error::msg)?;
-            Ok(0)
-        }
-        Command::SetupProbe {
-            serial,
-            only,
-            hold_s,
-        } => {
-            let hold = std::time::Duration::from_secs(*hold_s);
-            let t = vfio_p2p_agent::setup_probe::run(!*serial, *only, hold)?;
-            println!(
-                "{}",
-                serde_json::to_string(&t).map_err(anyhow::Error::from)?
-            );
-            Ok(0)
-        }
+        Command::CrossProcessChild { .. }
+        | Command::CrossProcessGpu { .. }
+        | Command::SetupProbe { .. } => children::run(&cli.command),
         Command::NcclTopo { file, sysfs } => {
             let path = match file {
                 Some(p) => p.clone(),
@@ -554,35 +523,6 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
             path.display()
         )
     })
-}
-
-/// `cross-process`: both handle kinds (or one) for every ordered pair (or, `same_gpu`,
-/// every GPU with itself), a pair at a time.
-fn run_cross_process(f: Format, handle: &str, mib: usize, same_gpu: bool) -> Result<u8, CannotRun> {
-    let kinds: Vec<HandleKind> = match HandleKind::parse(handle) {
-        Some(k) => vec![k],
-        None => HandleKind::ALL.to_vec(),
-    };
-    let gpus = cuda_bus_ids()?;
-    let pairs = cross_process::pairs_to_check(&gpus, same_gpu).map_err(anyhow::Error::msg)?;
-    let exe = std::env::current_exe().context("finding this program to start its children")?;
-    let results = if same_gpu {
-        cross_process::run_all(&exe, &pairs, &kinds, mib)
-    } else {
-        cross_gpu::run_all(&exe, &gpus, &kinds, mib, CROSS_PROCESS_LIMIT)
-    };
-    emit(f, &results, |r| render::cross_process(r))?;
-    Ok(u8::from(!results.iter().all(|r| r.ok())))
-}
-
-/// How long `cross-process` with a child per GPU may take in all.
-const CROSS_PROCESS_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The PCI addresses of the GPUs CUDA sees, sorted, without creating any context (the
-/// children create their own).
-fn cuda_bus_ids() -> Result<Vec<pci_config::Bdf>> {
-    cuda::init()?;
-    Ok(cuda::Gpu::bus_ids()?)
 }
 
 /// `$NCCL_TOPO_FILE`, when set and not empty.
