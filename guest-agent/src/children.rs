@@ -49,9 +49,11 @@ pub fn run(command: &Command) -> Result<u8, CannotRun> {
                 serde_json::to_string(&t).map_err(anyhow::Error::from)?
             );
         }
-        _ => return Err(CannotRun(anyhow::anyhow!(
+        _ => {
+            return Err(CannotRun(anyhow::anyhow!(
             "not one of the child commands (cross-process-child, cross-process-gpu, setup-probe)"
-        ))),
+        )))
+        }
     }
     Ok(0)
 }

@@ -470,7 +470,22 @@ mod tests {
             writes: vec![(a, k, Ok(0.2))],
         });
         let ba = combine((b, a, k), (&child_b2, &child_a), words);
-        assert_eq!((ba.ok(), ba.write), (false, Some(lost)));
+        assert_eq!((ba.ok(), ba.write), (false, Some(lost.clone())));
+        // an owner with two writers: each pair gets its own writer's slot check
+        let c: Bdf = "0000:00:08.0".parse().unwrap();
+        let child_c = Ok(ChildOutput {
+            checks: vec![(a, k, Ok(ok.clone())), (b, k, Ok(lost.clone()))],
+            writes: vec![],
+        });
+        let writer = |to: Bdf| {
+            Ok(ChildOutput {
+                checks: vec![],
+                writes: vec![(to, k, Ok(0.2))],
+            })
+        };
+        assert!(combine((a, c, k), (&writer(c), &child_c), words).ok());
+        let bc = combine((b, c, k), (&writer(c), &child_c), words);
+        assert_eq!(bc.write, Some(lost.clone()));
         let gone: Result<ChildOutput, String> = Err("the child on 0000:00:07.0: killed".into());
         let ab = combine((a, b, k), (&child_a, &gone), words);
         assert!(ab.error.as_deref().unwrap().contains("killed"), "{ab:?}");
