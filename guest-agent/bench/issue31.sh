@@ -22,6 +22,9 @@
 #   RUNS            side-by-side runs of each [3]
 #   ONLY=fabric     only step 5 (the fabric check, topo and scan)
 # Output under $OUT: summary.txt and issue31.tar.gz (every log, report and JSON).
+# Recorded (tests/fixtures/agent/issue31) with the two binaries, cuda-samples, this script,
+# issue31-summary.py, step.sh and p2p_lat.cu copied into one git-ignored folder that the
+# device call carried, AGENT, BASE, CUDA_SAMPLES and REF_PROBE pointing into it.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(cd "$(dirname "$0")" && pwd)
