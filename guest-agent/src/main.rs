@@ -418,7 +418,11 @@ fn run_report(
     let e = expectation.as_ref().map(|(e, _)| e);
     let vm = e.map_or("", |e| e.vm.as_str());
     deliver(f, send.send, e, send::from_report(&r, vm, code))?;
-    Ok(code)
+    // Everything is printed and sent: end here rather than release each GPU's context
+    // one after the other on the way out; the driver frees them as the process exits.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(code.into())
 }
 
 /// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
