@@ -199,3 +199,104 @@ fn the_fabric_check_passes_as_planned_and_fails_on_a_swapped_module_id() {
         );
     }
 }
+
+/// Median over the processes `side-by-side/{who}-1..3.json` of each pair's median of
+/// `metric`, by "src->dst".
+fn medians(machine: &str, who: &str, metric: &str) -> Vec<(String, f64)> {
+    let runs: Vec<Value> = (1..=3)
+        .map(|i| json(machine, &format!("side-by-side/{who}-{i}.json")))
+        .collect();
+    let pairs = runs[0]["pairs"].as_array().unwrap();
+    (0..pairs.len())
+        .map(|p| {
+            let mut v: Vec<f64> = runs
+                .iter()
+                .map(|r| r["pairs"][p]["bench"][metric]["median"].as_f64().unwrap())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            let pair = &runs[0]["pairs"][p];
+            (format!("{}->{}", pair["src"], pair["dst"]), v[1])
+        })
+        .collect()
+}
+
+/// The largest |this build − previous build| of `metric` over the pairs, in % of the
+/// previous build's median.
+fn largest_shift(machine: &str, metric: &str) -> f64 {
+    let new = medians(machine, "report", metric);
+    let base = medians(machine, "base", metric);
+    new.iter()
+        .zip(&base)
+        .map(|((a, x), (b, y))| {
+            assert_eq!(a, b);
+            ((x - y) / y * 100.0).abs()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn the_short_batches_keep_the_medians_of_the_previous_build() {
+    for (m, _) in MACHINES {
+        let plan = &json(m, "report.json")["pairs"][0]["bench"]["plan"];
+        assert_eq!(
+            (plan["bw_copies"].as_u64(), plan["disabled_copies"].as_u64()),
+            (Some(3), Some(1))
+        );
+        assert_eq!(plan["local_chase_steps"], 10_000, "{m}");
+        let base_plan = &json(m, "side-by-side/base-1.json")["pairs"][0]["bench"]["plan"];
+        assert_eq!(
+            base_plan["bw_copies"], 10,
+            "{m}: the previous build's batches"
+        );
+        // Within 1 %: the copy-engine and SM-copy bandwidths and both pointer chases.
+        for metric in [
+            "ce_bandwidth_gbps",
+            "sm_copy_bandwidth_gbps",
+            "remote_read_latency_us",
+            "local_read_latency_us",
+        ] {
+            let d = largest_shift(m, metric);
+            assert!(d < 1.0, "{m}: {metric} moved {d:.2} %");
+        }
+        // Not within 1 % (README, Speed): both ways at once 1.1 % lower (3 copies a way
+        // start apart by more of a batch), peer-disabled 1.2–2.0 % higher (one staged
+        // copy a sample instead of 4).
+        let bidir = largest_shift(m, "ce_bidir_bandwidth_gbps");
+        let disabled = largest_shift(m, "disabled_bandwidth_gbps");
+        assert!(
+            bidir < 1.2 && disabled < 2.1,
+            "{m}: {bidir:.2} % / {disabled:.2} %"
+        );
+    }
+}
+
+#[test]
+fn four_gpus_report_within_p2p_bandwidth_latency_tests_wall_and_8_gpus_under_5_s() {
+    let median = |name: &str| {
+        let mut v: Vec<f64> = (1..=3)
+            .map(|i| {
+                wall(
+                    "h100x4",
+                    &format!(
+                        "{name}-{i}.{}",
+                        if name == "p2pblt" { "txt" } else { "json" }
+                    ),
+                )
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
+    assert!(
+        median("report") <= median("p2pblt"),
+        "{} {}",
+        median("report"),
+        median("p2pblt")
+    );
+    for (m, _) in MACHINES {
+        let est = json(m, "report.json")["schedule"]["total_s"]
+            .as_f64()
+            .unwrap();
+        assert!(est <= 5.0, "{m}: 8-GPU estimate {est} s");
+    }
+}
