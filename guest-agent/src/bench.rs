@@ -57,14 +57,14 @@ pub struct Plan {
 impl Plan {
     /// The reference probe's buffer sizes, with batches as short as keep every median
     /// where the probe's batches put it (2 × H100 NVLink, 2026-11-25: the probe's 100,000
-    /// ping-pongs a round took 2.6 s of the 3.5 s a direction took; see README, Speed).
+    /// ping-pongs a round took 2.6 s of the 3.5 s a direction took; see README, Measured).
     /// Issue 31 shortened each batch to a few milliseconds of GPU time, far above the
     /// microseconds the events around it cost: a sample's spread inside a process was
     /// 0.02–0.3 % for the bandwidths and the chase at the earlier sizes (2 and 4 × H100,
     /// `tests/fixtures/agent/issue31`), so 3 copies of 256 MiB (2 ms) stand for 10,
     /// one staged copy (7 ms) for 4, 3,000 remote dependent loads for 10,000
     /// and 1,000 ping-pongs (1.7 ms) for 5,000; the side-by-side run there compares the
-    /// medians with the earlier sizes' (README, Speed).
+    /// medians with the earlier sizes' (README, the report beside p2pBandwidthLatencyTest).
     pub const FULL: Plan = Plan {
         samples: 5,
         pingpong_samples: 9,

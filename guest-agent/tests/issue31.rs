@@ -258,7 +258,7 @@ fn the_short_batches_keep_the_medians_of_the_previous_build() {
             let d = largest_shift(m, metric);
             assert!(d < 1.0, "{m}: {metric} moved {d:.2} %");
         }
-        // Not within 1 % (README, Speed): both ways at once 1.1 % lower (3 copies a way
+        // Not within 1 % (README, the report beside p2pBandwidthLatencyTest): both ways at once 1.1 % lower (3 copies a way
         // start apart by more of a batch), peer-disabled 1.2–2.0 % higher (one staged
         // copy a sample instead of 4).
         let bidir = largest_shift(m, "ce_bidir_bandwidth_gbps");
