@@ -29,11 +29,24 @@ fn benches(report: &Value) -> Vec<PairBench> {
         .collect()
 }
 
-/// The full plan as recorded here: today's, before the ping-pong's adaptive stop (issue
-/// 31 added it; `tests/fixtures/agent/issue31` has the runs with it).
+/// The full plan as recorded here, issue 17's: before the ping-pong's adaptive stop and
+/// the shorter batches of issue 31 (`tests/fixtures/agent/issue31` has the runs with them).
 const ISSUE17_PLAN: Plan = Plan {
+    samples: 5,
+    pingpong_samples: 9,
+    pingpong_positions: 5,
+    pingpong_iters: 5_000,
+    chase_steps: 10_000,
+    local_chase_steps: 0,
+    chase_words: 1 << 22,
+    memcpy_copies: 2_000,
+    bw_bytes: 256 << 20,
+    bw_copies: 10,
+    disabled_copies: 4,
+    disabled_memcpy_copies: 500,
+    min_samples: 3,
+    target_spread_permille: 10,
     pingpong_min_samples: 0,
-    ..Plan::FULL
 };
 
 fn median(mut v: Vec<f64>) -> f64 {
