@@ -93,6 +93,12 @@ pub enum Command {
         /// Size of the checked buffer, in MiB.
         #[arg(long, default_value_t = 64)]
         mib: usize,
+        /// A test aid (self-test): after the writes land, corrupt word WORD on the
+        /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
+        /// pair; the check must report exactly the destination's words. Comma-separated or
+        /// repeated.
+        #[arg(long, value_name = "dst:WORD|src:WORD")]
+        inject: Vec<String>,
     },
     /// Latency and bandwidth of every pair, with P2P and with it disabled.
     Bench {
@@ -146,6 +152,42 @@ pub enum Command {
         #[arg(long)]
         socket: PathBuf,
     },
+    /// One GPU's child of `cross-process` (started by it, not by hand): owner of a buffer
+    /// per handle kind with a slot per other GPU, writer into every other GPU's.
+    #[command(hide = true)]
+    CrossProcessGpu {
+        /// This child's GPU, an index into --gpus.
+        #[arg(long)]
+        index: usize,
+        /// Every GPU of the check, comma-separated PCI addresses.
+        #[arg(long, value_delimiter = ',')]
+        gpus: Vec<pci_config::Bdf>,
+        /// Handle kinds, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = ["posix-fd", "legacy"])]
+        kinds: Vec<String>,
+        #[arg(long)]
+        mib: usize,
+        /// Seconds the whole check may take.
+        #[arg(long)]
+        limit_s: u64,
+        /// Where the children's sockets are.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Times CUDA's setup step by step (cuInit, each context, NVML, each GPU's kernels)
+    /// and prints the timeline as JSON; for the bench scripts.
+    #[command(hide = true)]
+    SetupProbe {
+        /// One GPU after the other instead of a thread per GPU.
+        #[arg(long)]
+        serial: bool,
+        /// This GPU only.
+        #[arg(long)]
+        only: Option<pci_config::Bdf>,
+        /// Keep the contexts this many seconds after (keeps the driver warm for others).
+        #[arg(long, default_value_t = 0)]
+        hold_s: u64,
+    },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
     Report {
@@ -163,8 +205,14 @@ pub enum Command {
         #[arg(long)]
         cross_process: bool,
         /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
-        #[arg(long, conflicts_with_all = ["quick", "expect", "send"])]
+        #[arg(long, conflicts_with_all = ["quick", "expect", "send", "inject"])]
         from: Option<PathBuf>,
+        /// A test aid (self-test): after the writes land, corrupt word WORD on the
+        /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
+        /// pair; the check must report exactly the destination's words. Comma-separated or
+        /// repeated.
+        #[arg(long, value_name = "dst:WORD|src:WORD")]
+        inject: Vec<String>,
         #[command(flatten)]
         send: SendArgs,
     },

@@ -243,14 +243,14 @@ pub fn print_json(value: &impl Serialize) -> std::io::Result<()> {
 }
 
 /// Memory one side holds for the check, freed (unmapped, closed) on drop.
-enum Held<'g> {
+pub(crate) enum Held<'g> {
     Mapped(MappedMemory<'g>),
     Allocated(DeviceBuffer<'g>),
     Opened(IpcOpened<'g>),
 }
 
 impl Held<'_> {
-    fn ptr(&self) -> u64 {
+    pub(crate) fn ptr(&self) -> u64 {
         match self {
             Held::Mapped(m) => m.ptr(),
             Held::Allocated(b) => b.ptr(),

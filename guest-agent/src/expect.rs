@@ -105,6 +105,13 @@ pub struct ExpectReport {
     pub gpus: Vec<GpuCheck>,
     /// NVIDIA GPUs present that the host did not announce.
     pub unexpected: Vec<Bdf>,
+    /// The NVSwitch fabric (module ids, FM registration) against the planned partition,
+    /// when the expectation plans one (`expect`; `report` has it at its top level).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<crate::fabric::FabricReport>,
+    /// The expectation plans a fabric but NVML is not there to check it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_unchecked: Option<String>,
 }
 
 impl ExpectReport {
@@ -113,6 +120,7 @@ impl ExpectReport {
             .iter()
             .filter(|g| !matches!(g.status, GpuStatus::Ok | GpuStatus::Unchecked))
             .count()
+            + self.fabric.as_ref().map_or(0, |f| f.mismatches())
     }
 
     pub fn unchecked(&self) -> usize {
@@ -120,6 +128,7 @@ impl ExpectReport {
             .iter()
             .filter(|g| g.status == GpuStatus::Unchecked)
             .count()
+            + usize::from(self.fabric_unchecked.is_some())
     }
 }
 
@@ -209,6 +218,8 @@ pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport
         source: source.display().to_string(),
         gpus,
         unexpected,
+        fabric: None,
+        fabric_unchecked: None,
     }
 }
 

@@ -152,6 +152,9 @@ impl TopoReport {
     pub fn add_nvml(&mut self, label: impl Fn(Bdf, Bdf) -> Option<String>) {
         for p in &mut self.pairs {
             p.nvml = label(p.a, p.b).filter(|l| !l.starts_with("NV") && l != "PCIe");
+            if p.host.is_empty() {
+                continue; // the guest's own view: no host label to differ from
+            }
             if let Some(n) = p.nvml.as_ref().filter(|n| **n != p.host) {
                 p.as_expected = false;
                 p.difference.get_or_insert_with(|| {
@@ -160,6 +163,45 @@ impl TopoReport {
             }
         }
     }
+}
+
+/// The guest's own view, with no expectation: every pair of `gpus` with its guest label
+/// (the host's label is empty: nothing to compare with).
+pub fn guest_view(root: &Path, gpus: &[Bdf]) -> TopoReport {
+    let mut warnings = Vec::new();
+    let places: Vec<Option<DevicePlace>> = gpus
+        .iter()
+        .map(|&g| {
+            place(root, g)
+                .map_err(|err| warnings.push(format!("GPU {g}: {err}")))
+                .ok()
+        })
+        .collect();
+    let mut pairs = Vec::new();
+    for (i, a) in gpus.iter().enumerate() {
+        for (j, b) in gpus.iter().enumerate().skip(i + 1) {
+            let guest = match (&places[i], &places[j]) {
+                (Some(pa), Some(pb)) => Some(
+                    pci_config::classify(&pa.path(), &pb.path())
+                        .kind
+                        .label()
+                        .to_string(),
+                ),
+                _ => None,
+            };
+            pairs.push(TopoPair {
+                a: *a,
+                b: *b,
+                host: String::new(),
+                predicted: None,
+                guest,
+                nvml: None,
+                as_expected: true,
+                difference: None,
+            });
+        }
+    }
+    TopoReport { pairs, warnings }
 }
 
 /// Compares the guest's label of every expected pair with the host's.

@@ -5,9 +5,11 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cross_gpu;
 pub mod cross_process;
 pub mod cuda;
 pub mod expect;
+pub mod fabric;
 pub mod guest_topo;
 pub mod kernels;
 pub mod measure;
@@ -18,6 +20,7 @@ pub mod render;
 pub mod report;
 pub mod schedule;
 pub mod send;
+pub mod setup_probe;
 pub mod stats;
 pub mod sysfs_scan;
 pub mod verify;

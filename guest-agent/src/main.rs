@@ -12,13 +12,19 @@ use serde::Serialize;
 
 use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::cross_process::{self, HandleKind};
+use vfio_p2p_agent::cross_gpu;
+use vfio_p2p_agent::cross_process::HandleKind;
 use vfio_p2p_agent::cuda::{self, Gpu, Module};
 use vfio_p2p_agent::expect::{self, Expectation};
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::report::{self, HostInfo, PairReport, Report};
-use vfio_p2p_agent::{guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+use vfio_p2p_agent::verify::Injection;
+use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+
+mod children;
+
+use children::{run_cross_process, CROSS_PROCESS_LIMIT};
 
 /// A failure that means the command could not do its job (exit 2).
 struct CannotRun(anyhow::Error);
@@ -66,6 +72,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
         Command::Scan(s) => {
             let scan = sysfs_scan::scan(&s.sysfs_root)?;
             emit(f, &scan, render::scan)?;
+            if f == Format::Table && !s.sysfs_root.join(expect::FW_CFG_PATH).exists() {
+                print!("{}", render::no_expectation_note());
+            }
             Ok(0)
         }
         Command::Expect {
@@ -80,16 +89,9 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             mib,
             same_gpu,
         } => run_cross_process(f, handle, *mib, *same_gpu),
-        Command::CrossProcessChild {
-            role,
-            gpu,
-            kind,
-            mib,
-            socket,
-        } => {
-            cross_process::run_child(role, *gpu, kind, *mib, socket).map_err(anyhow::Error::msg)?;
-            Ok(0)
-        }
+        Command::CrossProcessChild { .. }
+        | Command::CrossProcessGpu { .. }
+        | Command::SetupProbe { .. } => children::run(&cli.command),
         Command::NcclTopo { file, sysfs } => {
             let path = match file {
                 Some(p) => p.clone(),
@@ -105,7 +107,15 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             emit(f, &check, render::nccl_topo)?;
             Ok(u8::from(!check.ok()))
         }
-        Command::Verify { sysfs, expect, mib } => run_verify_command(f, sysfs, expect, *mib),
+        Command::Verify {
+            sysfs,
+            expect,
+            mib,
+            inject,
+        } => {
+            let inject = parse_inject(inject, mib * (1 << 20) / 4)?;
+            run_verify_command(f, sysfs, expect, (*mib, &inject))
+        }
         Command::Bench {
             quick,
             simulate,
@@ -138,7 +148,10 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             cross_process,
             from,
             send,
+            inject,
         } => {
+            let words = if *quick { 2 << 20 } else { 16 << 20 };
+            let inject = parse_inject(inject, words)?;
             let baseline = baseline
                 .as_deref()
                 .map(|p| load_report(p, "baseline"))
@@ -150,7 +163,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     sysfs,
                     expect,
                     (*quick, cli.verbose, *cross_process),
-                    baseline.as_ref(),
+                    (baseline.as_ref(), &inject),
                     send,
                 ),
             }
@@ -167,7 +180,23 @@ fn run_expect(
 ) -> Result<u8, CannotRun> {
     let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
     let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
-    let r = expect::compare(&e, &source, &scan);
+    let mut r = expect::compare(&e, &source, &scan);
+    if fabric::planned(&e) {
+        match Nvml::open() {
+            Some(nvml) => {
+                let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
+                r.fabric = Some(fabric::judge(&fabric::read(&nvml, &bdfs), Some(&e)));
+            }
+            None => {
+                r.fabric_unchecked = Some(
+                    "the expectation plans an NVSwitch fabric (module ids, FM partition) but \
+                     NVML (libnvidia-ml.so.1) cannot be loaded: install the NVIDIA driver in \
+                     the guest"
+                        .into(),
+                )
+            }
+        }
+    }
     emit(f, &r, render::expect)?;
     let code = match (r.mismatches(), r.unchecked()) {
         (0, 0) => 0,
@@ -177,6 +206,8 @@ fn run_expect(
     deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
     if r.mismatches() > 0 {
         Ok(1)
+    } else if let Some(why) = &r.fabric_unchecked {
+        Err(CannotRun(anyhow::anyhow!("{why}")))
     } else if r.unchecked() > 0 {
         let unread: Vec<String> = scan
             .gpus
@@ -204,9 +235,28 @@ fn topo_report(root: &Path, e: &Expectation, nvml: Option<&Nvml>) -> guest_topo:
     r
 }
 
-/// `topo`: each pair's path label in the guest against the host's (no CUDA needed).
+/// `topo`: each pair's path label in the guest against the host's (no CUDA needed); with
+/// no expectation, the guest's own view (labels, NVML's labels, module ids and fabric).
 fn run_topo(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
-    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let Some((e, source)) = optional_expectation(expect, &sysfs.sysfs_root)? else {
+        let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+        let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
+        let nvml = Nvml::open();
+        let mut pairs = guest_topo::guest_view(&sysfs.sysfs_root, &bdfs);
+        if let Some(n) = &nvml {
+            pairs.add_nvml(|a, b| n.common_ancestor(a, b));
+        }
+        let view = render::GuestView {
+            pairs,
+            fabric: nvml
+                .as_ref()
+                .map(|n| fabric::judge(&fabric::read(n, &bdfs), None)),
+            expectation: None,
+            an_expectation_adds: render::EXPECTATION_ADDS.into(),
+        };
+        emit(f, &view, render::guest_view)?;
+        return Ok(0);
+    };
     let r = topo_report(&sysfs.sysfs_root, &e, Nvml::open().as_ref());
     emit(f, &r, |r| render::topo(r, &source.display().to_string()))?;
     Ok(u8::from(r.mismatches() > 0))
@@ -240,7 +290,7 @@ fn run_verify_command(
     f: Format,
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
-    mib: usize,
+    (mib, inject): (usize, &Injection),
 ) -> Result<u8, CannotRun> {
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
     let gpus = open_gpus()?;
@@ -251,7 +301,7 @@ fn run_verify_command(
     let words = mib * (1 << 20) / 4;
     let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
-    measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
+    measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     let results: Vec<_> = reports.iter().filter_map(|r| r.verify.clone()).collect();
     judge_all(&mut reports, in_vm());
     emit(f, &results, |r| render::verify(r))?;
@@ -278,38 +328,37 @@ fn run_report(
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
     (quick, verbose, across): (bool, bool, bool),
-    baseline: Option<&Report>,
+    (baseline, inject): (Option<&Report>, &Injection),
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
-    let expect_report = match (&expectation, &scan) {
-        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
-        _ => None,
-    };
     let mut phases = report::Phases {
         verbose,
         ..Default::default()
     };
-    phases.lap("scan and expectation", started);
-    // NVML and the guest's path labels beside the CUDA contexts.
-    let (gpus, (nvml, topo)) = std::thread::scope(|s| {
-        let beside = s.spawn(|| {
-            let nvml = Nvml::open();
-            let topo = expectation
-                .as_ref()
-                .map(|(e, _)| topo_report(&sysfs.sysfs_root, e, nvml.as_ref()));
-            (nvml, topo)
-        });
+    // The guest's side (sysfs, NVML, path labels, fabric) beside cuInit and the contexts,
+    // which the driver serialises (bench/issue31.sh: `setup-probe`).
+    let (gpus, guest) = std::thread::scope(|s| {
+        let beside = s.spawn(|| guest_side(&sysfs.sysfs_root, expectation.as_ref()));
         let gpus = open_gpus();
-        let nvml_topo = beside
+        let guest = beside
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (gpus, nvml_topo)
+        (gpus, guest)
     });
+    let GuestSide {
+        scan,
+        expect_report,
+        nvml,
+        topo,
+        fabric: fabric_report,
+    } = guest;
     let gpus = gpus?;
-    phases.lap("CUDA contexts (a thread per GPU; NVML beside)", started);
+    phases.lap(
+        "CUDA init and contexts (a thread per GPU; sysfs, NVML and fabric beside)",
+        started,
+    );
     let vm = in_vm();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let flags = PingPongFlags::allocate(&gpus)?;
@@ -320,7 +369,8 @@ fn run_report(
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
     let sides = (gpus.as_slice(), modules.as_slice());
     let words = if quick { 2 << 20 } else { 16 << 20 };
-    let verify_walls = measure::verify_by_rounds(&gpus, &modules, &mut reports, words, &rounds)?;
+    let verify_walls =
+        measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     phases.lap("verify (one-way writes checked)", started);
     let plan = if quick { Plan::QUICK } else { Plan::FULL };
     let ran = (rounds.as_slice(), Some(verify_walls.as_slice()));
@@ -329,9 +379,8 @@ fn run_report(
     let cross = if across {
         let exe = std::env::current_exe().context("finding this program to start its children")?;
         let bdfs: Vec<_> = gpus.iter().map(|g| g.bus_id).collect();
-        let pairs = cross_process::pairs_to_check(&bdfs, false).map_err(anyhow::Error::msg)?;
-        let r = cross_process::run_all(&exe, &pairs, &HandleKind::ALL, 64);
-        phases.lap("cross-process (children per pair)", started);
+        let r = cross_gpu::run_all(&exe, &bdfs, &HandleKind::ALL, 64, CROSS_PROCESS_LIMIT);
+        phases.lap("cross-process (a child per GPU)", started);
         Some(r)
     } else {
         None
@@ -347,6 +396,7 @@ fn run_report(
         scan,
         expect: expect_report,
         topo,
+        fabric: fabric_report,
         gpus: gpus.iter().map(GpuInfo::from).collect(),
         pairs: reports,
         baseline: None,
@@ -368,7 +418,42 @@ fn run_report(
     let e = expectation.as_ref().map(|(e, _)| e);
     let vm = e.map_or("", |e| e.vm.as_str());
     deliver(f, send.send, e, send::from_report(&r, vm, code))?;
-    Ok(code)
+    // Everything is printed and sent: end here rather than release each GPU's context
+    // one after the other on the way out; the driver frees them as the process exits.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(code.into())
+}
+
+/// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
+/// NVML, the path labels and the fabric.
+struct GuestSide {
+    scan: Option<sysfs_scan::Scan>,
+    expect_report: Option<expect::ExpectReport>,
+    nvml: Option<Nvml>,
+    topo: Option<guest_topo::TopoReport>,
+    fabric: Option<fabric::FabricReport>,
+}
+
+fn guest_side(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSide {
+    let scan = sysfs_scan::scan(root).ok();
+    let expect_report = match (expectation, &scan) {
+        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
+        _ => None,
+    };
+    let nvml = Nvml::open();
+    let topo = expectation.map(|(e, _)| topo_report(root, e, nvml.as_ref()));
+    let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
+        let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();
+        fabric::judge(&fabric::read(n, &bdfs), expectation.map(|(e, _)| e))
+    });
+    GuestSide {
+        scan,
+        expect_report,
+        nvml,
+        topo,
+        fabric,
+    }
 }
 
 /// Prints the Prometheus text when asked, and sends the report when `--send` says so and
@@ -397,6 +482,17 @@ fn deliver(
             Ok(())
         }
     }
+}
+
+/// `--inject` items, each word within the `words` words checked.
+fn parse_inject(items: &[String], words: usize) -> Result<Injection, CannotRun> {
+    let i = Injection::parse(items).map_err(anyhow::Error::msg)?;
+    if let Some(w) = i.out_of_range(words as u64) {
+        return Err(CannotRun(anyhow::anyhow!(
+            "--inject: word {w} is beyond the {words} words each pair's check writes"
+        )));
+    }
+    Ok(i)
 }
 
 fn in_vm() -> bool {
@@ -431,21 +527,6 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
             path.display()
         )
     })
-}
-
-/// `cross-process`: both handle kinds (or one) for every ordered pair (or, `same_gpu`,
-/// every GPU with itself), a pair at a time.
-fn run_cross_process(f: Format, handle: &str, mib: usize, same_gpu: bool) -> Result<u8, CannotRun> {
-    let kinds: Vec<HandleKind> = match HandleKind::parse(handle) {
-        Some(k) => vec![k],
-        None => HandleKind::ALL.to_vec(),
-    };
-    let gpus: Vec<pci_config::Bdf> = peers::open_gpus()?.iter().map(|g| g.bus_id).collect();
-    let pairs = cross_process::pairs_to_check(&gpus, same_gpu).map_err(anyhow::Error::msg)?;
-    let exe = std::env::current_exe().context("finding this program to start its children")?;
-    let results = cross_process::run_all(&exe, &pairs, &kinds, mib);
-    emit(f, &results, |r| render::cross_process(r))?;
-    Ok(u8::from(!results.iter().all(|r| r.ok())))
 }
 
 /// `$NCCL_TOPO_FILE`, when set and not empty.

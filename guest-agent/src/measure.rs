@@ -140,7 +140,7 @@ pub fn verify_by_rounds(
     gpus: &[Gpu],
     modules: &[Module<'_>],
     reports: &mut [PairReport],
-    words: usize,
+    (words, inject): (usize, &verify::Injection),
     rounds: &[RoundPlan],
 ) -> Result<Vec<f64>> {
     let enabled = Enabled::of(gpus, reports);
@@ -150,9 +150,13 @@ pub fn verify_by_rounds(
             .both_ways(a, b)
             .into_iter()
             .map(|(s, d, i)| {
-                let v =
-                    verify::verify_pair((&gpus[s], &modules[s]), (&gpus[d], &modules[d]), words)
-                        .with_context(|| format!("verifying {}", labels[i]))?;
+                let v = verify::verify_pair(
+                    (&gpus[s], &modules[s]),
+                    (&gpus[d], &modules[d]),
+                    words,
+                    inject,
+                )
+                .with_context(|| format!("verifying {}", labels[i]))?;
                 Ok((i, v))
             })
             .collect::<Result<Vec<(usize, VerifyResult)>>>()

@@ -31,6 +31,29 @@ struct PciInfo {
     bus_id: [c_char; 32],
 }
 
+/// `nvmlGpuFabricInfo_t`: the GPU's registration with the NVSwitch fabric.
+#[repr(C)]
+struct GpuFabricInfo {
+    cluster_uuid: [u8; 16],
+    /// An `nvmlReturn_t`: the probe's error, meaningful once `state` is completed.
+    status: c_int,
+    clique_id: c_uint,
+    /// `nvmlGpuFabricState_t` (an unsigned char).
+    state: u8,
+}
+
+/// What NVML says of one GPU's place on the NVSwitch fabric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricInfo {
+    /// `NVML_GPU_FABRIC_STATE_*`: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+    /// The registration's `nvmlReturn_t` (0: success).
+    pub status: i32,
+    pub clique_id: u32,
+    /// The cluster's UUID, hex (all zeros outside a multi-node cluster).
+    pub cluster_uuid: String,
+}
+
 /// How two GPUs are connected, as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
@@ -127,6 +150,93 @@ impl Nvml {
         Some(Link { nvlinks: 0, label })
     }
 
+    /// The text NVML gives a return code.
+    fn error_text(&self, r: NvmlReturn) -> String {
+        // SAFETY: signature as in nvml.h; the string returned is static in the library.
+        let text = unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn(NvmlReturn) -> *const c_char>(b"nvmlErrorString")
+                .ok()
+                .map(|f| f(r))
+                .filter(|p| !p.is_null())
+                .map(|p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        };
+        match text {
+            Some(t) => format!("NVML error {r} ({t})"),
+            None => format!("NVML error {r}"),
+        }
+    }
+
+    /// The GPU's physical module id on its baseboard (`nvmlDeviceGetModuleId`).
+    pub fn module_id(&self, bdf: Bdf) -> Result<u32, String> {
+        let dev = self
+            .device(bdf)
+            .ok_or_else(|| format!("NVML does not know GPU {bdf}"))?;
+        let mut id: c_uint = 0;
+        // SAFETY: signature as in nvml.h; id is a valid out pointer, dev an NVML handle.
+        let r = unsafe {
+            let f: Symbol<unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> NvmlReturn> = self
+                .lib
+                .get(b"nvmlDeviceGetModuleId")
+                .map_err(|_| "this NVML has no nvmlDeviceGetModuleId (driver before R525)")?;
+            f(dev, &mut id)
+        };
+        if r == NVML_SUCCESS {
+            Ok(id)
+        } else {
+            Err(self.error_text(r))
+        }
+    }
+
+    /// The GPU's fabric registration (`nvmlDeviceGetGpuFabricInfo`).
+    pub fn fabric_info(&self, bdf: Bdf) -> Result<FabricInfo, String> {
+        let dev = self
+            .device(bdf)
+            .ok_or_else(|| format!("NVML does not know GPU {bdf}"))?;
+        // SAFETY: an all-zero GpuFabricInfo is a valid value of the plain C struct.
+        let mut info: GpuFabricInfo = unsafe { std::mem::zeroed() };
+        // SAFETY: signature as in nvml.h; info is a valid out pointer of the v1 layout.
+        let r = unsafe {
+            let f: Symbol<unsafe extern "C" fn(NvmlDevice, *mut GpuFabricInfo) -> NvmlReturn> =
+                self.lib.get(b"nvmlDeviceGetGpuFabricInfo").map_err(|_| {
+                    "this NVML has no nvmlDeviceGetGpuFabricInfo (driver before R525)"
+                })?;
+            f(dev, &mut info)
+        };
+        if r != NVML_SUCCESS {
+            return Err(self.error_text(r));
+        }
+        Ok(FabricInfo {
+            state: info.state,
+            status: info.status,
+            clique_id: info.clique_id,
+            cluster_uuid: info
+                .cluster_uuid
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        })
+    }
+
+    /// The driver's version as NVML prints it (`580.159.04`).
+    pub fn driver_version(&self) -> Option<String> {
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: signature as in nvml.h; buf has the length passed.
+        unsafe {
+            let f: Symbol<unsafe extern "C" fn(*mut c_char, c_uint) -> NvmlReturn> =
+                self.lib.get(b"nvmlSystemGetDriverVersion").ok()?;
+            if f(buf.as_mut_ptr(), buf.len() as c_uint) != NVML_SUCCESS {
+                return None;
+            }
+        }
+        let bytes: Vec<u8> = buf
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// NVML's PCIe label of the pair (its common ancestor: PIX, PXB, PHB, NODE, SYS),
     /// or `None` when NVML does not know the GPUs or the answer.
     pub fn common_ancestor(&self, a: Bdf, b: Bdf) -> Option<String> {
@@ -183,6 +293,15 @@ mod tests {
     fn pci_info_layout_matches_nvml_h() {
         assert_eq!(std::mem::size_of::<PciInfo>(), 16 + 5 * 4 + 32);
         assert_eq!(std::mem::offset_of!(PciInfo, bus_id), 36);
+    }
+
+    #[test]
+    fn fabric_info_layout_matches_nvml_h() {
+        // unsigned char[16], nvmlReturn_t, unsigned int, unsigned char; padded to 4.
+        assert_eq!(std::mem::size_of::<GpuFabricInfo>(), 28);
+        assert_eq!(std::mem::offset_of!(GpuFabricInfo, status), 16);
+        assert_eq!(std::mem::offset_of!(GpuFabricInfo, clique_id), 20);
+        assert_eq!(std::mem::offset_of!(GpuFabricInfo, state), 24);
     }
 
     #[test]

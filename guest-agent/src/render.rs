@@ -4,6 +4,7 @@ use comfy_table::{Cell, ColumnConstraint, Table, Width};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
+use crate::fabric::FabricReport;
 use crate::guest_topo::TopoReport;
 use crate::measure::{RoundRecord, SimulatedRun};
 use crate::nccl_topo::NcclTopoCheck;
@@ -104,8 +105,119 @@ pub fn expect(e: &ExpectReport) -> String {
     for g in e.gpus.iter().filter(|g| g.status != GpuStatus::Ok) {
         out.push_str(&format!("{}\n", g.message));
     }
+    if let Some(f) = &e.fabric {
+        out.push_str(&fabric(f));
+    }
+    if let Some(why) = &e.fabric_unchecked {
+        out.push_str(&fit(&format!("fabric not checked: {why}")));
+    }
     for b in &e.unexpected {
         out.push_str(&format!("note: GPU {b} is not in the host's expectation\n"));
+    }
+    out
+}
+
+/// What an expectation adds to `scan` and `topo`, in words.
+pub const EXPECTATION_ADDS: &str = "the host's plan for this VM: the clique each GPU must carry \
+    (`expect`), the host's PCIe label of each pair to compare with the guest's (`topo`), \
+    which pairs must have P2P and over how many NVLinks (`report`), and on an NVSwitch board \
+    the Fabric Manager partition, its module ids and FM version. The host writes it to QEMU's \
+    fw_cfg (`vfio-p2p gen`); or give a copy with --expect FILE";
+
+/// `scan`'s closing note when the host's expectation is not there.
+pub fn no_expectation_note() -> String {
+    fit(&format!(
+        "note: no expectation from the host (fw_cfg opt/vfio-p2p/expect.json); one would add {EXPECTATION_ADDS}"
+    ))
+}
+
+/// `topo` with no expectation: the guest's own view.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GuestView {
+    /// Every pair of GPUs with its guest (sysfs) and NVML label.
+    pub pairs: TopoReport,
+    /// Module ids and fabric registration (NVML), nothing judged.
+    pub fabric: Option<FabricReport>,
+    /// Always `null` here: no expectation was found.
+    pub expectation: Option<String>,
+    pub an_expectation_adds: String,
+}
+
+pub fn guest_view(v: &GuestView) -> String {
+    let mut tb = table(&["GPU", "GPU", "guest", "NVML"]);
+    for p in &v.pairs.pairs {
+        tb.add_row(vec![
+            p.a.to_string(),
+            p.b.to_string(),
+            opt(&p.guest),
+            opt(&p.nvml),
+        ]);
+    }
+    let mut out =
+        format!("PCIe path labels in this guest (no expectation: nothing compared)\n{tb}\n");
+    for w in &v.pairs.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    match &v.fabric {
+        Some(f) => out.push_str(&fabric(f)),
+        None => out.push_str("NVML not loaded: module ids and fabric state unknown\n"),
+    }
+    out.push_str(&fit(&format!(
+        "an expectation would add {}",
+        v.an_expectation_adds
+    )));
+    out
+}
+
+/// Each GPU's module id and fabric registration, against the plan when there is one.
+pub fn fabric(f: &FabricReport) -> String {
+    let mut t = table(&[
+        "GPU", "module", "planned", "fabric", "status", "clique", "check",
+    ]);
+    for g in &f.gpus {
+        let found = &g.found;
+        t.add_row(vec![
+            found.bdf.to_string(),
+            found
+                .module_id
+                .map_or_else(|| "?".into(), |m| m.to_string()),
+            opt(&g.expected_module_id),
+            found
+                .state
+                .map_or_else(|| "?".into(), crate::fabric::state_name),
+            found.status.map_or_else(
+                || "-".into(),
+                |s| {
+                    if s == 0 {
+                        "success".into()
+                    } else {
+                        format!("error {s}")
+                    }
+                },
+            ),
+            opt(&found.clique_id),
+            if g.ok { "ok" } else { "DIFFERS" }.into(),
+        ]);
+    }
+    let plan = match &f.planned {
+        Some(p) => format!(
+            "{}{}{}",
+            p.model,
+            p.partition_id
+                .map_or_else(String::new, |id| format!(", FM partition {id}")),
+            p.fm_version
+                .as_deref()
+                .map_or_else(String::new, |v| format!(", FM {v}"))
+        ),
+        None if f.gpus.iter().any(|g| g.expected_module_id.is_some()) => "module ids only".into(),
+        None => "none planned".into(),
+    };
+    let mut out = format!(
+        "NVSwitch fabric (NVML; driver {}; plan: {plan})\n{t}\n",
+        f.driver_version.as_deref().unwrap_or("?")
+    );
+    for p in &f.problems {
+        out.push_str(&fit(p));
     }
     out
 }
@@ -292,6 +404,9 @@ pub fn report(r: &Report) -> String {
     }
     if let Some(t) = &r.topo {
         out.push_str(&topo(t, "the host's expectation"));
+    }
+    if let Some(f) = &r.fabric {
+        out.push_str(&fabric(f));
     }
     let peers_: Vec<_> = r.pairs.iter().map(|p| p.peer.clone()).collect();
     out.push_str(&peers(&peers_));

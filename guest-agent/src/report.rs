@@ -63,6 +63,10 @@ pub struct Report {
     /// Path labels in the guest against the host's (with an expectation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topo: Option<TopoReport>,
+    /// Each GPU's module id and NVSwitch fabric registration (NVML), judged against the
+    /// planned partition when the expectation has one (absent without NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<crate::fabric::FabricReport>,
     pub gpus: Vec<GpuInfo>,
     pub pairs: Vec<PairReport>,
     pub baseline: Option<Vec<BaselineRatio>>,
@@ -181,7 +185,8 @@ impl Report {
     /// Exit status: 0 all as expected, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         let gpus_ok = self.expect.as_ref().is_none_or(|e| e.mismatches() == 0)
-            && self.topo.as_ref().is_none_or(|t| t.mismatches() == 0);
+            && self.topo.as_ref().is_none_or(|t| t.mismatches() == 0)
+            && self.fabric.as_ref().is_none_or(|f| f.mismatches() == 0);
         let pairs_ok = self.pairs.iter().all(|p| p.as_expected);
         let nccl_ok = self.nccl_topo.as_ref().is_none_or(|c| c.ok());
         let across_ok = self
@@ -345,8 +350,16 @@ pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) ->
         if !v.ce_copy.ok() {
             broken.push(lost("copy-engine copy", &v.ce_copy));
         }
+        let note = v.injected.as_ref().map(|i| self_test_note(v, i));
         if !broken.is_empty() {
-            return (false, format!("P2P BROKEN: {}", broken.join("; ")));
+            let mut line = format!("P2P BROKEN: {}", broken.join("; "));
+            if let Some(n) = note {
+                line.push_str(&format!("; {n}"));
+            }
+            return (false, line);
+        }
+        if let Some(n) = note {
+            return (true, format!("P2P OK; {n}"));
         }
     }
     if p.bench.as_ref().is_some_and(|b| b.pingpong_timed_out) {
@@ -395,6 +408,36 @@ pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) ->
     }
     line.push_str(&nvlink_note);
     (ok, line)
+}
+
+/// What `--inject` (a self-test) corrupted and whether the check saw exactly the
+/// destination's words: each write's check must count every injected destination word
+/// and name the first, and never a source word.
+fn self_test_note(v: &crate::verify::VerifyResult, i: &crate::verify::Injection) -> String {
+    let mut dst = i.dst_words.clone();
+    dst.sort_unstable();
+    dst.dedup();
+    let exact = |c: &crate::verify::WriteCheck| {
+        c.bad_words == dst.len() as u64 && c.first_bad == dst.first().copied()
+    };
+    let list = |w: &[u64]| w.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    let verdict = if exact(&v.kernel_write) && exact(&v.ce_copy) {
+        "self-test passed"
+    } else {
+        "SELF-TEST FAILED"
+    };
+    let src = if i.src_words.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", source word(s) {} (not P2P failures: the check reads the destination)",
+            list(&i.src_words)
+        )
+    };
+    format!(
+        "--inject corrupted destination word(s) [{}]{src}: {verdict}",
+        list(&dst)
+    )
 }
 
 /// Whether the CPU reports a hypervisor (the `hypervisor` CPUID flag in /proc/cpuinfo).

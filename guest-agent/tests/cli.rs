@@ -513,3 +513,58 @@ fn nccl_topo_without_a_file_names_the_way_out() {
         .code(2)
         .stderr(contains("NCCL_TOPO_FILE is not set"));
 }
+
+#[test]
+fn expect_with_a_planned_fabric_needs_nvml() {
+    // No NVIDIA driver on the test machine: NVML cannot be loaded, so the fabric the
+    // expectation plans cannot be checked (exit 2), whatever the cliques say.
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    let file = t.path().join("expect.json");
+    let e = expectation("null", "0000:00:07.0").replace(
+        r#""pairs""#,
+        r#""fabric":{"model":"shared-nvswitch","partition_id":1,"fm_version":"580.159.04"},"pairs""#,
+    );
+    fs::write(&file, e).unwrap();
+    agent()
+        .args(["expect", "--sysfs-root"])
+        .arg(t.path())
+        .arg("--expect")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stdout(contains("fabric not checked"))
+        .stderr(contains("NVML (libnvidia-ml.so.1) cannot be loaded"));
+}
+
+#[test]
+fn topo_and_scan_without_an_expectation_show_the_guests_view() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    let out = agent()
+        .args(["topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(text.contains("no expectation: nothing compared"), "{text}");
+    assert!(
+        text.contains("0000:00:06.0") && text.contains("PHB"),
+        "{text}"
+    );
+    assert!(text.contains("an expectation would add"), "{text}");
+    let out = agent()
+        .args(["topo", "--format", "json", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success();
+    let v = json(&out.get_output().stdout);
+    assert_eq!(v["pairs"]["pairs"].as_array().unwrap().len(), 1, "{v}");
+    assert!(v["expectation"].is_null() && v["an_expectation_adds"].is_string());
+    agent()
+        .args(["scan", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stdout(contains("no expectation from the host"));
+}

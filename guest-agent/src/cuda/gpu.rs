@@ -67,7 +67,25 @@ impl Gpu {
         Ok(gpus)
     }
 
-    fn open(ordinal: i32) -> Result<Gpu, CudaError> {
+    /// The PCI addresses of every GPU the driver sees, sorted; no context is created.
+    pub fn bus_ids() -> Result<Vec<Bdf>, CudaError> {
+        let mut n = 0;
+        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
+        check(
+            unsafe { sys::cuDeviceGetCount(&mut n) },
+            "cuDeviceGetCount",
+            &"-",
+        )?;
+        let mut out = Vec::new();
+        for ordinal in 0..n {
+            out.push(Self::bus_id_of(ordinal)?.1);
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The device handle and PCI address of CUDA ordinal `ordinal`.
+    fn bus_id_of(ordinal: i32) -> Result<(CUdevice, Bdf), CudaError> {
         let at = format!("#{ordinal}");
         let mut dev: CUdevice = 0;
         // SAFETY: dev is a valid out pointer and ordinal < cuDeviceGetCount.
@@ -89,6 +107,33 @@ impl Gpu {
             gpu: at.clone(),
             error: format!("unparsable PCI bus id {raw:?}"),
         })?;
+        Ok((dev, bus_id))
+    }
+
+    /// The GPU at `bdf` alone: only its context is created (a child of `cross-process`
+    /// needs no other), though every GPU stays visible for CUDA IPC.
+    pub fn open_at(bdf: Bdf) -> Result<Gpu, CudaError> {
+        let mut n = 0;
+        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
+        check(
+            unsafe { sys::cuDeviceGetCount(&mut n) },
+            "cuDeviceGetCount",
+            &"-",
+        )?;
+        for ordinal in 0..n {
+            if Self::bus_id_of(ordinal)?.1 == bdf {
+                return Gpu::open(ordinal);
+            }
+        }
+        Err(CudaError::Call {
+            what: "cuDeviceGetPCIBusId",
+            gpu: bdf.to_string(),
+            error: "CUDA does not see this GPU".into(),
+        })
+    }
+
+    fn open(ordinal: i32) -> Result<Gpu, CudaError> {
+        let (dev, bus_id) = Self::bus_id_of(ordinal)?;
         let at = bus_id.to_string();
         let mut name = [0 as c_char; 128];
         // SAFETY: name has the length passed.

@@ -55,6 +55,19 @@ impl<'g> DeviceBuffer<'g> {
         self.gpu.synchronize()
     }
 
+    /// Sets 32-bit word `i` to `value`, and waits.
+    pub fn set_word(&self, i: usize, value: u32) -> Result<(), CudaError> {
+        assert!((i + 1) * 4 <= self.bytes, "word {i} beyond the buffer");
+        self.gpu.bind()?;
+        // SAFETY: the one word lies within this allocation (asserted above).
+        check(
+            unsafe { sys::cuMemsetD32_v2(self.ptr + 4 * i as u64, value, 1) },
+            "cuMemsetD32",
+            &self.gpu.bus_id,
+        )?;
+        self.gpu.synchronize()
+    }
+
     /// Copies `data` in, and waits (the DMA from the staging buffer may outlive the call).
     pub fn upload<T: Copy>(&self, data: &[T]) -> Result<(), CudaError> {
         assert!(std::mem::size_of_val(data) <= self.bytes);
