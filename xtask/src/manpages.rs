@@ -1,12 +1,11 @@
 //! Man pages (one per command and subcommand, `clap_mangen`) and bash/zsh/fish completions
-//! (`clap_complete`), rendered from a binary's real clap definition.
+//! (`completions`), rendered from a binary's real clap definition.
 
 use std::fs;
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use clap_complete::Shell;
 use flate2::{Compression, GzBuilder};
 
 /// Writes `DIR/man/NAME[-SUB…].1.gz` and `DIR/completions/{NAME.bash,_NAME,NAME.fish}`.
@@ -19,16 +18,10 @@ pub fn write(command: clap::Command, dir: &Path) -> Result<()> {
         }
         fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
-    let name = command.get_name().to_string();
     clap_mangen::generate_to(command.clone(), &man)
         .with_context(|| format!("writing man pages into {}", man.display()))?;
     gzip_all(&man)?;
-    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        clap_complete::generate_to(shell, &mut command.clone(), &name, &completions).with_context(
-            || format!("writing {shell} completions into {}", completions.display()),
-        )?;
-    }
-    Ok(())
+    crate::completions::write(&command, &completions)
 }
 
 /// Replaces every file in `dir` by its gzip, as Debian policy wants man pages: best

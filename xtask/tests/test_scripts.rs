@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A directory of stand-ins: `dpkg -s P` succeeds for the packages in `$INSTALLED` (or all
@@ -56,7 +59,10 @@ exit 101"#,
     fn run(&self, script: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(root().join(script));
         cmd.args(args)
-            .env("PATH", format!("{}:/usr/bin:/bin", self.dir.path().display()))
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", self.dir.path().display()),
+            )
             .env("STUB_LOG", self.dir.path().join("log"))
             .env_remove("VFIO_P2P_DIST");
         for (k, v) in env {
@@ -193,9 +199,9 @@ fn tests_run_runs_every_binary_and_fails_after_its_summary() {
     );
     assert!(said.contains("    test a::b ... FAILED"), "{said}");
     // the later stages still ran (and said so) before the failure ended the run
+    assert!(said.contains("lab: skipped (VFIO_P2P_LAB=0)"), "{said}");
     assert!(
-        said.contains("lab: skipped (VFIO_P2P_LAB=0)"),
-        "{said}"
+        said.contains("setup: all "),
+        "tests/run calls tests/setup: {said}"
     );
-    assert!(said.contains("setup: all "), "tests/run calls tests/setup: {said}");
 }
