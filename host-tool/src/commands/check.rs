@@ -9,7 +9,7 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::config::vm::IommuBackend;
 use crate::context::{Context, PlanOptionArgs};
-use crate::decide::check::{self, Vmm, VmmFacts};
+use crate::decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
@@ -20,8 +20,28 @@ use crate::read::domain_xml::read_domain_xml_file;
 use crate::read::proxmox_conf::read_proxmox_conf_file;
 use crate::read::vmm;
 
-/// How a Proxmox VM gets the planned cliques.
-const PROXMOX_FIX: &str = "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus …` into the VM's config (qm stop, then qm start)";
+/// How the VM definition checked gets the planned cliques: a Proxmox VM's config the
+/// lines of `gen proxmox` for its GPUs, a libvirt domain `libvirt patch`.
+fn clique_fix(args: &CheckArgs, domain: &DomainFacts, gpus: &[Bdf]) -> String {
+    match (&args.proxmox_conf, &args.domain_xml) {
+        (Some(_), _) => {
+            let gpus: Vec<String> = gpus.iter().map(Bdf::to_string).collect();
+            format!(
+                "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus {}` into the VM's config (qm stop, then qm start)",
+                gpus.join(",")
+            )
+        }
+        (None, Some(file)) => {
+            let file = file.display();
+            let define = match &domain.name {
+                Some(_) => format!(" && virsh define {file}"),
+                None => String::new(),
+            };
+            format!("run `vfio-p2p libvirt patch {file} -o {file}{define}`")
+        }
+        (None, None) => check::patch_fix(domain),
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -79,6 +99,11 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
         } else {
             format!("the domain {file}")
         });
+        facts.syntax = if args.proxmox_conf.is_some() {
+            ConfigSyntax::Proxmox
+        } else {
+            ConfigSyntax::Libvirt(file.clone())
+        };
     }
     if let Some(a) = &args.qemu_args {
         facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
@@ -168,9 +193,10 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
-    if let (Some(d), Some(_)) = (&domain, &args.proxmox_conf) {
+    if let Some(d) = &domain {
         let level = ctx.plan_options(&args.plan, None).p2p_level;
-        report.extend(check::clique_checks(topo, d, level, PROXMOX_FIX));
+        let fix = clique_fix(&args, d, &gpus);
+        report.extend(check::clique_checks(topo, d, level, &fix));
     }
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

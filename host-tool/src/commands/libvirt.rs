@@ -9,6 +9,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{libvirt_version, Context, PlanningArgs};
+use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
@@ -24,7 +25,7 @@ pub struct LibvirtArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum LibvirtCommand {
-    /// Add hostdev aliases and the cliques' <qemu:override> to a domain XML (`virsh dumpxml --inactive`).
+    /// Add hostdev aliases, the cliques' <qemu:override> and the GPUs' 64-bit MMIO window (<pcihole64>) to a domain XML (`virsh dumpxml --inactive`).
     Patch(PatchArgs),
 }
 
@@ -109,8 +110,17 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         ctx.plan(&gpus, &ctx.plan_options(&args.planning.options, None))?
             .assignments
     };
+    // The window holds every GPU hostdev's BARs (not only the --gpus ones); QEMU's default
+    // is left alone where it fits.
+    let passed: Vec<&crate::model::Device> = scan
+        .hostdevs
+        .iter()
+        .filter_map(|h| topo.device(&h.bdf).filter(|d| d.is_gpu()))
+        .collect();
+    let need = mmio::hole64_size(&passed);
+    let hole64 = if need > mmio::HEADROOM { need } else { 0 };
     let version = libvirt_version(args.libvirt_version);
-    let patched = libvirt_patch::apply(&xml, &scan, &cliques, version)?;
+    let patched = libvirt_patch::apply(&xml, &scan, &cliques, hole64, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");
     }

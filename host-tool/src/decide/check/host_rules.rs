@@ -82,7 +82,7 @@ pub(super) fn check_vfio_module(m: &ModuleState) -> CheckResult {
             format!("no vfio-pci module: {w}"),
             Some("install the kernel's extra modules (e.g. linux-modules-extra-$(uname -r)) or a kernel with CONFIG_VFIO_PCI".to_string()),
         ),
-        ModuleState::Unknown(why) => (Status::Warn, format!("not probed: {why}"), Some("run `vfio-p2p check` on the host itself".to_string())),
+        ModuleState::Unknown(why) => (Status::Warn, format!("not probed: {why}"), Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".to_string())),
     };
     result("vfio-pci-module", None, status, saw, fix)
 }
