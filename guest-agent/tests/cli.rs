@@ -513,3 +513,21 @@ fn nccl_topo_without_a_file_names_the_way_out() {
         .code(2)
         .stderr(contains("NCCL_TOPO_FILE is not set"));
 }
+
+/// `--help` is wrapped to the terminal's width (clap's wrap_help; `$COLUMNS` when piped).
+#[test]
+fn help_is_wrapped_to_the_terminal() {
+    for args in [&["--help"][..], &["bench", "--help"], &["report", "--help"]] {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .env("COLUMNS", "80")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.lines().all(|l| l.chars().count() <= 80),
+            "{args:?}:\n{text}"
+        );
+    }
+}
