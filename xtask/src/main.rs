@@ -13,6 +13,7 @@
 
 mod archive;
 mod completions;
+mod man_sections;
 mod manpages;
 mod tools;
 
