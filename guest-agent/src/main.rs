@@ -110,10 +110,12 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             quick,
             simulate,
             serial,
+            verbose,
         } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
             if let Some(n) = simulate {
-                return run_simulated(f, usize::from(*n), (!*serial, cli.verbose), &plan);
+                let verbose = cli.verbose || *verbose;
+                return run_simulated(f, usize::from(*n), (!*serial, verbose), &plan);
             }
             let gpus = open_gpus()?;
             let pairs = peers::probe(&gpus, None)?;
@@ -138,6 +140,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             cross_process,
             from,
             send,
+            verbose,
         } => {
             let baseline = baseline
                 .as_deref()
@@ -149,7 +152,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     f,
                     sysfs,
                     expect,
-                    (*quick, cli.verbose, *cross_process),
+                    (*quick, cli.verbose || *verbose, *cross_process),
                     baseline.as_ref(),
                     send,
                 ),

@@ -531,3 +531,35 @@ fn help_is_wrapped_to_the_terminal() {
         );
     }
 }
+
+/// `-v` is offered where it does something (report, bench, before the command), not under
+/// scan or expect (issue 29).
+#[test]
+fn verbose_is_offered_only_where_it_works() {
+    let help = |args: &[&str]| {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for sub in ["scan", "expect", "peers", "topo"] {
+        assert!(!help(&[sub, "--help"]).contains("--verbose"), "{sub}");
+    }
+    for sub in ["report", "bench"] {
+        assert!(help(&[sub, "--help"]).contains("--verbose"), "{sub}");
+    }
+    let report = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/agent/h200x2-report.json"
+    );
+    for args in [["-v", "report"], ["report", "-v"]] {
+        Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .args(args)
+            .args(["--from", report])
+            .assert()
+            .success();
+    }
+}

@@ -114,3 +114,53 @@ fn warnings_are_plain_lines_not_log_records() {
         .stderr(predicate::str::contains("WARN").not())
         .stderr(predicate::str::contains("vfio_p2p::").not());
 }
+
+/// Round two (issue 29): a host without GPUs says so once, not on stdout and stderr both.
+#[test]
+fn a_host_without_gpus_says_so_once() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("sys/bus/pci/devices")).unwrap();
+    let out = vfio_p2p()
+        .arg("--sysfs-root")
+        .arg(root.path())
+        .arg("topo")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+    .to_lowercase();
+    assert_eq!(all.matches("no gpus").count(), 1, "{all}");
+    assert!(all.contains("--example hgx-h100 topo"), "{all}");
+}
+
+/// Help names files as the package installs them, and options the command has.
+#[test]
+fn help_names_what_exists() {
+    let manifest = include_str!("../Cargo.toml");
+    for args in [
+        &["gen", "--help"][..],
+        &["libvirt", "patch", "--help"],
+        &["plan", "--help"],
+        &["hook", "run", "--help"],
+    ] {
+        let out = vfio_p2p().args(args).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).replace("\n  ", " ");
+        let help: String = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (at, _) in help.match_indices("/usr/share/doc/vfio-p2p/examples/") {
+            let path = help[at..].split([' ', ')', ';']).next().unwrap();
+            let dir = &path[..path.rfind('/').unwrap() + 1];
+            let dest = dir.trim_start_matches('/');
+            assert!(
+                manifest.contains(&format!("\"{dest}\"")),
+                "{args:?}: {path} is not where the .deb puts anything"
+            );
+        }
+        if args[0] == "libvirt" {
+            assert!(!help.contains("config's `gpus`"), "{help}");
+            assert!(!help.contains("--config"), "{help}");
+        }
+    }
+}

@@ -175,7 +175,7 @@ fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
         );
     }
     println!(
-        "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see configs/README.md); defaults when absent",
+        "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see /usr/share/doc/vfio-p2p/examples/README.md); defaults when absent",
         root.join(HOST_CONFIG_PATH).display()
     );
     let legacy = root.join(LEGACY_HOOK_CONFIG_PATH);

@@ -26,6 +26,11 @@ pub struct LibvirtArgs {
 #[derive(Debug, Subcommand)]
 pub enum LibvirtCommand {
     /// Add hostdev aliases, the cliques' <qemu:override> and the GPUs' 64-bit MMIO window (<pcihole64>) to a domain XML (`virsh dumpxml --inactive`).
+    // the shared planning options, as they read for a domain (there is no vm.yaml here)
+    #[command(
+        mut_arg("gpus", |a| a.help("The domain's GPUs to give cliques (default: every GPU hostdev of the domain)")),
+        mut_arg("p2p_level", |a| a.help("Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys (default: the host config's `p2p_level`, else pxb)"))
+    )]
     Patch(PatchArgs),
 }
 
