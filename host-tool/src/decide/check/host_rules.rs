@@ -58,7 +58,7 @@ pub(super) fn check_iommu(topo: &Topology) -> Vec<CheckResult> {
             None,
             Status::Fail,
             format!("no IOMMU groups under /sys/kernel/iommu_groups; {flags}"),
-            Some(fix.into()),
+            Some(fix),
         )];
     }
     let off = cmdline
