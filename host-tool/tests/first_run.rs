@@ -164,3 +164,38 @@ fn help_names_what_exists() {
         }
     }
 }
+
+/// Two GPUs far apart: their only pair is listed, not counted away; and the NVLink line
+/// under the table says what holds for every NVLink pair, not one pair's PCIe path.
+#[test]
+fn a_small_plan_lists_every_pair_and_the_nvlink_line_fits_all() {
+    let out = vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "plan",
+            "--gpus",
+            "05:00.0,85:00.0",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("0000:05:00.0   0000:85:00.0   SYS") && !text.contains("not listed"),
+        "{text}"
+    );
+    let out = vfio_p2p()
+        .args(["--example", "hgx-h100", "plan"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let nvlink = text.lines().find(|l| l.starts_with("nvlink: ")).unwrap();
+    assert!(
+        text.contains("NV18 (NODE)") && text.contains("NV18 (PIX)"),
+        "{text}"
+    );
+    assert!(
+        !nvlink.contains("PIX") && !nvlink.contains("PCIe path"),
+        "{nvlink}"
+    );
+}
