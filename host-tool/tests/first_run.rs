@@ -199,3 +199,64 @@ fn a_small_plan_lists_every_pair_and_the_nvlink_line_fits_all() {
         "{nvlink}"
     );
 }
+
+/// `verdicts --history` of a domain without a report says why, with no OS error: a
+/// registered one has none yet (exit 0), an unknown one is named with its state directory.
+#[test]
+fn verdict_history_without_a_report_says_why() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    let out = vfio_p2p()
+        .args(["verdicts", "--state-dir", dir, "--history", "train-01"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no domain 'train-01' in") && !err.contains("os error"),
+        "{err}"
+    );
+    std::fs::create_dir_all(state.path().join("plans")).unwrap();
+    std::fs::write(state.path().join("plans/train-01.json"), "{}").unwrap();
+    let out = vfio_p2p()
+        .args(["verdicts", "--state-dir", dir, "--history", "train-01"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no report from train-01 yet"));
+}
+
+/// `hook run --dry-run` says what it found when all is well, instead of nothing.
+#[test]
+fn a_dry_run_of_the_hook_says_all_is_well() {
+    let existing = include_str!("../../tests/fixtures/libvirt/existing-domain.xml");
+    let patched = vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "libvirt",
+            "patch",
+            "--libvirt-version",
+            "9.0",
+            "-",
+        ])
+        .write_stdin(existing)
+        .output()
+        .unwrap();
+    assert!(patched.status.success());
+    for (op, stdin, said) in [
+        ("prepare", patched.stdout.clone(), "train-01: all well"),
+        ("release", Vec::new(), "train-01: prepare bound nothing"),
+    ] {
+        let sub = if op == "prepare" { "begin" } else { "end" };
+        let out = vfio_p2p()
+            .args(["--example", "dual-socket-pcie", "hook", "run", "--dry-run"])
+            .args(["train-01", op, sub, "-"])
+            .write_stdin(stdin)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.starts_with(said), "{op}: {text:?}");
+    }
+}

@@ -273,6 +273,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         Err(e) => return unreadable(guest, config.hook_policy, &e.to_string()),
     };
     if facts.hostdevs.is_empty() {
+        dry_run_says(dry_run, guest, "no PCI hostdev, nothing to check or bind");
         return Ok(ExitCode::SUCCESS);
     }
     let record = match read_host(root) {
@@ -323,7 +324,18 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     for p in problems.iter().chain(&notes) {
         eprintln!("vfio-p2p hook: {guest}: warning: {p}");
     }
+    if problems.is_empty() && notes.is_empty() && unmanaged.is_empty() {
+        dry_run_says(dry_run, guest, "all well: the cliques are as planned, and every hostdev is managed='yes' (nothing to bind)");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Under --dry-run, what the hook found when it has nothing else to print (the run itself
+/// stays silent: libvirt logs what a hook prints).
+fn dry_run_says(dry_run: bool, guest: &str, what: &str) {
+    if dry_run {
+        println!("{guest}: {what}; the guest would start");
+    }
 }
 
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
@@ -337,6 +349,9 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .values()
         .any(|r| r.guest.as_deref() == Some(guest))
     {
+        if dry_run {
+            println!("{guest}: prepare bound nothing for it: nothing to give back");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     match vfio_bind::unbind(
