@@ -260,3 +260,30 @@ fn a_dry_run_of_the_hook_says_all_is_well() {
         assert!(text.starts_with(said), "{op}: {text:?}");
     }
 }
+
+/// `topo --format dot | dot` draws every example without a Graphviz warning (hgx-h100's
+/// NVLink edges between NUMA clusters made it print seven).
+#[test]
+fn graphviz_draws_every_example_without_a_warning() {
+    assert!(
+        std::process::Command::new("dot").arg("-V").output().is_ok(),
+        "`dot` not found: tests/setup installs graphviz"
+    );
+    for example in ["hgx-h100", "dual-socket-pcie", "lab", "flat-vm"] {
+        let out = vfio_p2p()
+            .args(["--example", example, "topo", "--format", "dot"])
+            .output()
+            .unwrap();
+        let drawn = Command::new("dot")
+            .arg("-Tsvg")
+            .write_stdin(out.stdout)
+            .output()
+            .unwrap();
+        assert!(drawn.status.success(), "{example}");
+        assert!(
+            drawn.stderr.is_empty(),
+            "{example}: {}",
+            String::from_utf8_lossy(&drawn.stderr)
+        );
+    }
+}

@@ -542,10 +542,12 @@ pub fn render_dot(topo: &Topology, report: &TopoReport) -> String {
     for (i, a) in report.gpus.iter().enumerate() {
         for (j, b) in report.gpus.iter().enumerate().skip(i + 1) {
             let kind = topo.path(&a.bdf, &b.bdf);
+            // xlabel: a label placed after layout, which Graphviz's spline router does not
+            // have to make room for (with `label`, edges between NUMA clusters made it warn)
             if kind.nvlink.is_some() || kind.kind <= PathKind::Pxb {
                 let _ = writeln!(
                     out,
-                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, label=\"{}\"];",
+                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, xlabel=\"{}\"];",
                     quote(&a.bdf.to_string()),
                     quote(&b.bdf.to_string()),
                     report.matrix[i][j]
