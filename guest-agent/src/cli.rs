@@ -38,7 +38,8 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct SysfsArgs {
-    /// Root under which `sys/` is read (a copy of a VM's sysfs, for tests).
+    /// Root under which `sys/` is read (a copy of a VM's sysfs), or a flat sysfs JSON dump
+    /// file as `vfio-p2p --sysfs-root` reads it.
     #[arg(long, default_value = "/")]
     pub sysfs_root: PathBuf,
 }

@@ -563,3 +563,38 @@ fn verbose_is_offered_only_where_it_works() {
             .success();
     }
 }
+
+/// `scan --sysfs-root FILE.json` reads the flat dump the host tool reads (issue 29): on the
+/// real H200 VM's dump it finds what the agent found on that VM itself, and a file that is
+/// no dump is refused with what it should be.
+#[test]
+fn scan_reads_the_flat_sysfs_dump() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["scan", "--format", "json", "--sysfs-root"])
+        .arg(format!("{root}/tests/fixtures/sysfs/h200x2-vm-sysfs.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scanned: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_str(
+        &fs::read_to_string(format!("{root}/tests/fixtures/agent/h200x2-report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(scanned["gpus"], report["scan"]["gpus"]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("list.json");
+    fs::write(&bad, "[1, 2]").unwrap();
+    Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["scan", "--sysfs-root"])
+        .arg(&bad)
+        .assert()
+        .code(2)
+        .stderr(contains("not a flat sysfs JSON dump").and(contains("sys/bus/pci/devices")));
+}
