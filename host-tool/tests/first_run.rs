@@ -287,3 +287,21 @@ fn graphviz_draws_every_example_without_a_warning() {
         );
     }
 }
+
+/// Errors read one way: `error: …`, whether clap or the command found the problem.
+#[test]
+fn errors_read_one_way() {
+    let usage = vfio_p2p()
+        .args(["plan", "--no-such-option"])
+        .output()
+        .unwrap();
+    let input = vfio_p2p()
+        .args(["--sysfs-root", "/nonexistent/vfio-p2p", "topo"])
+        .output()
+        .unwrap();
+    for out in [usage, input] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.starts_with("error: "), "{err}");
+    }
+}
