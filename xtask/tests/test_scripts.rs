@@ -205,3 +205,42 @@ fn tests_run_runs_every_binary_and_fails_after_its_summary() {
         "tests/run calls tests/setup: {said}"
     );
 }
+
+/// tests/hostile/reproduce.sh runs the binaries of `$CARGO_TARGET_DIR/release` when no
+/// directory is given (it ran target/release's, stale or missing, whatever cargo built).
+#[test]
+fn reproduce_sh_runs_the_binaries_of_cargo_target_dir() {
+    let target = tempfile::tempdir().unwrap();
+    let release = target.path().join("release");
+    fs::create_dir_all(&release).unwrap();
+    let log = target.path().join("ran");
+    for bin in ["vfio-p2p", "vfio-p2p-agent"] {
+        let path = release.join(bin);
+        // a stand-in: logs its arguments; `snapshot -o DIR` makes DIR
+        fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"{bin} $*\" >> {}\nif [ \"$3\" = snapshot ]; then mkdir -p \"$5\"; fi\nexit 0\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = Command::new(root().join("tests/hostile/reproduce.sh"))
+        .env("CARGO_TARGET_DIR", target.path())
+        .env("HOSTILE_LIMIT", "5")
+        .output()
+        .unwrap();
+    let ran = fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        ran.lines()
+            .any(|l| l.starts_with("vfio-p2p --example lab snapshot")),
+        "{ran}\n{}",
+        text(&out)
+    );
+    assert!(
+        ran.lines().any(|l| l.starts_with("vfio-p2p-agent ")),
+        "{ran}"
+    );
+}
