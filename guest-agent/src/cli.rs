@@ -20,8 +20,9 @@ pub struct Cli {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table, global = true)]
     pub format: Format,
-    /// `report`, `bench --simulate`: also print the time of each phase on stderr as it ends.
-    #[arg(short, long, global = true)]
+    /// `report`, `bench --simulate`: also print the time of each phase on stderr as it ends
+    /// (also taken after those commands, not by the others).
+    #[arg(short, long)]
     pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
@@ -37,7 +38,8 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct SysfsArgs {
-    /// Root under which `sys/` is read (a copy of a VM's sysfs, for tests).
+    /// Root under which `sys/` is read (a copy of a VM's sysfs), or a flat sysfs JSON dump
+    /// file as `vfio-p2p --sysfs-root` reads it.
     #[arg(long, default_value = "/")]
     pub sysfs_root: PathBuf,
 }
@@ -113,6 +115,9 @@ pub enum Command {
         /// With --simulate: one pair at a time, to compare.
         #[arg(long, requires = "simulate")]
         serial: bool,
+        /// With --simulate: also print the time of each phase on stderr as it ends.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Check the NCCL topology file (default: $NCCL_TOPO_FILE) against the GPUs this
     /// guest sees: every GPU and NVLink in it, and what NCCL would get wrong (no CUDA needed).
@@ -215,5 +220,8 @@ pub enum Command {
         inject: Vec<String>,
         #[command(flatten)]
         send: SendArgs,
+        /// Also print the time of each phase on stderr as it ends.
+        #[arg(short, long)]
+        verbose: bool,
     },
 }

@@ -120,10 +120,12 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             quick,
             simulate,
             serial,
+            verbose,
         } => {
             let plan = if *quick { Plan::QUICK } else { Plan::FULL };
             if let Some(n) = simulate {
-                return run_simulated(f, usize::from(*n), (!*serial, cli.verbose), &plan);
+                let verbose = cli.verbose || *verbose;
+                return run_simulated(f, usize::from(*n), (!*serial, verbose), &plan);
             }
             let gpus = open_gpus()?;
             let pairs = peers::probe(&gpus, None)?;
@@ -149,6 +151,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             from,
             send,
             inject,
+            verbose,
         } => {
             let words = if *quick { 2 << 20 } else { 16 << 20 };
             let inject = parse_inject(inject, words)?;
@@ -162,7 +165,7 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     f,
                     sysfs,
                     expect,
-                    (*quick, cli.verbose, *cross_process),
+                    (*quick, cli.verbose || *verbose, *cross_process),
                     (baseline.as_ref(), &inject),
                     send,
                 ),

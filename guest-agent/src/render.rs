@@ -1,6 +1,6 @@
 //! Human-readable tables of each command's result.
 
-use comfy_table::{Cell, ColumnConstraint, Table, Width};
+use comfy_table::{Cell, Table};
 
 use crate::bench::PairBench;
 use crate::expect::{ExpectReport, GpuStatus};
@@ -323,7 +323,7 @@ fn range(s: &Stat, digits: usize) -> String {
 }
 
 pub fn bench(results: &[PairBench]) -> String {
-    let mut t = table(&[
+    let header = [
         "src → dst",
         "one-way µs",
         "other flag places µs",
@@ -335,32 +335,32 @@ pub fn bench(results: &[PairBench]) -> String {
         "SM copy GB/s",
         "disabled GB/s",
         "disabled 4B µs",
-    ]);
-    // Keep addresses and ranges whole when the table wraps to the terminal.
-    for (column, width) in [(0, 14), (2, 11)] {
-        if let Some(c) = t.column_mut(column) {
-            c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(width)));
-        }
-    }
-    for b in results {
-        t.add_row(vec![
-            format!("{}\n→ {}", b.src, b.dst),
-            b.one_way_latency_us
-                .as_ref()
-                .map_or_else(|| "-".into(), |s| stat(s, 3)),
-            b.pingpong_position_spread
-                .as_ref()
-                .map_or_else(|| "-".into(), |p| range(&p.one_way_latency_us, 3)),
-            stat(&b.remote_read_latency_us, 3),
-            stat(&b.local_read_latency_us, 3),
-            stat(&b.memcpy_latency_us, 2),
-            stat(&b.ce_bandwidth_gbps, 1),
-            stat(&b.ce_bidir_bandwidth_gbps, 1),
-            stat(&b.sm_copy_bandwidth_gbps, 1),
-            stat(&b.disabled_bandwidth_gbps, 1),
-            stat(&b.disabled_memcpy_latency_us, 2),
-        ]);
-    }
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|b| {
+            vec![
+                format!("{}\n→ {}", b.src, b.dst),
+                b.one_way_latency_us
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |s| stat(s, 3)),
+                b.pingpong_position_spread
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |p| range(&p.one_way_latency_us, 3)),
+                stat(&b.remote_read_latency_us, 3),
+                stat(&b.local_read_latency_us, 3),
+                stat(&b.memcpy_latency_us, 2),
+                stat(&b.ce_bandwidth_gbps, 1),
+                stat(&b.ce_bidir_bandwidth_gbps, 1),
+                stat(&b.sm_copy_bandwidth_gbps, 1),
+                stat(&b.disabled_bandwidth_gbps, 1),
+                stat(&b.disabled_memcpy_latency_us, 2),
+            ]
+        })
+        .collect();
+    // No number or address is ever broken: columns that do not fit side by side go into a
+    // second table below, with the pair repeated.
+    let t = vfio_p2p_style::stacked_table(&header, &rows, 1);
     let plan = results.first().map(|b| b.plan);
     let samples = match plan {
         Some(p) if p.target_spread_permille > 0 && p.min_samples < p.samples => format!(

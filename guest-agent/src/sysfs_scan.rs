@@ -22,6 +22,8 @@ pub enum ScanError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is a file but not a flat sysfs JSON dump (`{{\"BDF\": {{\"vendor\": …, \"config\": \"<hex>\"}}}}`, what `vfio-p2p --sysfs-root` also reads): {message}; give a directory with sys/bus/pci/devices below it, or such a dump")]
+    Flat { path: PathBuf, message: String },
 }
 
 /// One NVIDIA GPU as seen in sysfs.
@@ -116,16 +118,60 @@ fn parse_hex(s: &str) -> Option<u32> {
 
 /// Scans `root/sys/bus/pci/devices` for NVIDIA display-class functions, ordered by BDF.
 pub fn scan(root: &Path) -> Result<Scan, ScanError> {
+    if root.is_file() {
+        return scan_flat(root);
+    }
     let devices = root.join("sys/bus/pci/devices");
     let entries = fs::read_dir(&devices).map_err(|source| ScanError::List {
         path: devices.clone(),
         source,
     })?;
+    let scanned =
+        pci_devices(entries).map(|(bdf, dir)| (bdf, scan_device(&Device::Dir(&dir), bdf)));
+    Ok(collect(root, scanned))
+}
+
+/// The most read of a flat JSON dump (a real host's is well below 1 MiB).
+const MAX_FLAT_DUMP: u64 = 64 << 20;
+
+/// A flat sysfs JSON dump (`{"BDF": {"vendor": "0x10de", "config": "<hex>", …}}`), the
+/// form `vfio-p2p --sysfs-root FILE` reads and the fixtures hold.
+fn scan_flat(path: &Path) -> Result<Scan, ScanError> {
+    let bytes = read_regular_file(path, MAX_FLAT_DUMP).map_err(|source| ScanError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let flat = |message: String| ScanError::Flat {
+        path: path.to_path_buf(),
+        message,
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| flat(format!("not JSON: {e}")))?;
+    let map = value
+        .as_object()
+        .ok_or_else(|| flat("not a JSON object of devices".into()))?;
+    let mut scanned = Vec::new();
+    for (key, entry) in map {
+        let (Ok(bdf), Some(attrs)) = (key.parse::<Bdf>(), entry.as_object()) else {
+            return Err(flat(format!(
+                "'{key}' is not a PCI address with an object of attributes"
+            )));
+        };
+        scanned.push((bdf, scan_device(&Device::Flat(attrs), bdf)));
+    }
+    Ok(collect(path, scanned.into_iter()))
+}
+
+/// The scan of `root` from its devices' results: one unreadable device is a warning, as in
+/// the host tool, and the others still count.
+fn collect(
+    root: &Path,
+    scanned: impl Iterator<Item = (Bdf, Result<Option<GpuScan>, ScanError>)>,
+) -> Scan {
     let mut gpus = Vec::new();
     let mut warnings = Vec::new();
-    for (bdf, dir) in pci_devices(entries) {
-        // One unreadable device is a warning, as in the host tool: the others still count.
-        match scan_device(&dir, bdf) {
+    for (bdf, result) in scanned {
+        match result {
             Ok(Some(gpu)) => gpus.push(gpu),
             Ok(None) => {}
             Err(e) => warnings.push(format!("{bdf}: {e}; left out")),
@@ -139,12 +185,75 @@ pub fn scan(root: &Path) -> Result<Scan, ScanError> {
              the clique capability of {hidden} GPU(s) was not checked; run as root to check it"
         )
     });
-    Ok(Scan {
+    Scan {
         sysfs_root: root.display().to_string(),
         gpus,
         note,
         warnings,
-    })
+    }
+}
+
+/// Where one device's attributes are read: its sysfs directory, or its entry in a flat dump.
+enum Device<'a> {
+    Dir(&'a Path),
+    Flat(&'a serde_json::Map<String, serde_json::Value>),
+}
+
+impl Device<'_> {
+    fn attr(&self, name: &str) -> Option<String> {
+        match self {
+            Device::Dir(dir) => read_attr(dir, name),
+            Device::Flat(attrs) => attrs
+                .get(name)
+                .and_then(|v| v.as_str())
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty()),
+        }
+    }
+
+    /// Config space: the file, or the dump's hex string.
+    fn config(&self) -> Result<Vec<u8>, ScanError> {
+        match self {
+            Device::Dir(dir) => {
+                let path = dir.join("config");
+                read_sysfs_file(&path).map_err(|source| ScanError::Read { path, source })
+            }
+            Device::Flat(attrs) => {
+                let hex = attrs.get("config").and_then(|v| v.as_str()).unwrap_or("");
+                let bad = || ScanError::Read {
+                    path: PathBuf::from("config"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "not an even number of hex digits",
+                    ),
+                };
+                if hex.len() % 2 != 0 || hex.len() as u64 > 2 * MAX_SYSFS_FILE {
+                    return Err(bad());
+                }
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| bad())
+            }
+        }
+    }
+
+    /// The bound driver's name.
+    fn driver(&self) -> Option<String> {
+        match self {
+            // the kernel links `driver` to `…/bus/pci/drivers/NAME`; a link elsewhere (to
+            // itself) names no driver
+            Device::Dir(dir) => fs::read_link(dir.join("driver")).ok().and_then(|p| {
+                let parent_is_drivers =
+                    p.parent().and_then(Path::file_name) == Some("drivers".as_ref());
+                parent_is_drivers
+                    .then(|| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .flatten()
+            }),
+            Device::Flat(_) => self.attr("driver"),
+        }
+    }
 }
 
 /// The entries of `sys/bus/pci/devices` named by a PCI address, with their paths.
@@ -204,17 +313,15 @@ pub fn network_functions(root: &Path) -> std::collections::BTreeMap<Bdf, NetFunc
     out
 }
 
-fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
-    let config_path = dir.join("config");
-    let config = read_sysfs_file(&config_path).map_err(|source| ScanError::Read {
-        path: config_path,
-        source,
-    })?;
+fn scan_device(dir: &Device, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
+    let config = dir.config()?;
     let cs = ConfigSpace::new(&config);
-    let vendor = read_attr(dir, "vendor")
+    let vendor = dir
+        .attr("vendor")
         .and_then(|v| parse_hex(&v))
         .or_else(|| cs.vendor_id().ok().map(u32::from));
-    let class = read_attr(dir, "class")
+    let class = dir
+        .attr("class")
         .and_then(|v| parse_hex(&v))
         .or_else(|| cs.class_code().ok());
     let (Some(vendor), Some(class)) = (vendor, class) else {
@@ -223,7 +330,8 @@ fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
     if vendor != NVIDIA_VENDOR as u32 || class >> 16 != CLASS_DISPLAY {
         return Ok(None);
     }
-    let device = read_attr(dir, "device")
+    let device = dir
+        .attr("device")
         .and_then(|v| parse_hex(&v))
         .or_else(|| cs.device_id().ok().map(u32::from))
         .unwrap_or(0);
@@ -234,24 +342,21 @@ fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
         (None, None, None, None)
     };
     let pcie = cs.pcie();
-    let link_speed = read_attr(dir, "current_link_speed")
+    let link_speed = dir
+        .attr("current_link_speed")
         .or_else(|| pcie.and_then(|p| p.current_speed).map(|s| s.to_string()));
-    let link_width = read_attr(dir, "current_link_width")
+    let link_width = dir
+        .attr("current_link_width")
         .and_then(|w| w.parse().ok())
         .or_else(|| pcie.and_then(|p| p.current_width).map(u32::from));
-    let max_link_speed = read_attr(dir, "max_link_speed")
+    let max_link_speed = dir
+        .attr("max_link_speed")
         .or_else(|| pcie.and_then(|p| p.max_speed).map(|s| s.to_string()));
-    let max_link_width = read_attr(dir, "max_link_width")
+    let max_link_width = dir
+        .attr("max_link_width")
         .and_then(|w| w.parse().ok())
         .or_else(|| pcie.and_then(|p| p.max_width).map(u32::from));
-    // the kernel links `driver` to `…/bus/pci/drivers/NAME`; a link elsewhere (to itself)
-    // names no driver
-    let driver = fs::read_link(dir.join("driver")).ok().and_then(|p| {
-        let parent_is_drivers = p.parent().and_then(Path::file_name) == Some("drivers".as_ref());
-        parent_is_drivers
-            .then(|| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .flatten()
-    });
+    let driver = dir.driver();
     Ok(Some(GpuScan {
         bdf,
         vendor: format!("{vendor:#06x}"),
@@ -268,7 +373,7 @@ fn scan_device(dir: &Path, bdf: Bdf) -> Result<Option<GpuScan>, ScanError> {
         link_width,
         max_link_speed,
         max_link_width,
-        numa_node: read_attr(dir, "numa_node").and_then(|n| n.parse().ok()),
+        numa_node: dir.attr("numa_node").and_then(|n| n.parse().ok()),
     }))
 }
 

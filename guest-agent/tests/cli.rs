@@ -568,3 +568,88 @@ fn topo_and_scan_without_an_expectation_show_the_guests_view() {
         .success()
         .stdout(contains("no expectation from the host"));
 }
+
+/// `--help` is wrapped to the terminal's width (clap's wrap_help; `$COLUMNS` when piped).
+#[test]
+fn help_is_wrapped_to_the_terminal() {
+    for args in [&["--help"][..], &["bench", "--help"], &["report", "--help"]] {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .env("COLUMNS", "80")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.lines().all(|l| l.chars().count() <= 80),
+            "{args:?}:\n{text}"
+        );
+    }
+}
+
+/// `-v` is offered where it does something (report, bench, before the command), not under
+/// scan or expect (issue 29).
+#[test]
+fn verbose_is_offered_only_where_it_works() {
+    let help = |args: &[&str]| {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for sub in ["scan", "expect", "peers", "topo"] {
+        assert!(!help(&[sub, "--help"]).contains("--verbose"), "{sub}");
+    }
+    for sub in ["report", "bench"] {
+        assert!(help(&[sub, "--help"]).contains("--verbose"), "{sub}");
+    }
+    let report = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/agent/h200x2-report.json"
+    );
+    for args in [["-v", "report"], ["report", "-v"]] {
+        Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .args(args)
+            .args(["--from", report])
+            .assert()
+            .success();
+    }
+}
+
+/// `scan --sysfs-root FILE.json` reads the flat dump the host tool reads (issue 29): on the
+/// real H200 VM's dump it finds what the agent found on that VM itself, and a file that is
+/// no dump is refused with what it should be.
+#[test]
+fn scan_reads_the_flat_sysfs_dump() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["scan", "--format", "json", "--sysfs-root"])
+        .arg(format!("{root}/tests/fixtures/sysfs/h200x2-vm-sysfs.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scanned: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value = serde_json::from_str(
+        &fs::read_to_string(format!("{root}/tests/fixtures/agent/h200x2-report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(scanned["gpus"], report["scan"]["gpus"]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("list.json");
+    fs::write(&bad, "[1, 2]").unwrap();
+    Command::cargo_bin("vfio-p2p-agent")
+        .unwrap()
+        .args(["scan", "--sysfs-root"])
+        .arg(&bad)
+        .assert()
+        .code(2)
+        .stderr(contains("not a flat sysfs JSON dump").and(contains("sys/bus/pci/devices")));
+}

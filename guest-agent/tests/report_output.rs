@@ -217,3 +217,43 @@ fn a_simulated_schedule_prints_a_row_per_pair() {
         "{text}"
     );
 }
+
+/// The bench table never breaks a number, an address or a header word (issue 29): at 80
+/// and 120 columns every one of them stands whole on a line, and every line fits.
+#[test]
+fn the_bench_table_never_breaks_a_number() {
+    for columns in [80usize, 120] {
+        let out = Command::cargo_bin("vfio-p2p-agent")
+            .unwrap()
+            .env("COLUMNS", columns.to_string())
+            .args(["report", "--from", REPORT])
+            .assert()
+            .success();
+        let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+        let tokens: Vec<&str> = text.lines().flat_map(str::split_whitespace).collect();
+        for whole in [
+            "0000:00:06.0",
+            "0000:00:07.0",
+            "0.665",
+            "0.647–0.692",
+            "0.648–0.691",
+            "394.5",
+            "780.0",
+            "367.7",
+            "37.4",
+            "17.87",
+            "18.23",
+            "±11%",
+            "disabled",
+            "one-way",
+            "places",
+        ] {
+            assert!(
+                tokens.contains(&whole),
+                "{columns} columns: `{whole}` is not whole:\n{text}"
+            );
+        }
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
+        assert!(widest <= columns, "{widest} > {columns}:\n{text}");
+    }
+}

@@ -23,7 +23,8 @@ use crate::synth;
 /// `libvirt patch` read.
 #[derive(Debug, Clone, Args)]
 pub struct HostConfigArgs {
-    /// Host policy (p2p level, reserved devices, NVLink source); see configs/README.md.
+    /// Host policy (p2p level, reserved devices, NVLink source); see
+    /// /usr/share/doc/vfio-p2p/examples/README.md (configs/README.md in the source).
     #[arg(long, value_name = "FILE")]
     pub host_config: Option<PathBuf>,
 }

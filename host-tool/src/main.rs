@@ -13,10 +13,8 @@ fn main() -> ExitCode {
     match vfio_p2p::commands::run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!(
-                "vfio-p2p: error: {}",
-                vfio_p2p_style::error_chain(e.as_ref())
-            );
+            // `error: …`, as clap's usage errors and the log's error lines read
+            eprintln!("error: {}", vfio_p2p_style::error_chain(e.as_ref()));
             ExitCode::from(2)
         }
     }

@@ -5,7 +5,10 @@ use predicates::prelude::*;
 use predicates::str::contains;
 
 fn vfio_p2p() -> Command {
-    Command::cargo_bin("vfio-p2p").unwrap()
+    let mut c = Command::cargo_bin("vfio-p2p").unwrap();
+    // help unwrapped, so that its sentences can be looked for whole
+    c.env("COLUMNS", "1000");
+    c
 }
 
 fn stdout_of(args: &[&str]) -> String {

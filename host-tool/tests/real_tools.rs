@@ -280,7 +280,13 @@ fn patched_domain_validates_and_carries_cliques() {
     let after = dir.path().join("after.xml");
     std::fs::write(&after, &xml).unwrap();
     validate(&after);
-    let got = vfio_cliques(&domxml_to_native(&xml));
+    let argv = domxml_to_native(&xml);
+    // the 64-bit window the patch added (<pcihole64>), as libvirt passes it to QEMU
+    assert!(
+        argv.contains("q35-pcihost.pci-hole64-size=436207616K"),
+        "{argv}"
+    );
+    let got = vfio_cliques(&argv);
     assert_eq!(
         got,
         vec![

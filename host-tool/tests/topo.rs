@@ -313,7 +313,8 @@ fn no_gpus_points_to_the_examples() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
+    // said once: in the table's place (stdout), or on stderr with data formats
+    let err = String::from_utf8(out.stderr).unwrap() + &String::from_utf8(out.stdout).unwrap();
     assert!(err.contains("--example hgx-h100 topo"), "{err}");
 }
 

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::io::IsTerminal;
 
-use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, ColumnConstraint, ContentArrangement, Table, Width};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -34,6 +34,100 @@ pub fn table<T: Into<comfy_table::Row>>(header: T) -> Table {
         t.set_width(width_without_terminal());
     }
     t
+}
+
+/// The display width of the longest word (run without whitespace) of `text`: narrower than
+/// that, a cell would have to break a number or a name.
+pub fn longest_word(text: &str) -> usize {
+    text.split_whitespace()
+        .map(|w| w.chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Columns, by index, split into groups that each fit `width` when laid out side by side:
+/// column `i` takes `min_widths[i] + per_column`, a group `fixed` more. Every group starts
+/// with the first `keep` columns (the row names), which are repeated; the others follow in
+/// order, as many as fit. A column too wide for any group gets a group of its own.
+pub fn column_groups(
+    min_widths: &[usize],
+    keep: usize,
+    fixed: usize,
+    per_column: usize,
+    width: usize,
+) -> Vec<Vec<usize>> {
+    let keep = keep.min(min_widths.len());
+    let base: usize = fixed
+        + min_widths[..keep]
+            .iter()
+            .map(|w| w + per_column)
+            .sum::<usize>();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut used = usize::MAX;
+    for (i, w) in min_widths.iter().enumerate().skip(keep) {
+        let cost = w + per_column;
+        match groups.last_mut() {
+            Some(g) if used + cost <= width => {
+                g.push(i);
+                used += cost;
+            }
+            _ => {
+                groups.push((0..keep).chain([i]).collect());
+                used = base + cost;
+            }
+        }
+    }
+    if groups.is_empty() {
+        groups.push((0..keep).collect());
+    }
+    groups
+}
+
+/// A table in the project's look that fits the output width without breaking a word: each
+/// column is at least as wide as its longest word (header included), longer cells wrap at
+/// spaces, and when the columns cannot all stand side by side the ones after the first
+/// `keep` go into further tables below, each repeating the first `keep` columns.
+pub fn stacked_table(header: &[&str], rows: &[Vec<String>], keep: usize) -> String {
+    stacked_table_at(header, rows, keep, output_width())
+}
+
+/// [`stacked_table`] at `width` columns.
+pub fn stacked_table_at(header: &[&str], rows: &[Vec<String>], keep: usize, width: u16) -> String {
+    let min_widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| longest_word(cell))
+                .chain([longest_word(header[c])])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    // UTF8_BORDERS_ONLY: a border on each side, one space of padding on each side of a cell
+    // and a blank line between columns
+    let groups = column_groups(&min_widths, keep, 1, 3, usize::from(width));
+    let mut out = Vec::new();
+    for group in groups {
+        let mut t = table(group.iter().map(|&c| header[c]).collect::<Vec<_>>());
+        t.set_width(width);
+        for (n, &c) in group.iter().enumerate() {
+            if let Some(column) = t.column_mut(n) {
+                // comfy-table's boundaries count the cell's padding
+                let w = u16::try_from(min_widths[c] + 2).unwrap_or(u16::MAX);
+                column.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
+            }
+        }
+        for r in rows {
+            t.add_row(
+                group
+                    .iter()
+                    .map(|&c| r.get(c).cloned().unwrap_or_default())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        out.push(t.to_string());
+    }
+    out.join("\n")
 }
 
 /// The width text is wrapped to: the terminal's, else `$COLUMNS`, else 120.
@@ -154,6 +248,102 @@ mod tests {
         let text = t.to_string();
         assert!(text.lines().all(|l| l.chars().count() <= 40), "{text}");
         assert!(text.lines().count() > 5);
+    }
+
+    /// A bench-like table: eleven columns of numbers, rendered at 80 and 120 columns.
+    fn numbers() -> (Vec<&'static str>, Vec<Vec<String>>) {
+        let header = vec![
+            "src → dst",
+            "one-way µs",
+            "other flag places µs",
+            "remote read µs",
+            "local read µs",
+            "memcpy 4B µs",
+            "CE GB/s",
+            "CE both ways GB/s",
+            "SM copy GB/s",
+            "disabled GB/s",
+            "disabled 4B µs",
+        ];
+        let row = |a: &str, b: &str| {
+            let mut r = vec![
+                format!("{a}\n→ {b}"),
+                "0.665 ±0%".into(),
+                "0.647–0.692".into(),
+            ];
+            r.extend(
+                [
+                    "0.799 ±0%",
+                    "0.142 ±0%",
+                    "2.07 ±11%",
+                    "394.5 ±0%",
+                    "780.0 ±0%",
+                    "367.7 ±0%",
+                    "37.4 ±0%",
+                    "17.87 ±0%",
+                ]
+                .map(String::from),
+            );
+            r
+        };
+        (
+            header,
+            vec![
+                row("0000:00:06.0", "0000:00:07.0"),
+                row("0000:00:07.0", "0000:00:06.0"),
+            ],
+        )
+    }
+
+    #[test]
+    fn stacked_tables_fit_and_never_break_a_word() {
+        let (header, rows) = numbers();
+        for width in [80u16, 120] {
+            let text = stacked_table_at(&header, &rows, 1, width);
+            assert!(
+                text.lines()
+                    .all(|l| l.chars().count() <= usize::from(width)),
+                "{width}:\n{text}"
+            );
+            // every word of every cell and header is whole on some line
+            let words: Vec<&str> = header
+                .iter()
+                .copied()
+                .chain(rows.iter().flatten().map(String::as_str))
+                .flat_map(str::split_whitespace)
+                .collect();
+            for w in words {
+                assert!(
+                    text.lines().any(|l| l.split_whitespace().any(|t| t == w)),
+                    "{width}: `{w}` is broken:\n{text}"
+                );
+            }
+            // the row names are repeated in each block
+            let blocks = text.matches("src → dst").count();
+            assert!(
+                width > 80 || blocks >= 2,
+                "{width}: one block cannot hold 11 columns:\n{text}"
+            );
+            assert_eq!(text.matches("0000:00:06.0").count(), 2 * blocks, "{text}");
+        }
+    }
+
+    #[test]
+    fn column_groups_repeat_the_kept_columns() {
+        assert_eq!(
+            column_groups(&[4, 3, 3, 3], 1, 0, 1, 13),
+            [vec![0, 1, 2], vec![0, 3]]
+        );
+        assert_eq!(
+            column_groups(&[4, 3, 3, 3], 1, 0, 1, 100),
+            [vec![0, 1, 2, 3]]
+        );
+        // a column wider than the width still gets a group
+        assert_eq!(
+            column_groups(&[4, 30, 3], 1, 0, 1, 10),
+            [vec![0, 1], vec![0, 2]]
+        );
+        assert_eq!(column_groups(&[4], 1, 0, 1, 10), [vec![0]]);
     }
 
     #[derive(Debug)]

@@ -2,14 +2,17 @@
 # Issue 15's reproducers (1-9) and issue 28's (r2-*), each run against the built binaries
 # with a time limit;
 # prints one table row per case: id, exit code, seconds, first line of the message.
-#   tests/hostile/reproduce.sh [TARGET_DIR]   (default target/release; build it first:
-#   cargo build --release --bins)
+#   tests/hostile/reproduce.sh [TARGET_DIR]   (default $CARGO_TARGET_DIR/release, else
+#   target/release; build it first: cargo build --release --bins)
 # Exit codes 101/134/>128 (panic, abort, signal) and 124 (killed at the limit) are failures;
 # the script exits 1 if any case ends that way. Issue 28's cases also check what they print
 # (`expect ID PATTERN`: the case's output must match, else it fails).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-target=${1:-$here/../../target/release}
+# cargo's target directory: $CARGO_TARGET_DIR (relative to where cargo runs: the current one)
+default_target=$here/../../target
+[ -n "${CARGO_TARGET_DIR:-}" ] && default_target=$(realpath -m "$CARGO_TARGET_DIR")
+target=${1:-$default_target/release}
 bin=$target/vfio-p2p
 agent=$target/vfio-p2p-agent
 limit=${HOSTILE_LIMIT:-20}

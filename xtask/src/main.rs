@@ -12,6 +12,8 @@
 //! each with the command that does it printed.
 
 mod archive;
+mod completions;
+mod man_sections;
 mod manpages;
 mod tools;
 
@@ -56,8 +58,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["dist"] => dist(),
+        ["man", dir] => man(Path::new(dir)),
         _ => {
-            eprintln!("usage: cargo xtask dist\n\n  dist  build the .deb packages, agent tarballs and SHA256SUMS into $CARGO_TARGET_DIR/dist");
+            eprintln!("usage: cargo xtask dist | cargo xtask man DIR\n\n  dist     build the .deb packages, agent tarballs and SHA256SUMS into $CARGO_TARGET_DIR/dist\n  man DIR  write both binaries' man pages and completions into DIR/vfio-p2p and DIR/vfio-p2p-agent");
             return ExitCode::from(2);
         }
     };
@@ -85,6 +88,22 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
     })
 }
 
+/// The host tool's clap definition as the man pages and completions show it: `--example`
+/// with the embedded examples' names (the binary takes any name and lists them on a wrong one).
+fn host_command() -> clap::Command {
+    let mut names: Vec<&str> = vfio_p2p::synth::EXAMPLES.iter().map(|(n, _)| *n).collect();
+    names.push("list");
+    vfio_p2p::command().mut_arg("example", |a| {
+        a.value_parser(clap::builder::PossibleValuesParser::new(names))
+    })
+}
+
+/// `cargo xtask man DIR`: what `dist` puts in the packages, for a look or a test.
+fn man(dir: &Path) -> Result<()> {
+    manpages::write(host_command(), &dir.join("vfio-p2p"))?;
+    manpages::write(vfio_p2p_agent::command(), &dir.join("vfio-p2p-agent"))
+}
+
 fn dist() -> Result<()> {
     let root = workspace_root();
     let target = target_dir(&root)?;
@@ -100,7 +119,7 @@ fn dist() -> Result<()> {
     // target directory (and to `target/<triple>/release` with --target): the generated
     // man pages and completions go there, next to the binary they describe.
     let host_gen = target.join("release/gen/vfio-p2p");
-    manpages::write(vfio_p2p::command(), &host_gen)?;
+    manpages::write(host_command(), &host_gen)?;
     let host_deb = dist.join(format!("vfio-p2p_{VERSION}_amd64.deb"));
     cargo.run(&[
         "deb",

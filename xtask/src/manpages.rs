@@ -1,13 +1,14 @@
 //! Man pages (one per command and subcommand, `clap_mangen`) and bash/zsh/fish completions
-//! (`clap_complete`), rendered from a binary's real clap definition.
+//! (`completions`), rendered from a binary's real clap definition.
 
 use std::fs;
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use clap_complete::Shell;
 use flate2::{Compression, GzBuilder};
+
+use crate::man_sections;
 
 /// Writes `DIR/man/NAME[-SUB…].1.gz` and `DIR/completions/{NAME.bash,_NAME,NAME.fish}`.
 pub fn write(command: clap::Command, dir: &Path) -> Result<()> {
@@ -19,16 +20,18 @@ pub fn write(command: clap::Command, dir: &Path) -> Result<()> {
         }
         fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
-    let name = command.get_name().to_string();
     clap_mangen::generate_to(command.clone(), &man)
         .with_context(|| format!("writing man pages into {}", man.display()))?;
+    // the top page also gets EXAMPLES, EXIT STATUS, ENVIRONMENT and FILES
+    let name = command.get_name();
+    let top = man.join(format!("{name}.1"));
+    let page = fs::read_to_string(&top).with_context(|| format!("reading {}", top.display()))?;
+    fs::write(
+        &top,
+        man_sections::insert(&page, &man_sections::for_binary(name)),
+    )?;
     gzip_all(&man)?;
-    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        clap_complete::generate_to(shell, &mut command.clone(), &name, &completions).with_context(
-            || format!("writing {shell} completions into {}", completions.display()),
-        )?;
-    }
-    Ok(())
+    crate::completions::write(&command, &completions)
 }
 
 /// Replaces every file in `dir` by its gzip, as Debian policy wants man pages: best
@@ -71,6 +74,20 @@ mod tests {
         assert!(page.contains("prefix"), "{page}");
         let top = gunzip(&dir.path().join("man/vfio-p2p.1.gz"));
         assert!(top.contains("vfio\\-p2p\\-topo(1)"), "{top}");
+        for section in ["EXAMPLES", "EXIT STATUS", "ENVIRONMENT", "FILES"] {
+            assert!(
+                top.contains(&format!(".SH \"{section}\"")),
+                "{section}: {top}"
+            );
+        }
+        for file in [
+            "/etc/vfio\\-p2p/host.yaml",
+            "/etc/libvirt/hooks/qemu.d/vfio\\-p2p",
+            "/var/lib/vfio\\-p2p",
+            "VFIO_P2P_LOG",
+        ] {
+            assert!(top.contains(file), "{file}: {top}");
+        }
         for file in ["vfio-p2p.bash", "_vfio-p2p", "vfio-p2p.fish"] {
             let text = fs::read_to_string(dir.path().join("completions").join(file)).unwrap();
             assert!(text.contains("snapshot"), "{file}: {text}");
@@ -90,6 +107,17 @@ mod tests {
         write(vfio_p2p_agent::command(), dir.path()).unwrap();
         let page = gunzip(&dir.path().join("man/vfio-p2p-agent-scan.1.gz"));
         assert!(page.contains("sysfs\\-root"), "{page}");
+        let top = gunzip(&dir.path().join("man/vfio-p2p-agent.1.gz"));
+        for section in ["EXAMPLES", "EXIT STATUS", "ENVIRONMENT", "FILES"] {
+            assert!(
+                top.contains(&format!(".SH \"{section}\"")),
+                "{section}: {top}"
+            );
+        }
+        assert!(
+            top.contains("qemu_fw_cfg/by_name/opt/vfio\\-p2p/expect.json"),
+            "{top}"
+        );
         assert!(dir.path().join("completions/_vfio-p2p-agent").is_file());
     }
 }

@@ -213,8 +213,23 @@ impl Store {
     }
 
     /// Every stored boot of `domain`, oldest first.
+    /// Every record of `domain`, oldest first: none for a domain `gen --state-dir` registered
+    /// whose guest has not reported yet; an error naming the state directory for a domain
+    /// it has never heard of.
     pub fn history(&self, domain: &str) -> anyhow::Result<Vec<Record>> {
         let dir = self.domain_dir(domain);
+        if !dir.exists() {
+            let plan = self.plans_dir().join(format!("{domain}.json"));
+            if valid_domain(domain) && plan.is_file() {
+                return Ok(Vec::new());
+            }
+            bail!(
+                "no domain '{domain}' in {}: no report and no plan (`gen --state-dir` registers one); \
+                 `vfio-p2p verdicts --state-dir {}` lists the domains with reports",
+                self.root.display(),
+                self.root.display()
+            );
+        }
         let mut out = Vec::new();
         for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
             let path = entry?.path();

@@ -9,7 +9,7 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::config::vm::IommuBackend;
 use crate::context::{Context, PlanOptionArgs};
-use crate::decide::check::{self, Vmm, VmmFacts};
+use crate::decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
@@ -22,11 +22,34 @@ use crate::read::incus::read_incus_config_file;
 use crate::read::proxmox_conf::read_proxmox_conf_file;
 use crate::read::vmm;
 
-/// How an Incus VM gets the planned cliques.
-const INCUS_FIX: &str = "apply `vfio-p2p gen incus --gpus …` to the instance (`incus profile edit` of a profile it uses, or its `incus config device add` lines), then incus restart";
-
-/// How a Proxmox VM gets the planned cliques.
-const PROXMOX_FIX: &str = "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus …` into the VM's config (qm stop, then qm start)";
+/// How the VM definition checked gets the planned cliques: a Proxmox VM's config the
+/// lines of `gen proxmox` for its GPUs, a libvirt domain `libvirt patch`.
+fn clique_fix(args: &CheckArgs, domain: &DomainFacts, gpus: &[Bdf]) -> String {
+    let list = || gpus.iter().map(Bdf::to_string).collect::<Vec<_>>().join(",");
+    if args.proxmox_conf.is_some() {
+        return format!(
+            "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus {}` into the VM's config (qm stop, then qm start)",
+            list()
+        );
+    }
+    if args.incus_config.is_some() {
+        return format!(
+            "apply `vfio-p2p gen incus --gpus {}` to the instance (`incus profile edit` of a profile it uses, or its `incus config device add` lines), then incus restart",
+            list()
+        );
+    }
+    match &args.domain_xml {
+        Some(file) => {
+            let file = file.display();
+            let define = match &domain.name {
+                Some(_) => format!(" && virsh define {file}"),
+                None => String::new(),
+            };
+            format!("run `vfio-p2p libvirt patch {file} -o {file}{define}`")
+        }
+        None => check::patch_fix(domain),
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -90,6 +113,11 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
         } else {
             format!("the domain {file}")
         });
+        facts.syntax = if args.proxmox_conf.is_some() {
+            ConfigSyntax::Proxmox
+        } else {
+            ConfigSyntax::Libvirt(file.clone())
+        };
     }
     if let Some(a) = &args.qemu_args {
         facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
@@ -212,12 +240,8 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     if let Some(d) = &domain {
         // the cliques the definition sets against the plan, as the hook checks them
         let level = ctx.plan_options(&args.plan, None).p2p_level;
-        let fix = match (&args.proxmox_conf, &args.incus_config) {
-            (Some(_), _) => PROXMOX_FIX,
-            (_, Some(_)) => INCUS_FIX,
-            _ => check::PATCH_FIX,
-        };
-        report.extend(check::clique_checks(topo, d, level, fix));
+        let fix = clique_fix(&args, d, &gpus);
+        report.extend(check::clique_checks(topo, d, level, &fix));
     }
     match emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

@@ -183,7 +183,7 @@ fn install(sysfs_root: &Path, prefix: &Path) -> anyhow::Result<ExitCode> {
         );
     }
     println!(
-        "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see configs/README.md); defaults when absent",
+        "policy: {} (hook_policy: warn|deny, p2p_level, reserved, nvlink; see /usr/share/doc/vfio-p2p/examples/README.md); defaults when absent",
         root.join(HOST_CONFIG_PATH).display()
     );
     let legacy = root.join(LEGACY_HOOK_CONFIG_PATH);
@@ -281,6 +281,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         Err(e) => return unreadable(guest, config.hook_policy, &e.to_string()),
     };
     if facts.hostdevs.is_empty() {
+        dry_run_says(dry_run, guest, "no PCI hostdev, nothing to check or bind");
         return Ok(ExitCode::SUCCESS);
     }
     let record = match read_host(root) {
@@ -367,6 +368,9 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     for p in &warnings {
         eprintln!("vfio-p2p hook: {guest}: warning: {p}");
     }
+    if problems.is_empty() && notes.is_empty() && unmanaged.is_empty() {
+        dry_run_says(dry_run, guest, "all well: the cliques are as planned, and every hostdev is managed='yes' (nothing to bind)");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -437,6 +441,14 @@ fn bdf_list(bdfs: &[Bdf]) -> String {
         .join(", ")
 }
 
+/// Under --dry-run, what the hook found when it has nothing else to print (the run itself
+/// stays silent: libvirt logs what a hook prints).
+fn dry_run_says(dry_run: bool, guest: &str, what: &str) {
+    if dry_run {
+        println!("{guest}: {what}; the guest would start");
+    }
+}
+
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
     let root = ChangeRoot::new(global, dry_run)?;
     let root = root.path();
@@ -455,6 +467,9 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .values()
         .any(|r| r.guest.as_deref() == Some(guest))
     {
+        if dry_run {
+            println!("{guest}: prepare bound nothing for it: nothing to give back");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     match vfio_bind::unbind(

@@ -146,7 +146,7 @@ fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result
         ctx.plan(&gpus, &ctx.plan_options(&a.plan, None))?
             .assignments
     };
-    let patched = libvirt_patch::apply(domain, &facts, &cliques, a.libvirt_version)?;
+    let patched = libvirt_patch::apply(domain, &facts, &cliques, 0, a.libvirt_version)?;
     for w in &patched.warnings {
         tracing::warn!("{}: {w}", vmi.name);
     }

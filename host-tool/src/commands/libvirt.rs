@@ -9,6 +9,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{libvirt_version, Context, PlanningArgs};
+use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
@@ -24,7 +25,12 @@ pub struct LibvirtArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum LibvirtCommand {
-    /// Add hostdev aliases and the cliques' <qemu:override> to a domain XML (`virsh dumpxml --inactive`).
+    /// Add hostdev aliases, the cliques' <qemu:override> and the GPUs' 64-bit MMIO window (<pcihole64>) to a domain XML (`virsh dumpxml --inactive`).
+    // the shared planning options, as they read for a domain (there is no vm.yaml here)
+    #[command(
+        mut_arg("gpus", |a| a.help("The domain's GPUs to give cliques (default: every GPU hostdev of the domain)")),
+        mut_arg("p2p_level", |a| a.help("Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys (default: the host config's `p2p_level`, else pxb)"))
+    )]
     Patch(PatchArgs),
 }
 
@@ -109,8 +115,17 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         ctx.plan(&gpus, &ctx.plan_options(&args.planning.options, None))?
             .assignments
     };
+    // The window holds every GPU hostdev's BARs (not only the --gpus ones); QEMU's default
+    // is left alone where it fits.
+    let passed: Vec<&crate::model::Device> = scan
+        .hostdevs
+        .iter()
+        .filter_map(|h| topo.device(&h.bdf).filter(|d| d.is_gpu()))
+        .collect();
+    let need = mmio::hole64_size(&passed);
+    let hole64 = if need > mmio::HEADROOM { need } else { 0 };
     let version = libvirt_version(args.libvirt_version);
-    let patched = libvirt_patch::apply(&xml, &scan, &cliques, version)?;
+    let patched = libvirt_patch::apply(&xml, &scan, &cliques, hole64, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");
     }

@@ -37,14 +37,22 @@ pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
     let Context { topo, fabric, .. } = Context::load(global, &args.host, &args.nvlink)?;
     let mut report = TopoReport::new(&topo);
     report.fabric = fabric.state.is_some().then_some(fabric);
-    if report.gpus.is_empty() && global.example.is_none() {
-        eprintln!(
-            "vfio-p2p: no GPUs in {}; to see what topo shows on a GPU server, try an embedded example: \
-             vfio-p2p --example hgx-h100 topo (all examples: vfio-p2p --example list)",
-            report.source
-        );
+    let hint = "to see what topo shows on a GPU server, try an embedded example: \
+                `vfio-p2p --example hgx-h100 topo` (all examples: `vfio-p2p --example list`)";
+    let no_gpus = report.gpus.is_empty() && global.example.is_none();
+    // The table says it has no GPUs itself; with data on stdout, stderr says it once.
+    if no_gpus && !matches!(args.format, TopoFormat::Table) {
+        eprintln!("warning: no GPUs in {}; {hint}", report.source);
     }
     let text = match args.format {
+        TopoFormat::Table if no_gpus => format!(
+            "{}{}",
+            topo_report::render_table(&topo, &report),
+            vfio_p2p_style::wrap(
+                &format!("{}{}", &hint[..1].to_uppercase(), &hint[1..]),
+                vfio_p2p_style::output_width()
+            )
+        ),
         TopoFormat::Table => topo_report::render_table(&topo, &report),
         TopoFormat::Dot => topo_report::render_dot(&topo, &report),
         TopoFormat::Json => emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default(),

@@ -40,6 +40,10 @@ pub fn run(_global: &GlobalArgs, a: VerdictsArgs) -> anyhow::Result<ExitCode> {
         None => store.latest_records()?,
     };
     let text = match a.format {
+        VerdictsFormat::Table if records.is_empty() && a.history.is_some() => format!(
+            "no report from {} yet: registered, its guest agent has not sent one (`vfio-p2p-agent report --send`)\n",
+            a.history.as_deref().unwrap_or_default()
+        ),
         VerdictsFormat::Table => verdicts::table(&records),
         VerdictsFormat::Json => serde_json::to_string_pretty(&records)? + "\n",
         VerdictsFormat::Prometheus => verdicts::prometheus(&records),

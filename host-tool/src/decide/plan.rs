@@ -451,11 +451,9 @@ fn verdict(
     if let Some(n) = path.nvlink {
         return (
             Verdict::Nvlink,
-            format!(
-                "NVLink ×{n}: the driver does P2P over NVLink without a clique (PCIe path {})",
-                path.kind
-            )
-            .into(),
+            // the same words for every NVLink pair: the summary prints one per verdict, and
+            // the pair's PCIe path stands in its own column (`NV18 (PIX)`)
+            format!("NVLink ×{n}: the driver does P2P over NVLink without a clique").into(),
         );
     }
     match path.kind {

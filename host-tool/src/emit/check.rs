@@ -4,15 +4,22 @@
 use crate::decide::check::{CheckReport, Status};
 
 /// One row per check (status, check, subject, what it saw), then a numbered fix for each
-/// check that did not pass, then the overall status.
+/// check that did not pass (one number per distinct fix, however many rows it fixes), then
+/// the overall status.
 pub fn table(r: &CheckReport) -> String {
     let mut t = vfio_p2p_style::table(vec!["status", "check", "device", "saw", "fix"]);
     let mut fixes = Vec::new();
     for c in &r.checks {
         let fix_ref = match (&c.fix, c.status) {
             (Some(fix), Status::Warn | Status::Fail) => {
-                fixes.push(fix.clone());
-                format!("[{}]", fixes.len())
+                let n = match fixes.iter().position(|f| f == fix) {
+                    Some(i) => i + 1,
+                    None => {
+                        fixes.push(fix.clone());
+                        fixes.len()
+                    }
+                };
+                format!("[{n}]")
             }
             _ => String::new(),
         };

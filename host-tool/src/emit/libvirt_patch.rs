@@ -3,6 +3,11 @@
 //! The file is edited as text at positions found with quick-xml's reader, never
 //! re-serialized, so everything not touched (comments, attribute quoting, whitespace,
 //! element order) stays byte-for-byte. Patching twice changes nothing.
+//!
+//! A setting already in the domain, in any form the patch writes (a clique in
+//! `<qemu:override>` or as `-set` in `<qemu:commandline>`; the 64-bit hole as `<pcihole64>` or
+//! a `pci-hole64-size=` argument), is replaced where it is, never added a second time; a
+//! clique set twice keeps one setting.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -11,6 +16,7 @@ use pci_config::Bdf;
 
 use super::libvirt::{clique_property, override_devices, set_args, LibvirtVersion, QEMU_NS};
 use crate::model::domain::{DomainFacts, OverrideDevice};
+use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PatchError {
@@ -26,6 +32,20 @@ fn indent_at(xml: &str, pos: usize) -> &str {
         ws
     } else {
         ""
+    }
+}
+
+/// `range` grown to the whole lines it stands on (with their newline) when nothing else
+/// stands on them, so that removing an element leaves no blank line.
+fn whole_lines(xml: &str, range: Range<usize>) -> Range<usize> {
+    let start = xml[..range.start].trim_end_matches([' ', '\t']).len();
+    let after = &xml[range.end..];
+    let end = range.end + (after.len() - after.trim_start_matches([' ', '\t']).len());
+    let line_start = start == 0 || xml.as_bytes()[start - 1] == b'\n';
+    if line_start && xml[end..].starts_with('\n') {
+        start..end + 1
+    } else {
+        range
     }
 }
 
@@ -55,12 +75,14 @@ struct Edits<'a> {
     need_ns: bool,
 }
 
-/// Applies cliques (per hostdev host address) to `xml`, which `read::domain_xml` read as
+/// Applies cliques (per hostdev host address) and the 64-bit MMIO window the GPUs need
+/// (`hole64`, bytes; 0 when QEMU's default fits) to `xml`, which `read::domain_xml` read as
 /// `s`; refuses a domain that hides the hypervisor (the clique would be ignored).
 pub fn apply(
     xml: &str,
     s: &DomainFacts,
     cliques: &BTreeMap<Bdf, Option<u8>>,
+    hole64: u64,
     version: LibvirtVersion,
 ) -> Result<Patched, PatchError> {
     if !s.hidden_hypervisor.is_empty() {
@@ -78,11 +100,10 @@ pub fn apply(
         need_ns: false,
     };
     let (aliases, entries) = e.hostdev_aliases(cliques);
-    if version.has_override() {
-        e.override_entries(&entries);
-    } else {
-        e.commandline_entries(&entries, version);
-    }
+    let (overrides, sets) = e.existing_cliques(&entries, version);
+    e.override_entries(&overrides);
+    e.commandline_entries(&sets, version);
+    e.hole64(hole64);
     if e.need_ns && !s.has_qemu_ns {
         let pos = s.positions.domain_tag_close;
         e.edits.push((pos..pos, format!(" xmlns:qemu='{QEMU_NS}'")));
@@ -136,6 +157,138 @@ impl Edits<'_> {
             }
         }
         (aliases, entries)
+    }
+
+    /// Replaces the cliques the domain sets already, where they are set, and removes a
+    /// second setting of the same alias; returns the entries still to write, as
+    /// `<qemu:override>` (libvirt ≥ 8.2) or as `-set` arguments.
+    #[allow(clippy::type_complexity)]
+    fn existing_cliques(
+        &mut self,
+        entries: &[(String, u8)],
+        version: LibvirtVersion,
+    ) -> (Vec<(String, u8)>, Vec<(String, u8)>) {
+        let (mut overrides, mut sets) = (Vec::new(), Vec::new());
+        for (alias, c) in entries {
+            let set_at = self.set_arg_indices(alias);
+            let device = self.s.positions.override_devices.get(alias);
+            let has_property = device.is_some_and(|d| d.property.is_some());
+            // The form kept: the one this libvirt takes, when the domain has it; else the one
+            // the domain has; else the one this libvirt takes, written new.
+            let keep_override = has_property && (version.has_override() || set_at.is_empty());
+            if keep_override || (set_at.is_empty() && version.has_override()) {
+                overrides.push((alias.clone(), *c));
+                for &i in &set_at {
+                    self.remove_set_pair(i);
+                }
+            } else if let Some((&first, rest)) = set_at.split_first() {
+                self.replace_arg(first + 1, &set_args(&[(alias.clone(), *c)])[1]);
+                for &i in rest {
+                    self.remove_set_pair(i);
+                }
+                if let Some((range, _)) = device.and_then(|d| d.property.as_ref()) {
+                    let range = whole_lines(self.xml, range.clone());
+                    self.edits.push((range, String::new()));
+                }
+            } else {
+                sets.push((alias.clone(), *c));
+            }
+        }
+        (overrides, sets)
+    }
+
+    /// Indices of the `-set` arguments that set `alias`'s clique.
+    fn set_arg_indices(&self, alias: &str) -> Vec<usize> {
+        let args = &self.s.commandline_args;
+        let prefix = format!("device.{alias}.{CLIQUE_PROPERTY}=");
+        (0..args.len().saturating_sub(1))
+            .filter(|&i| args[i] == "-set" && args[i + 1].starts_with(&prefix))
+            .collect()
+    }
+
+    /// Replaces the `<qemu:arg>` at index `i` by one with `value`.
+    fn replace_arg(&mut self, i: usize, value: &str) {
+        if let Some(span) = self.s.positions.commandline_arg_spans.get(i) {
+            if self.s.commandline_args[i] != value {
+                self.edits
+                    .push((span.clone(), format!("<qemu:arg value='{value}'/>")));
+            }
+        }
+    }
+
+    /// Removes the `-set` at index `i` and its value, with the lines they stood on.
+    fn remove_set_pair(&mut self, i: usize) {
+        let s = self.s;
+        for span in &s.positions.commandline_arg_spans[i..=i + 1] {
+            let range = whole_lines(self.xml, span.clone());
+            self.edits.push((range, String::new()));
+        }
+    }
+
+    /// The 64-bit MMIO window: a smaller one the domain sets is raised where it is set
+    /// (`<pcihole64>` or a `pci-hole64-size=` argument); with none, `<pcihole64>` goes into
+    /// the root PCI controller.
+    fn hole64(&mut self, need: u64) {
+        if need == 0 || self.s.hole64.as_ref().is_some_and(|h| h.bytes >= need) {
+            return;
+        }
+        let kib = need.div_ceil(1024);
+        let gib = need.div_ceil(1 << 30);
+        let element = format!("<pcihole64 unit='KiB'>{kib}</pcihole64>");
+        let positions = &self.s.positions;
+        let arg = positions.hole64_arg;
+        let said = match (&self.s.hole64, &positions.hole64_element, arg) {
+            (Some(h), Some(range), _) if h.source == "<pcihole64>" => {
+                self.edits
+                    .push((range.clone(), format!("<pcihole64 unit='KiB'>{kib}")));
+                format!("<pcihole64> raised to {gib} GiB")
+            }
+            (Some(_), _, Some(i)) => {
+                let old = &self.s.commandline_args[i];
+                let at = old.find("pci-hole64-size=").unwrap_or(0);
+                let value = format!("{}pci-hole64-size={gib}G", &old[..at]);
+                self.replace_arg(i, &value);
+                format!("<qemu:arg value='{value}'/> (was '{old}')")
+            }
+            (_, _, _) => match positions.root_controller.clone() {
+                Some((tag, false)) => {
+                    let base = indent_at(self.xml, tag.start);
+                    self.insert(tag.end, format!("\n{base}  {element}"));
+                    format!("{element} in the root PCI controller")
+                }
+                Some((tag, true)) => {
+                    let base = indent_at(self.xml, tag.start);
+                    let close = tag.end - 2..tag.end;
+                    self.edits
+                        .push((close, format!(">\n{base}  {element}\n{base}</controller>")));
+                    format!("{element} in the root PCI controller")
+                }
+                None => {
+                    // libvirt adds the root controller itself when a domain is defined without
+                    // one: pcie-root on a q35 machine, pci-root on i440fx.
+                    let q35 = self.s.machine.as_deref().is_none_or(|m| m.contains("q35"));
+                    let model = if q35 { "pcie-root" } else { "pci-root" };
+                    let Some(end) = positions.devices_end_tag else {
+                        self.warnings.push(format!(
+                            "the GPUs' BARs need a {gib} GiB 64-bit MMIO window and the domain has no <devices> \
+                             to hold its root PCI controller: add <controller type='pci' index='0' model='{model}'>{element}</controller>"
+                        ));
+                        return;
+                    };
+                    let outer = indent_at(self.xml, end);
+                    let base = format!("{outer}  ");
+                    self.insert(
+                        end,
+                        format!(
+                            "  <controller type='pci' index='0' model='{model}'>\n{base}  {element}\n{base}</controller>\n{outer}"
+                        ),
+                    );
+                    format!("{element} in a new root PCI controller ({model})")
+                }
+            },
+        };
+        self.warnings
+            .push(format!("64-bit MMIO window for the GPUs' BARs: {said}"));
     }
 
     /// libvirt ≥ 8.2: one `<qemu:device>` per alias in `<qemu:override>`, editing what is there.
@@ -204,11 +357,7 @@ impl Edits<'_> {
 
     /// libvirt < 8.2: `-set device.ALIAS.x-nv-gpudirect-clique=N` in `<qemu:commandline>`.
     fn commandline_entries(&mut self, entries: &[(String, u8)], version: LibvirtVersion) {
-        let args: Vec<String> = set_args(entries)
-            .chunks(2)
-            .filter(|pair| !self.s.commandline_args.contains(&pair[1]))
-            .flat_map(|pair| pair.to_vec())
-            .collect();
+        let args = set_args(entries);
         if args.is_empty() {
             return;
         }

@@ -33,6 +33,10 @@ pub fn table(p: &Plan, details: bool) -> String {
 /// took most of `plan`'s time and memory).
 const SUMMARY_PAIRS: usize = 1000;
 
+/// The most pairs a summary lists in full (every pair of six GPUs): beyond that, pairs
+/// far apart without a clique are only counted, so that the summary fits a screen.
+const SCREEN_PAIRS: usize = 15;
+
 /// Pairs the summary leaves out: no clique, far apart, nothing to fix.
 fn far_apart(pr: &Pair) -> bool {
     pr.clique.is_none() && matches!(pr.verdict, Verdict::CrossSocket | Verdict::CrossHostBridge)
@@ -47,7 +51,7 @@ fn pairs_table(p: &Plan, details: bool) -> String {
     let mut listed: Vec<&Pair> = p
         .pairs
         .iter()
-        .filter(|pr| details || !far_apart(pr))
+        .filter(|pr| details || p.pairs.len() <= SCREEN_PAIRS || !far_apart(pr))
         .collect();
     let near = listed.len();
     if !details && near > SUMMARY_PAIRS {

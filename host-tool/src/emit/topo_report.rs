@@ -226,7 +226,15 @@ fn legend() -> String {
         PathKind::Pxb,
         PathKind::Pix,
     ] {
-        let _ = writeln!(out, "  {:<4} = {}", k.label(), k.meaning());
+        // wrapped to the width, continuation lines under the meaning
+        let width = vfio_p2p_style::output_width().saturating_sub(9).max(20);
+        let wrapped = vfio_p2p_style::wrap(k.meaning(), width);
+        for (i, line) in wrapped.lines().enumerate() {
+            let _ = match i {
+                0 => writeln!(out, "  {:<4} = {line}", k.label()),
+                _ => writeln!(out, "         {}", line.trim_start()),
+            };
+        }
     }
     out.push_str("  NV#  = Connection traversing a bonded set of # NVLinks\n");
     out
@@ -333,22 +341,24 @@ fn fabric_text(report: &TopoReport, fabric: &Fabric) -> String {
     out
 }
 
+/// The matrix in `nvidia-smi topo -m`'s look, fitted to the output width: when the columns
+/// cannot all stand side by side, the ones that do not fit (NICs, affinities) are printed in
+/// further blocks below, each with the row names again; no label is ever cut.
 fn matrix_table(report: &TopoReport) -> String {
+    matrix_table_at(report, usize::from(vfio_p2p_style::output_width()))
+}
+
+fn matrix_table_at(report: &TopoReport, width: usize) -> String {
     let names: Vec<String> = report
         .gpus
         .iter()
         .map(|g| format!("GPU{}", g.index))
         .chain(report.nics.iter().map(|n| format!("NIC{}", n.index)))
         .collect();
-    let mut table = Table::new();
-    table
-        .load_preset(presets::NOTHING)
-        .set_content_arrangement(ContentArrangement::Disabled);
-    let mut header = vec![Cell::new("")];
-    header.extend(names.iter().map(Cell::new));
-    header.push(Cell::new("CPU Affinity"));
-    header.push(Cell::new("NUMA Affinity"));
-    table.set_header(header);
+    let mut header = vec![String::new()];
+    header.extend(names.iter().cloned());
+    header.push("CPU Affinity".into());
+    header.push("NUMA Affinity".into());
     let n_gpus = report.gpus.len();
     let label = |i: usize, j: usize| -> String {
         match (i < n_gpus, j < n_gpus) {
@@ -358,25 +368,65 @@ fn matrix_table(report: &TopoReport) -> String {
             (false, false) => report.nics[i - n_gpus].nic_paths[j - n_gpus].clone(),
         }
     };
-    for (i, name) in names.iter().enumerate() {
-        let mut row = vec![Cell::new(name)];
-        row.extend(
-            (0..names.len()).map(|j| Cell::new(label(i, j)).set_alignment(CellAlignment::Center)),
-        );
-        let (cpus, numa) = if i < n_gpus {
-            let g = &report.gpus[i];
-            (g.cpu_affinity.clone(), g.numa_node)
-        } else {
-            (None, report.nics[i - n_gpus].numa_node)
-        };
-        if i < n_gpus {
-            row.push(Cell::new(
-                cpus.filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| "N/A".into()),
-            ));
-            row.push(Cell::new(numa.map_or("N/A".into(), |n| n.to_string())));
-        }
-        table.add_row(row);
+    let rows: Vec<Vec<String>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut row = vec![name.clone()];
+            row.extend((0..names.len()).map(|j| label(i, j)));
+            if let Some(g) = report.gpus.get(i) {
+                row.push(
+                    g.cpu_affinity
+                        .clone()
+                        .filter(|c| !c.is_empty())
+                        .unwrap_or_else(|| "N/A".into()),
+                );
+                row.push(g.numa_node.map_or("N/A".into(), |n| n.to_string()));
+            }
+            row
+        })
+        .collect();
+    // Each column as wide as its widest cell, two spaces after it (the last one's trimmed).
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .chain([&header[c]])
+                .map(|t| t.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let blocks: Vec<String> = vfio_p2p_style::column_groups(&widths, 1, 0, 2, width + 2)
+        .into_iter()
+        .map(|group| matrix_block(&header, &rows, &group))
+        .collect();
+    blocks.join("\n\n")
+}
+
+/// The matrix's columns `group`, without borders.
+fn matrix_block(header: &[String], rows: &[Vec<String>], group: &[usize]) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    table.set_header(
+        group
+            .iter()
+            .map(|&c| Cell::new(&header[c]))
+            .collect::<Vec<_>>(),
+    );
+    for r in rows {
+        let cells = group.iter().map(|&c| {
+            let cell = Cell::new(r.get(c).map_or("", String::as_str));
+            // the labels centred, as nvidia-smi has them; names and affinities to the left
+            if c > 0 && c < header.len() - 2 {
+                cell.set_alignment(CellAlignment::Center)
+            } else {
+                cell
+            }
+        });
+        table.add_row(cells.collect::<Vec<_>>());
     }
     for column in table.column_iter_mut() {
         column.set_padding((0, 2));
@@ -608,10 +658,12 @@ pub fn render_dot(topo: &Topology, report: &TopoReport) -> String {
     for (i, a) in report.gpus.iter().enumerate().filter(|_| with_matrix) {
         for (j, b) in report.gpus.iter().enumerate().skip(i + 1) {
             let kind = topo.path(&a.bdf, &b.bdf);
+            // xlabel: a label placed after layout, which Graphviz's spline router does not
+            // have to make room for (with `label`, edges between NUMA clusters made it warn)
             if kind.nvlink.is_some() || kind.kind <= PathKind::Pxb {
                 let _ = writeln!(
                     out,
-                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, label=\"{}\"];",
+                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, xlabel=\"{}\"];",
                     quote(&a.bdf.to_string()),
                     quote(&b.bdf.to_string()),
                     report.matrix[i][j]

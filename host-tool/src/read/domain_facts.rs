@@ -120,6 +120,18 @@ pub struct DomainPositions {
     pub commandline_end_tag: Option<usize>,
     /// Alias → its `<qemu:device>` in `<qemu:override>`.
     pub override_devices: BTreeMap<String, OverrideDevice>,
+    /// Each `<qemu:arg>` element's range, in the order of `DomainFacts::commandline_args`.
+    pub commandline_arg_spans: Vec<Range<usize>>,
+    /// The root PCI controller (`<controller type='pci' index='0'>`): its start tag's range,
+    /// and whether that tag is the whole element (`<controller …/>`).
+    pub root_controller: Option<(Range<usize>, bool)>,
+    /// `<pcihole64 …>` and its text: from the start tag to where `</pcihole64>` starts.
+    pub hole64_element: Option<Range<usize>>,
+    /// The index in `DomainFacts::commandline_args` of the `pci-hole64-size=` argument that
+    /// set `DomainFacts::hole64`.
+    pub hole64_arg: Option<usize>,
+    /// Where `</devices>` starts.
+    pub devices_end_tag: Option<usize>,
 }
 
 /// Everything the tool uses from a domain XML.
@@ -128,6 +140,8 @@ pub struct DomainFacts {
     /// Where the XML came from (a path or `<stdin>`), for messages.
     pub source_name: String,
     pub name: Option<String>,
+    /// `<os><type machine='…'>` (`pc-q35-7.2`, `q35`, `pc-i440fx-…`).
+    pub machine: Option<String>,
     pub emulator: Option<String>,
     pub hostdevs: Vec<PciHostdev>,
     /// Alias → clique settings (more than one is a mistake too).

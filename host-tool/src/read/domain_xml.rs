@@ -308,9 +308,17 @@ impl Scanner {
         match (name, self.parent()) {
             ("name", Some("domain")) => self.collect_text(TextOf::Name),
             ("emulator", Some("devices")) => self.collect_text(TextOf::Emulator),
+            ("type", Some("os")) => self.facts.machine = attr(e, "machine")?,
             ("pcihole64", _) => {
                 let shift = unit_shift(attr(e, "unit")?.as_deref())?;
                 self.collect_text(TextOf::Hole64(shift));
+                self.facts.positions.hole64_element = Some(span.start..span.end);
+            }
+            ("controller", Some("devices"))
+                if attr(e, "type")?.as_deref() == Some("pci")
+                    && attr(e, "index")?.as_deref() == Some("0") =>
+            {
+                self.facts.positions.root_controller = Some((span, empty));
             }
             ("hidden", Some("kvm")) if attr(e, "state")?.as_deref() == Some("on") => {
                 self.facts
@@ -345,6 +353,7 @@ impl Scanner {
             ("qemu:arg", Some("qemu:commandline")) => {
                 let value = attr(e, "value")?.unwrap_or_default();
                 self.facts.commandline_args.push(value);
+                self.facts.positions.commandline_arg_spans.push(span);
             }
             _ => {}
         }
@@ -413,6 +422,12 @@ impl Scanner {
                 self.facts.positions.domain_end_tag = at;
                 self.domain_closed = true;
             }
+            ("pcihole64", _) => {
+                if let Some(r) = self.facts.positions.hole64_element.as_mut() {
+                    r.end = at;
+                }
+            }
+            ("devices", 2) => self.facts.positions.devices_end_tag = Some(at),
             ("qemu:override", 2) => self.facts.positions.override_end_tag = Some(at),
             ("qemu:commandline", 2) => self.facts.positions.commandline_end_tag = Some(at),
             ("qemu:device", _) => {
@@ -523,6 +538,7 @@ impl Scanner {
                         bytes,
                         source: format!("<qemu:arg value='{arg}'/>"),
                     });
+                    self.facts.positions.hole64_arg = Some(i);
                 }
             }
         }

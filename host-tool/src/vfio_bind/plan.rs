@@ -79,7 +79,7 @@ pub enum PlanError {
     UnknownDevice(Bdf, String),
     #[error("{0} is a PCI bridge; bind never touches bridges: name the devices below it instead")]
     Bridge(Bdf),
-    #[error("{0} has no IOMMU group, so vfio-pci cannot take it: turn the IOMMU on (intel_iommu=on or amd_iommu=on on the kernel command line) and reboot")]
+    #[error("{0} has no IOMMU group, so vfio-pci cannot take it: turn the IOMMU on (Intel: VT-d in the firmware and intel_iommu=on; AMD: the IOMMU in the firmware) and reboot")]
     NoIommuGroup(Bdf),
     #[error("IOMMU group {group} of {named} also holds {others}, which a VM must get together with it: name them too, or pass --whole-group")]
     GroupShared {

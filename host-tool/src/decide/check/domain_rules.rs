@@ -14,9 +14,23 @@ use crate::model::domain::DomainFacts;
 use crate::model::{PathKind, Topology};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
-/// The fix for a domain whose cliques are missing or wrong.
-pub const PATCH_FIX: &str =
-    "run `virsh dumpxml DOMAIN | vfio-p2p libvirt patch - > DOMAIN.xml && virsh define DOMAIN.xml`";
+/// The fix for a defined domain whose cliques are missing or wrong, with its name
+/// (`DOMAIN` where the XML has none).
+pub fn patch_fix(facts: &DomainFacts) -> String {
+    let name = facts.name.as_deref().unwrap_or("DOMAIN");
+    let quoted = if name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.+:@".contains(c))
+    {
+        name.to_string()
+    } else {
+        format!("'{}'", name.replace('\'', r"'\''"))
+    };
+    let file = format!("/tmp/{}.xml", name.replace(['/', '\'', ' '], "_"));
+    format!(
+        "run `virsh dumpxml --inactive {quoted} | vfio-p2p libvirt patch - -o {file} && virsh define {file}`"
+    )
+}
 
 fn fail(
     check: &'static str,
@@ -77,7 +91,13 @@ pub fn domain_checks(
         return out;
     }
     out.extend(hidden_hypervisor(facts));
-    out.extend(gpu_cliques(topo, facts, &gpus, p2p_level, PATCH_FIX));
+    out.extend(gpu_cliques(
+        topo,
+        facts,
+        &gpus,
+        p2p_level,
+        &patch_fix(facts),
+    ));
     out
 }
 
@@ -221,16 +241,21 @@ fn cliques_set(
         let alias = alias.unwrap_or_default();
         let subject = Some(bdf.to_string());
         if settings.len() > 1 {
-            let srcs: Vec<String> = settings.iter().map(|s| s.source.to_string()).collect();
+            let srcs: Vec<String> = settings
+                .iter()
+                .map(|s| format!("{} in {}", s.value, s.source))
+                .collect();
+            let conflict = settings.iter().any(|s| s.value != settings[0].value);
             out.push(fail(
                 "clique-setting",
                 subject.clone(),
                 format!(
-                    "{bdf} (alias {alias}) sets {CLIQUE_PROPERTY} {} times ({})",
+                    "{bdf} (alias {alias}) sets {CLIQUE_PROPERTY} {} times{} ({}); QEMU takes one of them",
                     settings.len(),
+                    if conflict { ", to different cliques" } else { "" },
                     srcs.join(", ")
                 ),
-                Some("keep one".into()),
+                Some(format!("keep one: {fix}")),
             ));
         }
         match settings[0].value.parse::<u8>() {
@@ -316,4 +341,29 @@ fn wrong_cliques(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hook's fix names the domain it is about and reads its persistent definition.
+    #[test]
+    fn the_patch_fix_runs_as_printed() {
+        let named = |name: Option<&str>| DomainFacts {
+            name: name.map(str::to_string),
+            ..DomainFacts::default()
+        };
+        assert_eq!(
+            patch_fix(&named(Some("train-01"))),
+            "run `virsh dumpxml --inactive train-01 | vfio-p2p libvirt patch - -o /tmp/train-01.xml && virsh define /tmp/train-01.xml`"
+        );
+        let odd = patch_fix(&named(Some("it's a VM")));
+        assert!(
+            odd.contains(r"dumpxml --inactive 'it'\''s a VM' |")
+                && odd.contains("/tmp/it_s_a_VM.xml"),
+            "{odd}"
+        );
+        assert!(!patch_fix(&named(None)).contains('…'));
+    }
 }

@@ -102,6 +102,18 @@ pub enum Vmm {
     CloudHypervisor,
 }
 
+/// The language of the VM definition that was checked: its fixes are written in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigSyntax {
+    /// QEMU arguments (`--qemu-args`, or nothing given).
+    #[default]
+    Qemu,
+    /// A libvirt domain XML, with the file's name for `libvirt patch`.
+    Libvirt(String),
+    /// A Proxmox VE VM config.
+    Proxmox,
+}
+
 /// What the VM will be started with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VmmFacts {
@@ -115,6 +127,8 @@ pub struct VmmFacts {
     pub vm_config: Option<String>,
     /// The 64-bit MMIO window configured, and where it was found.
     pub hole64: Option<(u64, String)>,
+    /// The language of the VM definition given, for the fixes.
+    pub syntax: ConfigSyntax,
     /// `--iommu-backend`, if given.
     pub iommu_backend: Option<crate::config::vm::IommuBackend>,
 }

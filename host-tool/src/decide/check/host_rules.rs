@@ -38,17 +38,27 @@ pub(super) fn check_iommu(topo: &Topology) -> Vec<CheckResult> {
         .values()
         .any(|d| d.vendor == 0x8086 && d.bridge_role().is_some());
     if topo.iommu_groups.is_empty() {
+        // The kernel documents no `amd_iommu=on`: the AMD IOMMU is used whenever the
+        // firmware reports it (ACPI IVRS); `amd_iommu=off` or `iommu=off` would turn it off.
+        let off = cmdline
+            .split_whitespace()
+            .filter(|t| matches!(*t, "intel_iommu=off" | "amd_iommu=off" | "iommu=off"))
+            .collect::<Vec<_>>();
+        let remove = match off.is_empty() {
+            true => String::new(),
+            false => format!("remove {} from the kernel command line; ", off.join(" ")),
+        };
         let fix = if intel || has("intel_iommu") {
-            "enable VT-d in the firmware and boot with intel_iommu=on"
+            format!("{remove}enable VT-d in the firmware and boot with intel_iommu=on (iommu=pt is the usual choice beside it)")
         } else {
-            "enable AMD-Vi/IOMMU in the firmware and boot with amd_iommu=on (or iommu=on)"
+            format!("{remove}enable the IOMMU (AMD-Vi) in the firmware: Linux uses it whenever the firmware reports it, no amd_iommu= option is needed; iommu=pt is the usual choice on a host that passes devices through")
         };
         return vec![result(
             "iommu",
             None,
             Status::Fail,
             format!("no IOMMU groups under /sys/kernel/iommu_groups; {flags}"),
-            Some(fix.into()),
+            Some(fix),
         )];
     }
     let off = cmdline
@@ -82,7 +92,7 @@ pub(super) fn check_vfio_module(m: &ModuleState) -> CheckResult {
             format!("no vfio-pci module: {w}"),
             Some("install the kernel's extra modules (e.g. linux-modules-extra-$(uname -r)) or a kernel with CONFIG_VFIO_PCI".to_string()),
         ),
-        ModuleState::Unknown(why) => (Status::Warn, format!("not probed: {why}"), Some("run `vfio-p2p check` on the host itself".to_string())),
+        ModuleState::Unknown(why) => (Status::Warn, format!("not probed: {why}"), Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".to_string())),
     };
     result("vfio-pci-module", None, status, saw, fix)
 }

@@ -13,11 +13,11 @@ mod host_rules;
 mod report;
 mod vm_rules;
 
-pub use domain_rules::{clique_checks, domain_checks, reserved_hostdevs, PATCH_FIX};
+pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
 pub use facts::{
-    HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe, NotProbed,
-    QemuVersion, Vmm, VmmFacts,
+    ConfigSyntax, HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe,
+    NotProbed, QemuVersion, Vmm, VmmFacts,
 };
 pub use report::{CheckReport, CheckResult, Status};
 

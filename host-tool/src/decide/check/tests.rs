@@ -249,6 +249,36 @@ fn no_iommu_fails_with_the_vendor_fix() {
     assert_eq!(find(&r, "iommu-group", Some(&g[0])).status, Status::Fail);
 }
 
+/// On AMD the fix names only what the kernel documents: the firmware turns the IOMMU on
+/// (there is no `amd_iommu=on`), an `=off` option is removed, `iommu=pt` is the usual choice.
+#[test]
+fn no_iommu_on_amd_names_documented_options_only() {
+    let mut rec = host(false, Some(ACS_ISOLATING));
+    rec.kernel_cmdline = Some("root=/dev/sda amd_iommu=off".into());
+    for d in &mut rec.devices {
+        d.iommu_group = None;
+        if d.vendor == 0x8086 {
+            d.vendor = 0x1022;
+        }
+    }
+    let t = Topology::from_record(&rec);
+    let g = &gpus(&t)[..2];
+    let r = run(&t, g, &live_ok(&t, g), &qemu("QEMU emulator version 8.2.2"));
+    let fix = find(&r, "iommu", None).fix.clone().unwrap();
+    assert!(
+        !fix.contains("amd_iommu=on") && !fix.contains("iommu=on"),
+        "{fix}"
+    );
+    assert!(
+        fix.starts_with("remove amd_iommu=off from the kernel command line"),
+        "{fix}"
+    );
+    assert!(
+        fix.contains("firmware") && fix.contains("iommu=pt"),
+        "{fix}"
+    );
+}
+
 #[test]
 fn hidden_hypervisor_fails() {
     assert_eq!(

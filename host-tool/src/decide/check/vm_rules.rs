@@ -3,7 +3,7 @@
 
 use pci_config::clique::{OFFSET_FALLBACK, OFFSET_PRIMARY};
 
-use super::facts::{Vmm, VmmFacts};
+use super::facts::{ConfigSyntax, Vmm, VmmFacts};
 use super::report::{CheckResult, Status};
 use super::{result, GIB};
 use crate::decide::mmio;
@@ -19,11 +19,7 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
         total as f64 / GIB as f64,
         need / GIB
     );
-    let settings = format!(
-        "QEMU: `{}`; OVMF: `{}`",
-        mmio::qemu_hole64_arg(need),
-        mmio::ovmf_fw_cfg_arg(need)
-    );
+    let settings = hole64_fix(need, &vmm.syntax);
     match &vmm.hole64 {
         Some((have, src)) if *have >= need => result(
             "mmio-window",
@@ -65,6 +61,24 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
                 Some(settings),
             ),
         },
+    }
+}
+
+/// How to give the VM a `need`-byte 64-bit MMIO window, in the language of its definition.
+fn hole64_fix(need: u64, syntax: &ConfigSyntax) -> String {
+    let (qemu, ovmf) = (mmio::qemu_hole64_arg(need), mmio::ovmf_fw_cfg_arg(need));
+    match syntax {
+        ConfigSyntax::Qemu => format!("QEMU: `{qemu}`; OVMF: `{ovmf}`"),
+        ConfigSyntax::Libvirt(file) => format!(
+            "`<pcihole64 unit='KiB'>{}</pcihole64>` in the domain's `<controller type='pci' index='0'>` \
+             (`vfio-p2p libvirt patch {file} -o {file}` writes it); with OVMF also \
+             `<qemu:arg value='-fw_cfg'/><qemu:arg value='name=opt/ovmf/X-PciMmio64Mb,string={}'/>` in `<qemu:commandline>`",
+            need.div_ceil(1024),
+            mmio::ovmf_mmio64_mb(need)
+        ),
+        ConfigSyntax::Proxmox => format!(
+            "add `{qemu}` to the VM config's `args:` line (with `bios: ovmf` also `{ovmf}`), then qm stop and qm start"
+        ),
     }
 }
 
