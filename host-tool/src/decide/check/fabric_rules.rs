@@ -202,6 +202,7 @@ mod tests {
             model: Some(model),
             state: synth::example_fabric("hgx-h100", &gpus),
             source: "test".into(),
+            unreachable: None,
         };
         (topo, fabric)
     }
