@@ -211,7 +211,7 @@ fn not_a_partition(state: &FabricState, wanted: &[Bdf], taken: &BTreeSet<Bdf>) -
             "GPUs {} are not one of Fabric Manager's partitions ({holding}): FM gives NVLink only to a whole partition, so this VM would get no NVLink",
             bdf_list(wanted)
         ),
-        fix: format!("give the VM exactly one partition's GPUs ({offer}); {FIX_LIST}"),
+        fix: format!("give the VM exactly one partition's GPUs ({offer})"),
     }
 }
 
