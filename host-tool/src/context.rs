@@ -545,8 +545,9 @@ mod tests {
         let (c, notes) = Context::build(&hgx, shared, &[]).unwrap();
         assert!(c.fabric.unreachable.is_some(), "{:?}", c.fabric);
         assert!(
-            notes.iter().any(|n| n.contains("fabric: shared-nvswitch, but")
-                && n.contains("libnvfm.so.1")),
+            notes
+                .iter()
+                .any(|n| n.contains("fabric: shared-nvswitch, but") && n.contains("libnvfm.so.1")),
             "{notes:?}"
         );
         // No NVSwitch, fabric auto: FM is not asked and nothing is said.

@@ -180,7 +180,10 @@ fn a_capture_in_host_yaml_is_followed_on_a_real_root_and_none_turns_it_off() {
     let out = no_fm(&[&args[..], &["--shape", "4x2"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
-        err.matches("warning: fabric: shared-nvswitch, but Fabric Manager's partitions are unknown").count(),
+        err.matches(
+            "warning: fabric: shared-nvswitch, but Fabric Manager's partitions are unknown"
+        )
+        .count(),
         1,
         "{err}"
     );

@@ -250,7 +250,9 @@ fn fm_without_pci_ids_is_matched_through_host_yamls_modules() {
         .stderr(predicate::str::contains(
             "Fabric Manager lists its 3 partitions without PCI addresses",
         ))
-        .stderr(predicate::str::contains("host.yaml's `fabric_manager: modules:`"));
+        .stderr(predicate::str::contains(
+            "host.yaml's `fabric_manager: modules:`",
+        ));
     assert_eq!(h.active(), Vec::<u64>::new());
     let modules = format!(
         "{SHARED_DENY}fabric_manager:\n  modules: {{1: \"0000:05:00.0\", 2: \"0000:06:00.0\", 3: \"0000:09:00.0\", 4: \"0000:0a:00.0\"}}\n"

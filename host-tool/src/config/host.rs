@@ -223,8 +223,7 @@ impl HostConfig {
             .and_then(|fm| fm.modules.take())
             .unwrap_or_default();
         let (ids, addresses): (Vec<u32>, Vec<Spanned<String>>) = modules.into_iter().unzip();
-        let addresses =
-            super::bdf_list("fabric_manager: modules", &addresses).map_err(field)?;
+        let addresses = super::bdf_list("fabric_manager: modules", &addresses).map_err(field)?;
         let fabric_modules = ids.into_iter().zip(addresses).collect();
         let fabric_manager = fabric_manager_source(file.fabric_manager, path)?;
         Ok(HostConfig {
@@ -410,7 +409,8 @@ mod tests {
 
     #[test]
     fn fabric_manager_modules_map_module_ids_to_addresses() {
-        let c = parse("fabric_manager:\n  modules: {1: \"0000:18:00.0\", 3: 0000:9d:00.0}\n").unwrap();
+        let c =
+            parse("fabric_manager:\n  modules: {1: \"0000:18:00.0\", 3: 0000:9d:00.0}\n").unwrap();
         let b = |s: &str| s.parse::<Bdf>().unwrap();
         assert_eq!(
             c.fabric_modules,

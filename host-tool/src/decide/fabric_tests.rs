@@ -173,7 +173,10 @@ fn full_passthrough_takes_the_nvswitches_with_the_whole_board_only() {
 
 // The hook's choice of a starting VM's partition (partition_for) on a 4-GPU board.
 
-fn partition_for_vm<'a>(s: &'a FabricState, gpus: &[Bdf]) -> Result<&'a FabricPartition, PartitionFinding> {
+fn partition_for_vm<'a>(
+    s: &'a FabricState,
+    gpus: &[Bdf],
+) -> Result<&'a FabricPartition, PartitionFinding> {
     partition_for(s, gpus, &BTreeSet::new())
 }
 
