@@ -197,19 +197,7 @@ impl Context {
         record: &HostRecord,
         host: HostConfig,
     ) -> anyhow::Result<(Context, Vec<String>)> {
-        let mut topo = Topology::from_record(record);
-        let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
-        warnings.extend(apply_nvlink_source(&mut topo, &host, &[])?);
-        let (fabric, fm) = load_fabric(&topo, &host, None)?;
-        Ok((
-            Context {
-                host,
-                topo,
-                fabric,
-                fm,
-            },
-            warnings,
-        ))
+        Context::read(record, host, &[], None)
     }
 
     /// [`Context::build`] for a host that may be the embedded example `example`.
@@ -219,20 +207,29 @@ impl Context {
         nvlink: &[PathBuf],
         example: Option<&str>,
     ) -> anyhow::Result<(Context, Vec<String>)> {
+        let (context, mut warnings) = Context::read(record, host, nvlink, example)?;
+        warnings.extend(fabric_notes(&context.topo, &context.host, &context.fabric));
+        Ok((context, warnings))
+    }
+
+    /// The context and the host's warnings (the fabric's are [`fabric_notes`]).
+    fn read(
+        record: &HostRecord,
+        host: HostConfig,
+        nvlink: &[PathBuf],
+        example: Option<&str>,
+    ) -> anyhow::Result<(Context, Vec<String>)> {
         let mut topo = Topology::from_record(record);
         let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
         warnings.extend(apply_nvlink_source(&mut topo, &host, nvlink)?);
         let (fabric, fm) = load_fabric(&topo, &host, example)?;
-        warnings.extend(fabric_notes(&topo, &host, &fabric));
-        Ok((
-            Context {
-                host,
-                topo,
-                fabric,
-                fm,
-            },
-            warnings,
-        ))
+        let context = Context {
+            host,
+            topo,
+            fabric,
+            fm,
+        };
+        Ok((context, warnings))
     }
 
     /// Warns when `gpus` are not a Fabric Manager partition a VM could be given (shared
