@@ -14,8 +14,10 @@ use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSou
 use crate::decide;
 use crate::decide::plan::{plan, Plan, PlanOptions};
 use crate::emit::libvirt::{self, LibvirtVersion};
+use crate::fm_api::{FmFailure, FmSession};
 use crate::model::fabric::{Fabric, FabricModel, FabricState};
 use crate::model::{PathKind, Topology};
+use crate::read::fabric_manager::read_fabric_manager;
 use crate::read::{fm_capture, nvidia_smi, read_host, HostRecord};
 use crate::synth;
 
@@ -139,12 +141,15 @@ impl Drop for ChangeRoot {
 }
 
 /// A command's starting point.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Context {
     pub host: HostConfig,
     pub topo: Topology,
     /// Fabric Manager's partitions and the model planning follows, read once.
     pub fabric: Fabric,
+    /// The connection to FM the partitions were read over (FM's live API), kept for the
+    /// hook's activation: FM is asked once, before anything changes.
+    pub fm: Option<FmSession>,
 }
 
 impl Context {
@@ -187,8 +192,29 @@ impl Context {
         Context::assemble(record, host, nvlink, None)
     }
 
+    /// The hook's [`Context::build`]: the host's warnings without the fabric's, which the
+    /// hook words itself, for a VM that has GPUs (`FabricStep`).
+    pub fn build_for_hook(
+        record: &HostRecord,
+        host: HostConfig,
+    ) -> anyhow::Result<(Context, Vec<String>)> {
+        Context::read(record, host, &[], None)
+    }
+
     /// [`Context::build`] for a host that may be the embedded example `example`.
     fn assemble(
+        record: &HostRecord,
+        host: HostConfig,
+        nvlink: &[PathBuf],
+        example: Option<&str>,
+    ) -> anyhow::Result<(Context, Vec<String>)> {
+        let (context, mut warnings) = Context::read(record, host, nvlink, example)?;
+        warnings.extend(fabric_notes(&context.topo, &context.host, &context.fabric));
+        Ok((context, warnings))
+    }
+
+    /// The context and the host's warnings (the fabric's are [`fabric_notes`]).
+    fn read(
         record: &HostRecord,
         host: HostConfig,
         nvlink: &[PathBuf],
@@ -197,9 +223,14 @@ impl Context {
         let mut topo = Topology::from_record(record);
         let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
         warnings.extend(apply_nvlink_source(&mut topo, &host, nvlink)?);
-        let fabric = load_fabric(&topo, &host, example)?;
-        warnings.extend(fabric_notes(&topo, &host, &fabric));
-        Ok((Context { host, topo, fabric }, warnings))
+        let (fabric, fm) = load_fabric(&topo, &host, example)?;
+        let context = Context {
+            host,
+            topo,
+            fabric,
+            fm,
+        };
+        Ok((context, warnings))
     }
 
     /// Warns when `gpus` are not a Fabric Manager partition a VM could be given (shared
@@ -281,74 +312,129 @@ fn apply_nvlink_source(
 
 /// Fabric Manager's partitions, read once: an embedded example's table under
 /// `--example`, else the capture host.yaml names (`fabric_manager.partitions`), else
-/// FM's live API ([`live_fabric`]); nothing under `fabric: none`, nor with `auto` on a
-/// host without NVSwitches.
+/// FM's live API ([`live_fabric`]); nothing under `fabric: none` or `full-passthrough`
+/// (FM runs in the VM), nor with `auto` on a host without NVSwitches. host.yaml's
+/// `fabric_manager: modules:` gives FM's module ids their PCI addresses.
 fn load_fabric(
     topo: &Topology,
     host: &HostConfig,
     example: Option<&str>,
-) -> anyhow::Result<Fabric> {
-    let (state, source) = if host.fabric == FabricMode::None {
-        (None, "fabric: none in the host config".to_string())
+) -> anyhow::Result<(Fabric, Option<FmSession>)> {
+    let mut live = LiveFabric::default();
+    if host.fabric == FabricMode::None {
+        live.source = "fabric: none in the host config".to_string();
     } else if let Some(name) = example {
         let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
-        match crate::synth::example_fabric(name, &gpus) {
-            Some(s) => (
-                Some(s),
-                format!("example {name}: its board's Fabric Manager partition table"),
-            ),
-            None => (None, format!("example {name} has no NVSwitch board")),
-        }
+        live.state = crate::synth::example_fabric(name, &gpus);
+        live.source = match live.state {
+            Some(_) => format!("example {name}: its board's Fabric Manager partition table"),
+            None => format!("example {name} has no NVSwitch board"),
+        };
     } else {
-        match &host.fabric_manager {
-            FabricManagerSource::Capture(path) => (
-                Some(
+        live = match &host.fabric_manager {
+            FabricManagerSource::Capture(path) => LiveFabric {
+                state: Some(
                     fm_capture::read(path)
                         .context("loading the host config's fabric_manager.partitions")?,
                 ),
-                path.display().to_string(),
-            ),
+                source: path.display().to_string(),
+                ..LiveFabric::default()
+            },
+            FabricManagerSource::Live(_) if host.fabric == FabricMode::FullPassthrough => {
+                LiveFabric::not_asked("fabric: full-passthrough: Fabric Manager runs in the VM")
+            }
             FabricManagerSource::Live(_)
                 if host.fabric == FabricMode::Auto && topo.nvswitches().next().is_none() =>
             {
-                (None, "no NVSwitch on this host".to_string())
+                LiveFabric::not_asked("no NVSwitch on this host")
             }
-            FabricManagerSource::Live(address) => live_fabric(address),
+            FabricManagerSource::Live(address) => {
+                live_fabric(address, host.fabric == FabricMode::SharedNvswitch)
+            }
+        };
+        if let Some(state) = &mut live.state {
+            state.apply_module_addresses(&host.fabric_modules);
         }
-    };
-    let model = decide::fabric::resolve_model(host.fabric, state.is_some());
-    Ok(Fabric {
+    }
+    let model = decide::fabric::resolve_model(host.fabric, live.state.is_some());
+    let fabric = Fabric {
         model,
-        state,
-        source,
-    })
+        state: live.state,
+        source: live.source,
+        unreachable: live.unreachable,
+    };
+    Ok((fabric, live.session))
+}
+
+/// What asking FM's live API gave.
+#[derive(Default)]
+struct LiveFabric {
+    state: Option<FabricState>,
+    source: String,
+    unreachable: Option<String>,
+    session: Option<FmSession>,
+}
+
+impl LiveFabric {
+    fn not_asked(why: &str) -> LiveFabric {
+        LiveFabric {
+            source: why.to_string(),
+            ..LiveFabric::default()
+        }
+    }
 }
 
 /// The one call site of Fabric Manager's live API (`fmGetSupportedFabricPartitions`,
-/// `fmGetUnsupportedFabricPartitions`, `fmGetNvlinkFailedDevices` through libnvfm.so.1):
-/// this build has no FM client, so FM is not consulted and its partitions are not read.
-fn live_fabric(address: &str) -> (Option<FabricState>, String) {
-    (
-        None,
-        format!(
-            "Fabric Manager at {address} was not consulted: this build has no FM client; \
-             save `fmpm -l` output and name it in the host config's fabric_manager.partitions"
-        ),
-    )
+/// `fmGetUnsupportedFabricPartitions`, `fmGetNvlinkFailedDevices` through libnvfm.so.1,
+/// `read::fabric_manager`). Under `auto` (`explicit` false) a host without FM's library
+/// is a host without Fabric Manager: nothing is said. Otherwise a failure is
+/// `unreachable`: a warning for planning, the hook's policy for a VM with GPUs.
+fn live_fabric(address: &str, explicit: bool) -> LiveFabric {
+    let session = match FmSession::open(address) {
+        Ok(s) => s,
+        Err(e) if !explicit && e.failure() == FmFailure::NoLibrary => {
+            return LiveFabric::not_asked(&format!("Fabric Manager not installed ({e})"));
+        }
+        Err(e) => return LiveFabric::unreachable(e.to_string()),
+    };
+    match read_fabric_manager(&session) {
+        Ok(report) => LiveFabric {
+            state: Some(FabricState::from(&report)),
+            source: format!("Fabric Manager at {address}"),
+            unreachable: None,
+            session: Some(session),
+        },
+        Err(e) => LiveFabric::unreachable(e.to_string()),
+    }
 }
 
-/// What the run should hear about the fabric: partitions that planning cannot follow.
+impl LiveFabric {
+    fn unreachable(why: String) -> LiveFabric {
+        LiveFabric {
+            source: why.clone(),
+            unreachable: Some(why),
+            ..LiveFabric::default()
+        }
+    }
+}
+
+/// What the run should hear about the fabric: partitions that planning cannot follow
+/// because FM did not answer.
 fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<String> {
     let nvswitches = topo.nvswitches().next().is_some();
     match (fabric.model, &fabric.state) {
         (Some(FabricModel::SharedNvswitch), None) => vec![format!(
-            "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
+            "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them: {}",
             fabric.source
         )],
-        (None, None) if nvswitches && host.fabric == FabricMode::Auto => vec![format!(
-            "NVSwitches on this host, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them. {}",
-            fabric.source
-        )],
+        (None, None)
+            if nvswitches && host.fabric == FabricMode::Auto && fabric.unreachable.is_some() =>
+        {
+            vec![format!(
+                "NVSwitches on this host, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them: {}",
+                fabric.source
+            )]
+        }
         _ => Vec::new(),
     }
 }
@@ -435,17 +521,31 @@ mod tests {
         let c = Context::load(&global("hgx-h100"), &none, &[]).unwrap();
         assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
         assert_eq!(c.fabric.state.as_ref().unwrap().partitions.len(), 15);
-        // The same board as a real root: FM's live API is not consulted, and that is said.
+        // The same board as a real root without FM's library: under `auto` a host without
+        // Fabric Manager, nothing said; under shared-nvswitch FM's absence is a warning.
         let hgx = synth::example("hgx-h100").unwrap();
         let (c, notes) = Context::build(&hgx, HostConfig::default(), &[]).unwrap();
         assert_eq!((c.fabric.model, c.fabric.state.is_none()), (None, true));
+        assert!(c.fabric.unreachable.is_none() && c.fm.is_none());
         assert!(
-            c.fabric.source.contains("was not consulted"),
+            c.fabric.source.contains("not installed"),
             "{}",
             c.fabric.source
         );
         assert!(
-            notes.iter().any(|n| n.contains("NVSwitches on this host")),
+            notes.iter().all(|n| !n.contains("Fabric Manager")),
+            "{notes:?}"
+        );
+        let shared = HostConfig {
+            fabric: FabricMode::SharedNvswitch,
+            ..HostConfig::default()
+        };
+        let (c, notes) = Context::build(&hgx, shared, &[]).unwrap();
+        assert!(c.fabric.unreachable.is_some(), "{:?}", c.fabric);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("fabric: shared-nvswitch, but") && n.contains("libnvfm.so.1")),
             "{notes:?}"
         );
         // No NVSwitch, fabric auto: FM is not asked and nothing is said.
@@ -467,9 +567,32 @@ mod tests {
             ),
             ..HostConfig::default()
         };
-        let (c, _) = Context::build(&hgx, capture, &[]).unwrap();
+        let (c, _) = Context::build(&hgx, capture.clone(), &[]).unwrap();
         assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
         assert!(c.fabric.state.unwrap().partitions[3].active);
+        // A capture without addresses (FM in a service VM, FM on H100) gets host.yaml's
+        // modules: NVIDIA's published partition 13 is module 7 alone, at 00000000:00:00.0.
+        let dir = tempfile::tempdir().unwrap();
+        let bare = dir.path().join("fmpm-l.json");
+        let partition = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/fabric/fmpm-l-nvidia-example-partition.json"
+        ))
+        .unwrap();
+        std::fs::write(
+            &bare,
+            format!("{{\"numPartitions\": 1, \"partitionInfo\": [{partition}]}}"),
+        )
+        .unwrap();
+        let gpu: Bdf = "0000:18:00.0".parse().unwrap();
+        let mapped = HostConfig {
+            fabric_manager: FabricManagerSource::Capture(bare),
+            fabric_modules: [(7, gpu)].into(),
+            ..capture
+        };
+        let (c, _) = Context::build(&hgx, mapped, &[]).unwrap();
+        let state = c.fabric.state.unwrap();
+        assert_eq!(state.partitions[0].gpus[0].bdf, Some(gpu));
         // fabric: none reads nothing, even on the example.
         let off = HostConfig {
             fabric: FabricMode::None,

@@ -87,7 +87,7 @@ fn gen_of_a_set_that_is_not_a_partition_warns_with_the_ones_that_fit() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "warning: GPUs 0000:18:00.0 0000:9d:00.0 are not one of Fabric Manager's partitions"
+            "warning: GPUs 0000:18:00.0, 0000:9d:00.0 are not one of Fabric Manager's partitions"
         ),
         "{err}"
     );
@@ -158,10 +158,36 @@ fn a_capture_in_host_yaml_is_followed_on_a_real_root_and_none_turns_it_off() {
         String::from_utf8_lossy(&snap.stderr)
     );
     let root = root.to_str().unwrap();
-    // Without a capture: FM not consulted, said once, and place splits as on any host.
-    let out = vfio_p2p(&["--sysfs-root", root, "place", "--shape", "4x2"]);
+    // Without a capture and without FM's library: under `auto` a host without Fabric
+    // Manager (nothing said, place splits as on any host); under shared-nvswitch FM's
+    // absence is said once, naming the library.
+    let no_fm = |args: &[&str]| {
+        Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .args(args)
+            .env("VFIO_P2P_FM_LIBRARY", "/nonexistent/libnvfm.so.1")
+            .output()
+            .unwrap()
+    };
+    let out = no_fm(&["--sysfs-root", root, "place", "--shape", "4x2"]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("was not consulted"), "{err}");
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("Fabric Manager"), "{err}");
+    let shared = dir.path().join("shared.yaml");
+    std::fs::write(&shared, "fabric: shared-nvswitch\n").unwrap();
+    let shared = shared.to_str().unwrap();
+    let args = ["--sysfs-root", root, "place", "--host-config", shared];
+    let out = no_fm(&[&args[..], &["--shape", "4x2"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches(
+            "warning: fabric: shared-nvswitch, but Fabric Manager's partitions are unknown"
+        )
+        .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("/nonexistent/libnvfm.so.1"), "{err}");
     let cfg = dir.path().join("host.yaml");
     std::fs::write(
         &cfg,

@@ -236,6 +236,45 @@ fn gpus_that_are_not_a_partition_are_a_finding() {
 }
 
 #[test]
+fn fm_without_pci_ids_is_matched_through_host_yamls_modules() {
+    // FM on H100 and later boards lists its partitions without PCI bus ids.
+    let mut fm = board();
+    for p in fm["partitions"].as_array_mut().unwrap() {
+        for g in p["gpus"].as_array_mut().unwrap() {
+            g["pci"] = json!("");
+        }
+    }
+    let h = Host::new(SHARED_DENY, &fm);
+    h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
+        .code(1)
+        .stderr(predicate::str::contains(
+            "Fabric Manager lists its 3 partitions without PCI addresses",
+        ))
+        .stderr(predicate::str::contains(
+            "host.yaml's `fabric_manager: modules:`",
+        ));
+    assert_eq!(h.active(), Vec::<u64>::new());
+    let modules = format!(
+        "{SHARED_DENY}fabric_manager:\n  modules: {{1: \"0000:05:00.0\", 2: \"0000:06:00.0\", 3: \"0000:09:00.0\", 4: \"0000:0a:00.0\"}}\n"
+    );
+    let h = Host::new(&modules, &fm);
+    h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
+        .success()
+        .stderr("");
+    assert_eq!(h.active(), vec![2]);
+    assert_eq!(reset_value(&h, "0000:09:00.0"), "1");
+    assert_eq!(reset_value(&h, "0000:05:00.0"), "");
+    // `fabric list` shows the addresses host.yaml gave.
+    let out = h
+        .cmd()
+        .args(["fabric", "list", "--format", "json"])
+        .assert()
+        .success();
+    let v: Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["partitions"][0]["gpus"][3]["bdf"], "0000:0a:00.0");
+}
+
+#[test]
 fn hosts_without_shared_nvswitch_never_ask_fm() {
     // `none`, and `auto` on a host without NVSwitches: FM's library is not even opened,
     // whatever it would answer (here: down, which would otherwise refuse under deny).

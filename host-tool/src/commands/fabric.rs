@@ -60,12 +60,12 @@ pub enum FabricAction {
     Resync,
 }
 
-fn address(root: &std::path::Path, given: Option<String>) -> anyhow::Result<String> {
+fn address(config: &HostConfig, given: Option<String>) -> anyhow::Result<String> {
     if let Some(a) = given {
         return Ok(a);
     }
-    match HostConfig::load_below(root)?.fabric_manager {
-        FabricManagerSource::Live(a) => Ok(a),
+    match &config.fabric_manager {
+        FabricManagerSource::Live(a) => Ok(a.clone()),
         FabricManagerSource::Capture(p) => anyhow::bail!(
             "host.yaml's fabric_manager names a saved partition list ({}), so Fabric Manager runs elsewhere (a service VM): run this there, or give --address",
             p.display()
@@ -94,12 +94,19 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
     );
     let root = ChangeRoot::new(global, false)?;
     let root = root.path();
-    let address = address(root, a.address)?;
+    let config = HostConfig::load_below(root)?;
+    let address = address(&config, a.address)?;
     let timeout = Duration::from_secs(a.lock_timeout);
     let mut fm = FmSession::open(&address)?;
+    // FM's partitions with host.yaml's module addresses, as the hook and planning see them.
+    let read_state = |fm: &FmSession| -> anyhow::Result<FabricState> {
+        let mut state = FabricState::from(&read_fabric_manager(fm)?);
+        state.apply_module_addresses(&config.fabric_modules);
+        Ok(state)
+    };
     match a.action {
         FabricAction::List { format } => {
-            let state = FabricState::from(&read_fabric_manager(&fm)?);
+            let state = read_state(&fm)?;
             let listing =
                 FabricListing::new(&address, &state, &holders(&ActivationRecord::load(root)?));
             match format {
@@ -108,7 +115,7 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
             }
         }
         FabricAction::Activate { id } => {
-            let state = FabricState::from(&read_fabric_manager(&fm)?);
+            let state = read_state(&fm)?;
             let p = state
                 .partitions
                 .iter()

@@ -296,10 +296,13 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     // warning like any other unreadable input, and the guest starts.
     let (
         Context {
-            topo, host: config, ..
+            topo,
+            host: config,
+            fabric,
+            fm,
         },
         notes,
-    ) = match Context::build(&record, config, &[]) {
+    ) = match Context::build_for_hook(&record, config) {
         Ok(built) => built,
         Err(e) => return unreadable(guest, policy, &format!("{e:#}")),
     };
@@ -315,9 +318,11 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     if config.hook_policy == HookPolicy::Deny && !problems.is_empty() {
         return refuse(guest, &problems.join("; "));
     }
-    // Fabric Manager is asked once, before anything changes (docs/fabric.md).
+    // Fabric Manager was asked once, in the context build, before anything changes
+    // (docs/fabric.md).
     let hostdevs: Vec<_> = facts.hostdevs.iter().map(|h| h.bdf).collect();
-    let fabric = guest_fabric::plan_for_guest(&config, &topo, &hostdevs);
+    let reserved = config.reserved.iter().copied().collect();
+    let fabric = guest_fabric::plan_for_guest(&fabric, fm, &topo, &hostdevs, &reserved);
     let mut warnings: Vec<String> = problems.iter().chain(&notes).cloned().collect();
     if let FabricStep::Finding(f) = &fabric {
         if policy == HookPolicy::Deny {

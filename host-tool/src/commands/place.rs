@@ -341,7 +341,9 @@ fn print_table(r: &PlaceReport) {
 }
 
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
-    let Context { host, topo, fabric } = Context::load(global, &args.host, &[])?;
+    let Context {
+        host, topo, fabric, ..
+    } = Context::load(global, &args.host, &[])?;
     let host_gpus = topo.gpus().count();
     let requests = match args.shape {
         Some((count, gpus)) => {

@@ -4,6 +4,7 @@
 //! wrong types are errors with line and column), [`HostConfig::validate`] checks the
 //! meaning and points at the offending line.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pci_config::Bdf;
@@ -65,6 +66,10 @@ pub struct FabricManagerFile {
     /// where FM runs in a service VM; relative to this file.
     #[serde(default)]
     pub partitions: Option<Spanned<PathBuf>>,
+    /// FM's module ids (physical ids) → the GPUs' PCI addresses, for boards whose FM lists
+    /// partitions without addresses (H100 and later): `{1: "0000:18:00.0", …}`.
+    #[serde(default)]
+    pub modules: Option<BTreeMap<u32, Spanned<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +118,9 @@ pub struct HostConfig {
     pub nvlink: NvlinkSource,
     pub fabric: FabricMode,
     pub fabric_manager: FabricManagerSource,
+    /// `fabric_manager: modules:`: FM's module ids → PCI addresses, given to the GPUs FM's
+    /// partition list (live or captured) leaves without one.
+    pub fabric_modules: BTreeMap<u32, Bdf>,
 }
 
 /// Fabric Manager's default TCP endpoint (FM's `FM_CMD_BIND_INTERFACE`/`FM_CMD_PORT_NUMBER`).
@@ -139,6 +147,7 @@ impl Default for HostConfig {
             nvlink: NvlinkSource::Nvswitch,
             fabric: FabricMode::Auto,
             fabric_manager: FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into()),
+            fabric_modules: BTreeMap::new(),
         }
     }
 }
@@ -177,7 +186,7 @@ impl HostConfig {
         Self::validate(super::parse_yaml(text, path)?, path)
     }
 
-    pub fn validate(file: HostConfigFile, path: &Path) -> Result<HostConfig, ConfigError> {
+    pub fn validate(mut file: HostConfigFile, path: &Path) -> Result<HostConfig, ConfigError> {
         let invalid = |at: &Location, message: String| ConfigError::invalid(path, at, message);
         let field = |e: super::FieldError| invalid(&e.at, e.message);
         let p2p_level = match &file.p2p_level {
@@ -208,6 +217,14 @@ impl HostConfig {
                 (NvlinkSourceKind::Nvswitch, None) => NvlinkSource::Nvswitch,
             },
         };
+        let modules = file
+            .fabric_manager
+            .as_mut()
+            .and_then(|fm| fm.modules.take())
+            .unwrap_or_default();
+        let (ids, addresses): (Vec<u32>, Vec<Spanned<String>>) = modules.into_iter().unzip();
+        let addresses = super::bdf_list("fabric_manager: modules", &addresses).map_err(field)?;
+        let fabric_modules = ids.into_iter().zip(addresses).collect();
         let fabric_manager = fabric_manager_source(file.fabric_manager, path)?;
         Ok(HostConfig {
             p2p_level,
@@ -216,6 +233,7 @@ impl HostConfig {
             nvlink,
             fabric: file.fabric,
             fabric_manager,
+            fabric_modules,
         })
     }
 }
@@ -387,5 +405,30 @@ mod tests {
         assert!(message.contains("not both"), "{message}");
         let (line, _, _) = error_at("fabric: shared\n");
         assert_eq!(line, 1);
+    }
+
+    #[test]
+    fn fabric_manager_modules_map_module_ids_to_addresses() {
+        let c =
+            parse("fabric_manager:\n  modules: {1: \"0000:18:00.0\", 3: 0000:9d:00.0}\n").unwrap();
+        let b = |s: &str| s.parse::<Bdf>().unwrap();
+        assert_eq!(
+            c.fabric_modules,
+            BTreeMap::from([(1, b("0000:18:00.0")), (3, b("0000:9d:00.0"))])
+        );
+        assert_eq!(
+            c.fabric_manager,
+            FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into())
+        );
+        let (line, column, message) =
+            error_at("fabric_manager:\n  modules:\n    1: 0000:18:00.0\n    2: 18:00\n");
+        assert_eq!((line, column), (4, 8));
+        assert!(message.contains("fabric_manager: modules"), "{message}");
+        let (line, _, message) =
+            error_at("fabric_manager:\n  modules:\n    1: 0000:18:00.0\n    2: 0000:18:00.0\n");
+        assert_eq!(line, 4);
+        assert!(message.contains("listed twice"), "{message}");
+        let (line, _, _) = error_at("fabric_manager:\n  modules:\n    one: 0000:18:00.0\n");
+        assert_eq!(line, 3);
     }
 }

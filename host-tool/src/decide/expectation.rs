@@ -100,6 +100,7 @@ mod tests {
             model: Some(model),
             state: Some(state),
             source: "test".into(),
+            unreachable: None,
         };
         let gpus = gpus(&fabric);
         let layout = guest_layout::decide_with_nics(

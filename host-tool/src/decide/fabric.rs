@@ -6,7 +6,9 @@
 //! GPU set (`plan`/`check`/`gen --gpus`) that is not one is warned about, naming the
 //! partitions that would do. A partition is usable when it is not active (another VM
 //! has it), FM does not list it as unsupported, none of its GPUs has NVLinks FM could
-//! not train, every GPU has a host address and none is taken or reserved.
+//! not train, every GPU has a host address and none is taken or reserved. The libvirt
+//! hook asks the same question of a starting VM ([`partition_for`]) and activates the
+//! partition it names.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -96,46 +98,144 @@ pub fn describe(p: &FabricPartition) -> String {
     format!("{} (modules {}: {bdfs})", p.id, p.module_list())
 }
 
-/// What to say when `gpus` are not a partition FM would activate for a new VM; `None`
-/// when they are one (or FM's partitions are not known).
-pub fn gpu_set_warning(state: &FabricState, gpus: &[Bdf], taken: &BTreeSet<Bdf>) -> Option<String> {
-    let shown = gpus
-        .iter()
+/// Why a VM's GPUs cannot get one of FM's partitions: what was seen, and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionFinding {
+    pub saw: String,
+    pub fix: String,
+}
+
+impl fmt::Display for PartitionFinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}; {}", self.saw, self.fix)
+    }
+}
+
+fn bdf_list(bdfs: &[Bdf]) -> String {
+    bdfs.iter()
         .map(Bdf::to_string)
         .collect::<Vec<_>>()
-        .join(" ");
-    if let Some(p) = state.partition_of(gpus) {
-        // The VM's own GPUs are not "taken" from itself.
-        let others: BTreeSet<Bdf> = taken
-            .iter()
-            .filter(|b| !gpus.contains(b))
-            .copied()
-            .collect();
-        return usable(state, p, &others).err().map(|why| {
-            format!(
-                "GPUs {shown} are Fabric Manager partition {} but it is {why}: FM will not activate it, and the VM gets no NVLink",
-                describe(p)
-            )
+        .join(", ")
+}
+
+const FIX_LIST: &str = "`vfio-p2p fabric list` shows FM's partitions";
+
+/// The partition whose GPUs are exactly `gpus` (any order), which FM supports now and
+/// whose GPUs have no failed NVLinks; else the finding, naming the partitions that hold
+/// them all and those of their size that a new VM could get (none of `taken`). Whether
+/// the partition is active already is not judged here: planning calls that "active for
+/// another VM" ([`gpu_set_warning`]), the hook's activation asks its record who holds it.
+pub fn partition_for<'a>(
+    state: &'a FabricState,
+    gpus: &[Bdf],
+    taken: &BTreeSet<Bdf>,
+) -> Result<&'a FabricPartition, PartitionFinding> {
+    let mut wanted = gpus.to_vec();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if !state
+        .partitions
+        .iter()
+        .any(|p| p.gpus.iter().any(|g| g.bdf.is_some()))
+    {
+        return Err(PartitionFinding {
+            saw: format!(
+                "Fabric Manager lists its {} partitions without PCI addresses (H100 and later boards do), so GPUs {} cannot be matched to one",
+                state.partitions.len(),
+                bdf_list(&wanted)
+            ),
+            fix: "map FM's module ids to PCI addresses in host.yaml's `fabric_manager: modules:` (docs/fabric.md says how), or activate the VM's partition by hand before it starts (`vfio-p2p fabric activate ID`)".into(),
         });
     }
+    let failed: Vec<Bdf> = wanted
+        .iter()
+        .copied()
+        .filter(|b| state.nvlink_failed_gpus.contains(b))
+        .collect();
+    if !failed.is_empty() {
+        return Err(PartitionFinding {
+            saw: format!("Fabric Manager lists failed NVLinks on {}", bdf_list(&failed)),
+            fix: "see /var/log/fabricmanager.log; give the VM GPUs without failed links, or repair and restart FM".into(),
+        });
+    }
+    let Some(p) = state.partition_of(&wanted) else {
+        return Err(not_a_partition(state, &wanted, taken));
+    };
+    if state.unsupported.contains(&p.id) {
+        return Err(PartitionFinding {
+            saw: format!(
+                "GPUs {} are Fabric Manager partition {}, which FM lists as unsupported now (a GPU or NVSwitch missing or degraded)",
+                bdf_list(&wanted),
+                p.id
+            ),
+            fix: format!("see /var/log/fabricmanager.log; {FIX_LIST} that are supported"),
+        });
+    }
+    Ok(p)
+}
+
+fn not_a_partition(state: &FabricState, wanted: &[Bdf], taken: &BTreeSet<Bdf>) -> PartitionFinding {
+    let holding: Vec<String> = state
+        .partitions
+        .iter()
+        .filter(|p| !state.unsupported.contains(&p.id))
+        .filter(|p| {
+            wanted
+                .iter()
+                .all(|w| p.gpus.iter().any(|g| g.bdf == Some(*w)))
+        })
+        .map(describe)
+        .collect();
+    let holding = if holding.is_empty() {
+        "no partition holds them all".to_string()
+    } else {
+        format!("partitions holding them all: {}", holding.join("; "))
+    };
     let fits: Vec<String> = state
         .partitions
         .iter()
-        .filter(|p| p.gpus.len() == gpus.len() && usable(state, p, taken).is_ok())
+        .filter(|p| p.gpus.len() == wanted.len() && usable(state, p, taken).is_ok())
         .map(describe)
         .collect();
     let offer = if fits.is_empty() {
-        format!("FM offers no usable partition of {} GPUs", gpus.len())
+        format!("FM offers no usable partition of {} GPUs", wanted.len())
     } else {
         format!(
             "partitions of {} GPUs that would: {}",
-            gpus.len(),
-            fits.join(", ")
+            wanted.len(),
+            fits.join("; ")
         )
     };
-    Some(format!(
-        "GPUs {shown} are not one of Fabric Manager's partitions: FM activates only its partitions, so this VM would get no NVLink; {offer}"
-    ))
+    PartitionFinding {
+        saw: format!(
+            "GPUs {} are not one of Fabric Manager's partitions ({holding}): FM gives NVLink only to a whole partition, so this VM would get no NVLink",
+            bdf_list(wanted)
+        ),
+        fix: format!("give the VM exactly one partition's GPUs ({offer})"),
+    }
+}
+
+/// What to say when `gpus` are not a partition FM would activate for a new VM
+/// ([`partition_for`], and the partition not active nor any of its GPUs taken); `None`
+/// when they are one.
+pub fn gpu_set_warning(state: &FabricState, gpus: &[Bdf], taken: &BTreeSet<Bdf>) -> Option<String> {
+    // The VM's own GPUs are not "taken" from itself.
+    let others: BTreeSet<Bdf> = taken
+        .iter()
+        .filter(|b| !gpus.contains(b))
+        .copied()
+        .collect();
+    let p = match partition_for(state, gpus, taken) {
+        Ok(p) => p,
+        Err(finding) => return Some(finding.to_string()),
+    };
+    usable(state, p, &others).err().map(|why| {
+        format!(
+            "GPUs {} are Fabric Manager partition {} but it is {why}: FM will not activate it, and the VM gets no NVLink",
+            bdf_list(&p.bdfs().unwrap_or_default()),
+            describe(p)
+        )
+    })
 }
 
 /// Places `requests` on FM's partitions: each VM gets one usable partition of exactly its

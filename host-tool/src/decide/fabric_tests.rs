@@ -1,5 +1,6 @@
 use super::*;
 use crate::decide::placement::{shape, PlacementOptions};
+use crate::model::fabric::PartitionGpu;
 use crate::synth;
 
 fn hgx() -> (Topology, FabricState) {
@@ -168,4 +169,111 @@ fn full_passthrough_takes_the_nvswitches_with_the_whole_board_only() {
     let half = state.partitions[1].bdfs().unwrap();
     assert!(passthrough_nvswitches(&topo, full, &half).is_empty());
     assert!(passthrough_nvswitches(&topo, Some(FabricModel::SharedNvswitch), &all).is_empty());
+}
+
+// The hook's choice of a starting VM's partition (partition_for) on a 4-GPU board.
+
+fn partition_for_vm<'a>(
+    s: &'a FabricState,
+    gpus: &[Bdf],
+) -> Result<&'a FabricPartition, PartitionFinding> {
+    partition_for(s, gpus, &BTreeSet::new())
+}
+
+fn b(s: &str) -> Bdf {
+    s.parse().unwrap()
+}
+
+fn hook_partition(id: u32, gpus: &[&str]) -> FabricPartition {
+    FabricPartition {
+        id,
+        active: false,
+        gpus: gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| PartitionGpu {
+                module_id: i as u32 + 1,
+                bdf: Some(b(g)),
+                nvlinks_available: 18,
+                nvlinks_max: 18,
+            })
+            .collect(),
+    }
+}
+
+fn hook_board() -> FabricState {
+    FabricState {
+        partitions: vec![
+            hook_partition(
+                0,
+                &[
+                    "0000:13:00.0",
+                    "0000:14:00.0",
+                    "0000:15:00.0",
+                    "0000:21:00.0",
+                ],
+            ),
+            hook_partition(1, &["0000:13:00.0", "0000:14:00.0"]),
+            hook_partition(2, &["0000:15:00.0", "0000:21:00.0"]),
+        ],
+        ..FabricState::default()
+    }
+}
+
+#[test]
+fn the_exact_gpu_set_is_the_partition_in_any_order() {
+    let s = hook_board();
+    let p = partition_for_vm(&s, &[b("0000:14:00.0"), b("0000:13:00.0")]).unwrap();
+    assert_eq!(p.id, 1);
+    let all = [
+        b("0000:21:00.0"),
+        b("0000:13:00.0"),
+        b("0000:15:00.0"),
+        b("0000:14:00.0"),
+    ];
+    assert_eq!(partition_for_vm(&s, &all).unwrap().id, 0);
+}
+
+#[test]
+fn a_subset_or_a_spread_set_is_no_partition_and_names_those_that_hold_it() {
+    let s = hook_board();
+    let e = partition_for_vm(&s, &[b("0000:13:00.0")]).unwrap_err();
+    assert!(
+        e.saw.contains("partitions holding them all: 0 (") && e.saw.contains("; 1 ("),
+        "{e}"
+    );
+    let e = partition_for_vm(&s, &[b("0000:13:00.0"), b("0000:15:00.0")]).unwrap_err();
+    assert!(e.saw.contains("partitions holding them all: 0 ("), "{e}");
+    assert!(!e.saw.contains("; 1 ("), "{e}");
+    let e = partition_for_vm(&s, &[b("0000:81:00.0")]).unwrap_err();
+    assert!(e.saw.contains("no partition holds them all"), "{e}");
+}
+
+#[test]
+fn unsupported_partitions_and_failed_links_are_findings() {
+    let mut s = hook_board();
+    s.unsupported = vec![1];
+    let e = partition_for_vm(&s, &[b("0000:13:00.0"), b("0000:14:00.0")]).unwrap_err();
+    assert!(
+        e.saw.contains("partition 1, which FM lists as unsupported"),
+        "{e}"
+    );
+    let mut s = hook_board();
+    s.nvlink_failed_gpus = vec![b("0000:14:00.0")];
+    let e = partition_for_vm(&s, &[b("0000:13:00.0"), b("0000:14:00.0")]).unwrap_err();
+    assert!(e.saw.contains("failed NVLinks on 0000:14:00.0"), "{e}");
+}
+
+#[test]
+fn partitions_without_addresses_cannot_be_matched() {
+    let mut s = hook_board();
+    for p in &mut s.partitions {
+        for g in &mut p.gpus {
+            g.bdf = None;
+        }
+    }
+    let e = partition_for_vm(&s, &[b("0000:13:00.0"), b("0000:14:00.0")]).unwrap_err();
+    assert!(e.saw.contains("without PCI addresses"), "{e}");
+    assert!(e.fix.contains("fabric activate"), "{e}");
+    assert!(e.fix.contains("fabric_manager: modules:"), "{e}");
 }

@@ -5,7 +5,6 @@
 pub mod check;
 pub mod expectation;
 pub mod fabric;
-pub mod fabric_partition;
 pub mod fleet_verdict;
 pub mod guest_devices;
 pub mod guest_expanders;

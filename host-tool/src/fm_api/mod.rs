@@ -74,6 +74,15 @@ pub struct FmSession {
     initialized: bool,
 }
 
+impl std::fmt::Debug for FmSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FmSession")
+            .field("library", &self.library)
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
 impl FmSession {
     /// The library to load: `VFIO_P2P_FM_LIBRARY`, else libnvfm.so.1.
     pub fn library_name() -> (String, &'static str) {

@@ -35,10 +35,15 @@ pub struct Fabric {
     /// The model planning follows (`fabric:` with `auto` resolved); `None`: no fabric
     /// management (PCIe, direct NVLink, or FM not known).
     pub model: Option<FabricModel>,
-    /// FM's partitions, when they were read (an embedded example's table, a capture).
+    /// FM's partitions, when they were read (FM's live API, a capture, an embedded
+    /// example's table), with host.yaml's module addresses applied.
     pub state: Option<FabricState>,
     /// Where `state` came from, or why FM was not read.
     pub source: String,
+    /// FM was to be asked on this host (shared NVSwitch) and did not answer: why, with
+    /// the fix. Planning warns; the hook applies its policy to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
 }
 
 impl Fabric {

@@ -5,7 +5,6 @@
 
 pub mod domain;
 pub mod fabric;
-pub mod fabric_live;
 pub mod nic;
 mod path;
 pub mod qemu_argv;

@@ -2,17 +2,16 @@
 //! charge here, which partition is the VM's), then done after the bind (reset, activate,
 //! record), and undone with the bind when it fails under `hook_policy: deny`.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use pci_config::Bdf;
 
 use super::{activate, ActivationError, ActivationReport, PartitionWriter};
-use crate::config::host::{FabricManagerSource, FabricMode, HostConfig};
-use crate::decide::fabric_partition::partition_for;
-use crate::fm_api::{FmFailure, FmSession};
-use crate::model::fabric::FabricState;
+use crate::decide::fabric::partition_for;
+use crate::fm_api::FmSession;
+use crate::model::fabric::Fabric;
 use crate::model::Topology;
-use crate::read::fabric_manager::read_fabric_manager;
 use crate::vfio_bind::{
     self, SessionError, SessionOptions, SessionReport, SysfsWriter, UnbindSelection,
 };
@@ -31,27 +30,19 @@ pub enum FabricStep {
     Finding(String),
 }
 
-/// Whether Fabric Manager partitions apply on this host: `shared-nvswitch`, or `auto` on a
-/// host with NVSwitches on its PCI tree, and FM reached through its API (a capture means
-/// FM runs elsewhere, in a service VM, and activates there).
-fn fm_address<'a>(config: &'a HostConfig, topo: &Topology) -> Option<(&'a str, bool)> {
-    let explicit = match config.fabric {
-        FabricMode::SharedNvswitch => true,
-        FabricMode::Auto if topo.nvswitches().next().is_some() => false,
-        _ => return None,
-    };
-    match &config.fabric_manager {
-        FabricManagerSource::Live(address) => Some((address, explicit)),
-        FabricManagerSource::Capture(_) => None,
-    }
-}
-
-/// Decides the fabric step for a VM whose passed-through devices are `hostdevs`: FM is
-/// asked (once) for its partitions and the VM's GPUs must be exactly one of them.
-pub fn plan_for_guest(config: &HostConfig, topo: &Topology, hostdevs: &[Bdf]) -> FabricStep {
-    let Some((address, explicit)) = fm_address(config, topo) else {
-        return FabricStep::Nothing;
-    };
+/// Decides the fabric step for a VM whose passed-through devices are `hostdevs`, from
+/// what the context read of FM (once, over `fm`): the VM's GPUs must be exactly one of
+/// FM's partitions ([`partition_for`]). FM was asked when it applies here
+/// (`shared-nvswitch`, or `auto` with NVSwitches on the PCI tree and FM's library
+/// installed) through its API; a capture means FM runs elsewhere (a service VM) and
+/// activates there.
+pub fn plan_for_guest(
+    fabric: &Fabric,
+    fm: Option<FmSession>,
+    topo: &Topology,
+    hostdevs: &[Bdf],
+    reserved: &BTreeSet<Bdf>,
+) -> FabricStep {
     let mut gpus: Vec<Bdf> = hostdevs
         .iter()
         .copied()
@@ -62,17 +53,13 @@ pub fn plan_for_guest(config: &HostConfig, topo: &Topology, hostdevs: &[Bdf]) ->
     if gpus.is_empty() {
         return FabricStep::Nothing;
     }
-    let session = match FmSession::open(address) {
-        Ok(s) => s,
-        // `auto` without FM's library: a host without Fabric Manager, as before.
-        Err(e) if !explicit && e.failure() == FmFailure::NoLibrary => return FabricStep::Nothing,
-        Err(e) => return FabricStep::Finding(e.to_string()),
+    if let Some(why) = &fabric.unreachable {
+        return FabricStep::Finding(why.clone());
+    }
+    let (Some(session), Some(state)) = (fm, &fabric.state) else {
+        return FabricStep::Nothing;
     };
-    let state = match read_fabric_manager(&session) {
-        Ok(r) => FabricState::from(&r),
-        Err(e) => return FabricStep::Finding(e.to_string()),
-    };
-    match partition_for(&state, &gpus) {
+    match partition_for(state, &gpus, reserved) {
         Ok(p) => FabricStep::Activate {
             partition: p.id,
             gpus,

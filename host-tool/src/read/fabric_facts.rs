@@ -83,6 +83,16 @@ impl FabricState {
             .find(|p| p.bdfs().is_some_and(|b| b == want))
     }
 
+    /// Gives every GPU FM listed without a PCI address (H100 and later boards) the one
+    /// host.yaml's `fabric_manager: modules:` maps its module id to.
+    pub fn apply_module_addresses(&mut self, modules: &std::collections::BTreeMap<u32, Bdf>) {
+        for g in self.partitions.iter_mut().flat_map(|p| &mut p.gpus) {
+            if g.bdf.is_none() {
+                g.bdf = modules.get(&g.module_id).copied();
+            }
+        }
+    }
+
     /// A GPU's module id, from any partition that lists it.
     pub fn module_id(&self, bdf: &Bdf) -> Option<u32> {
         self.partitions

@@ -140,7 +140,7 @@ fn check_partition(fabric: &Fabric, gpus: &[Bdf], taken: &BTreeSet<Bdf>) -> Chec
                 "Fabric Manager's partitions are unknown ({})",
                 fabric.source
             ),
-            Some("name a saved `fmpm -l` in the host config's fabric_manager.partitions".into()),
+            Some("start Fabric Manager where host.yaml's fabric_manager.address points (`systemctl start nvidia-fabricmanager`), or name a saved `fmpm -l` in fabric_manager.partitions".into()),
         );
     };
     // Another VM's active partition sharing a GPU with this one.
@@ -202,6 +202,7 @@ mod tests {
             model: Some(model),
             state: synth::example_fabric("hgx-h100", &gpus),
             source: "test".into(),
+            unreachable: None,
         };
         (topo, fabric)
     }
