@@ -25,7 +25,12 @@ use crate::read::vmm;
 /// How the VM definition checked gets the planned cliques: a Proxmox VM's config the
 /// lines of `gen proxmox` for its GPUs, a libvirt domain `libvirt patch`.
 fn clique_fix(args: &CheckArgs, domain: &DomainFacts, gpus: &[Bdf]) -> String {
-    let list = || gpus.iter().map(Bdf::to_string).collect::<Vec<_>>().join(",");
+    let list = || {
+        gpus.iter()
+            .map(Bdf::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     if args.proxmox_conf.is_some() {
         return format!(
             "write the hostpciN and args lines of `vfio-p2p gen proxmox --gpus {}` into the VM's config (qm stop, then qm start)",
