@@ -352,6 +352,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
         }
     }
+    let activates = matches!(fabric, FabricStep::Activate { .. });
     if let FabricStep::Activate {
         mut session,
         partition,
@@ -373,7 +374,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     for p in &warnings {
         eprintln!("vfio-p2p hook: {guest}: warning: {p}");
     }
-    if problems.is_empty() && notes.is_empty() && unmanaged.is_empty() {
+    if problems.is_empty() && notes.is_empty() && unmanaged.is_empty() && !activates {
         dry_run_says(dry_run, guest, "all well: the cliques are as planned, and every hostdev is managed='yes' (nothing to bind)");
     }
     Ok(ExitCode::SUCCESS)

@@ -1,11 +1,13 @@
-//! `vfio-p2p fabric list`: Fabric Manager's partitions with who holds the active ones.
+//! Fabric Manager's partitions as tables: `vfio-p2p fabric list` (with who holds the active
+//! ones) and `topo`'s fabric section.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use pci_config::Bdf;
 use serde::Serialize;
 
-use crate::model::fabric::{FabricState, PartitionGpu};
+use crate::model::fabric::{Fabric, FabricState, PartitionGpu};
 
 /// Who holds an active partition, from vfio-p2p's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,5 +128,60 @@ pub fn table(l: &FabricListing) -> String {
             list.join(", ")
         ));
     }
+    out
+}
+
+/// `topo`'s fabric section: each GPU's module id, then FM's partitions as a table.
+pub fn topo_section(gpus: &[(usize, Bdf)], fabric: &Fabric) -> String {
+    let Some(state) = &fabric.state else {
+        return String::new();
+    };
+    let model = fabric.model.map_or("none", |m| m.name());
+    let mut out = format!(
+        "\nFabric Manager partitions ({}; fabric model {model}):\n\n",
+        fabric.source
+    );
+    let gpu_name = |b: &Bdf| {
+        gpus.iter()
+            .find(|(_, bdf)| bdf == b)
+            .map_or(b.to_string(), |(index, _)| format!("GPU{index}"))
+    };
+    let mut modules = vfio_p2p_style::table(vec!["GPU", "PCI address", "module"]);
+    for (index, bdf) in gpus {
+        let id = state.module_id(bdf).map_or("-".into(), |m| m.to_string());
+        modules.add_row([format!("GPU{index}"), bdf.to_string(), id]);
+    }
+    let _ = writeln!(out, "{modules}\n");
+    let mut t = vfio_p2p_style::table(vec!["partition", "GPUs", "modules", "NVLinks/GPU", "state"]);
+    for p in &state.partitions {
+        let gpus = p
+            .gpus
+            .iter()
+            .map(|g| g.bdf.as_ref().map_or("?".into(), gpu_name))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let links = p
+            .gpus
+            .iter()
+            .map(|g| g.nvlinks_available)
+            .min()
+            .unwrap_or(0);
+        let max = p.gpus.iter().map(|g| g.nvlinks_max).max().unwrap_or(0);
+        let state_word = if state.unsupported.contains(&p.id) {
+            "unsupported"
+        } else if p.active {
+            "active"
+        } else {
+            "free"
+        };
+        t.add_row([
+            p.id.to_string(),
+            gpus,
+            p.module_list(),
+            format!("{links}/{max}"),
+            state_word.to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
     out
 }

@@ -269,7 +269,8 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
         out.push_str("\nPCIe tree of the GPUs:\n\n");
         out.push_str(&render_tree(topo));
         if let Some(f) = &report.fabric {
-            out.push_str(&fabric_text(report, f));
+            let gpus: Vec<(usize, Bdf)> = report.gpus.iter().map(|g| (g.index, g.bdf)).collect();
+            out.push_str(&super::fabric_list::topo_section(&gpus, f));
         }
     }
     if !report.config_complete {
@@ -279,65 +280,6 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
              Run as root for the full picture.\n",
         );
     }
-    out
-}
-
-/// Each GPU's module id and FM's partitions, as one table.
-fn fabric_text(report: &TopoReport, fabric: &Fabric) -> String {
-    let Some(state) = &fabric.state else {
-        return String::new();
-    };
-    let model = fabric.model.map_or("none", |m| m.name());
-    let mut out = format!(
-        "\nFabric Manager partitions ({}; fabric model {model}):\n\n",
-        fabric.source
-    );
-    let gpu_name = |b: &Bdf| {
-        report
-            .gpus
-            .iter()
-            .find(|g| g.bdf == *b)
-            .map_or(b.to_string(), |g| format!("GPU{}", g.index))
-    };
-    let mut modules = vfio_p2p_style::table(vec!["GPU", "PCI address", "module"]);
-    for g in &report.gpus {
-        let id = state
-            .module_id(&g.bdf)
-            .map_or("-".into(), |m| m.to_string());
-        modules.add_row([format!("GPU{}", g.index), g.bdf.to_string(), id]);
-    }
-    let _ = writeln!(out, "{modules}\n");
-    let mut t = vfio_p2p_style::table(vec!["partition", "GPUs", "modules", "NVLinks/GPU", "state"]);
-    for p in &state.partitions {
-        let gpus = p
-            .gpus
-            .iter()
-            .map(|g| g.bdf.as_ref().map_or("?".into(), gpu_name))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let links = p
-            .gpus
-            .iter()
-            .map(|g| g.nvlinks_available)
-            .min()
-            .unwrap_or(0);
-        let max = p.gpus.iter().map(|g| g.nvlinks_max).max().unwrap_or(0);
-        let state_word = if state.unsupported.contains(&p.id) {
-            "unsupported"
-        } else if p.active {
-            "active"
-        } else {
-            "free"
-        };
-        t.add_row([
-            p.id.to_string(),
-            gpus,
-            p.module_list(),
-            format!("{links}/{max}"),
-            state_word.to_string(),
-        ]);
-    }
-    let _ = writeln!(out, "{t}");
     out
 }
 
