@@ -5,23 +5,14 @@
 
 use assert_cmd::Command;
 
+mod recording;
+
 fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/../tests/fixtures/cloud-hypervisor/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+    recording::fixture("cloud-hypervisor", name)
 }
 
-/// The transcript's block after the line starting with `$ cmd`, up to the next `$ `.
 fn block(cmd: &str) -> String {
-    let t = fixture("transcript.txt");
-    let start = t
-        .find(&format!("$ {cmd}"))
-        .unwrap_or_else(|| panic!("{cmd}: not in the transcript"));
-    let rest = &t[start..];
-    let body = &rest[rest.find('\n').unwrap() + 1..];
-    body[..body.find("\n$ ").unwrap_or(body.len())].to_string()
+    recording::block("cloud-hypervisor", cmd)
 }
 
 #[test]
