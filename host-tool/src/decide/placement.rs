@@ -22,6 +22,7 @@ use std::fmt;
 use pci_config::Bdf;
 use serde::Serialize;
 
+use crate::decide::pair_links::{PairLink, PairLinks};
 use crate::model::HostBridgeId;
 use crate::model::{PathKind, Topology};
 
@@ -159,13 +160,6 @@ pub struct Placement {
     pub free: Vec<Bdf>,
 }
 
-/// The PCIe path and NVLink between two GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PairLink {
-    pcie: PathKind,
-    nvlink: Option<u8>,
-}
-
 /// A node of the placement tree: the machine, a NUMA node, a host bridge or a bridge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Domain {
@@ -186,7 +180,9 @@ struct Unit {
 #[derive(Debug)]
 pub struct PlacementHost {
     gpus: Vec<Bdf>,
-    links: Vec<PairLink>,
+    links: PairLinks,
+    /// Every GPU has the same domains and links alike (see [`PairLinks::uniform`]).
+    uniform: bool,
     numa: Vec<Option<u32>>,
     /// Per GPU, its domains from the machine down to its parent bridge.
     domains: Vec<Vec<usize>>,
@@ -201,6 +197,15 @@ pub struct PlacementHost {
 struct FreeState {
     unit_free: Vec<bool>,
     free_under: Vec<usize>,
+}
+
+/// A unit a growing set could take next: the set's worst path and worst PCIe path were
+/// it taken, and its link to the seed.
+#[derive(Debug, Clone)]
+struct Reach {
+    unit: usize,
+    worst: (WorstPath, PathKind),
+    near: WorstPath,
 }
 
 /// One candidate set and how good it is; compares best first.
@@ -228,15 +233,7 @@ impl PlacementHost {
         }
         let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
         let n = gpus.len();
-        let mut links = Vec::with_capacity(n * n);
-        for a in &gpus {
-            for b in &gpus {
-                links.push(PairLink {
-                    pcie: topo.path(a, b).kind,
-                    nvlink: if a == b { None } else { topo.nvlink(a, b) },
-                });
-            }
-        }
+        let links = PairLinks::new(topo, &gpus);
         let bridge_numa: BTreeMap<HostBridgeId, Option<u32>> = topo
             .host_bridges
             .iter()
@@ -296,9 +293,11 @@ impl PlacementHost {
                 })
             })
             .collect();
+        let uniform = links.uniform() && domains.iter().all(|d| *d == domains[0]);
         Ok(PlacementHost {
             gpus,
             links,
+            uniform,
             numa,
             domains,
             domain_count: domain_ids.len(),
@@ -308,7 +307,7 @@ impl PlacementHost {
     }
 
     fn link(&self, a: usize, b: usize) -> PairLink {
-        self.links[a * self.gpus.len() + b]
+        self.links.link(a, b)
     }
 
     fn initial_state(&self) -> FreeState {
@@ -370,40 +369,43 @@ impl PlacementHost {
         let mut worst = self.extend_worst(&[], &self.units[seed], (WorstPath::Single, PathKind::X));
         members.extend(&self.units[seed].gpus);
         let mut numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
-        let anchor = members[0];
+        let mut rest = if members.len() < n {
+            self.reach(s, seed, n - members.len(), worst)
+        } else {
+            Vec::new()
+        };
         while members.len() < n {
             let need = n - members.len();
-            let (_, u, w) = self
-                .units
+            let (_, i) = rest
                 .iter()
                 .enumerate()
-                .filter(|(u, unit)| {
-                    s.unit_free[*u] && unit.gpus.len() <= need && !units.contains(u)
-                })
-                .map(|(u, unit)| {
-                    let w = self.extend_worst(&members, unit, worst);
-                    let new_numa = unit
-                        .gpus
-                        .iter()
-                        .filter(|g| !numa.contains(&self.numa[**g]))
-                        .map(|g| self.numa[*g])
-                        .collect::<BTreeSet<_>>()
-                        .len();
-                    let near = WorstPath::of_pair(self.link(anchor, unit.gpus[0]));
+                .filter(|(_, r)| self.units[r.unit].gpus.len() <= need)
+                .map(|(i, r)| {
+                    let unit = &self.units[r.unit];
                     let key = (
-                        w.0,
-                        numa.len() + new_numa,
-                        w.1,
-                        near,
+                        r.worst.0,
+                        numa.len() + self.new_numa(&numa, unit),
+                        r.worst.1,
+                        r.near,
                         Reverse(unit.gpus.len()),
+                        r.unit,
                     );
-                    (key, u, w)
+                    (key, i)
                 })
-                .min_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)))?;
+                .min()?;
+            let Reach {
+                unit: u, worst: w, ..
+            } = rest.swap_remove(i);
             units.push(u);
             members.extend(&self.units[u].gpus);
             numa.extend(self.units[u].gpus.iter().map(|g| self.numa[*g]));
             worst = w;
+            if members.len() < n {
+                for r in &mut rest {
+                    let so_far = (r.worst.0.max(w.0), r.worst.1.max(w.1));
+                    r.worst = self.extend_worst(&self.units[u].gpus, &self.units[r.unit], so_far);
+                }
+            }
         }
         members.sort_unstable();
         units.sort_unstable();
@@ -416,6 +418,40 @@ impl PlacementHost {
             gpus: members,
             units,
         })
+    }
+
+    /// The free units other than `seed` of at most `need` GPUs, each with the set's worst
+    /// paths were it added to `seed`, and its link to the seed's first GPU.
+    fn reach(
+        &self,
+        s: &FreeState,
+        seed: usize,
+        need: usize,
+        worst: (WorstPath, PathKind),
+    ) -> Vec<Reach> {
+        let seed_gpus = &self.units[seed].gpus;
+        self.units
+            .iter()
+            .enumerate()
+            .filter(|(u, unit)| s.unit_free[*u] && unit.gpus.len() <= need && *u != seed)
+            .map(|(u, unit)| Reach {
+                unit: u,
+                worst: self.extend_worst(seed_gpus, unit, worst),
+                near: WorstPath::of_pair(self.link(seed_gpus[0], unit.gpus[0])),
+            })
+            .collect()
+    }
+
+    /// How many NUMA nodes `unit` adds to a set spanning `numa`.
+    fn new_numa(&self, numa: &BTreeSet<Option<u32>>, unit: &Unit) -> usize {
+        let node = |g: &usize| self.numa[*g];
+        unit.gpus
+            .iter()
+            .enumerate()
+            .filter(|(i, g)| {
+                !numa.contains(&node(g)) && !unit.gpus[..*i].iter().any(|h| node(h) == node(g))
+            })
+            .count()
     }
 
     /// Free GPUs that would be left in the set's enclosing domain and every domain above.
@@ -438,10 +474,43 @@ impl PlacementHost {
 
     /// The best free set of `n` GPUs, whatever its path.
     fn best(&self, s: &FreeState, n: usize) -> Option<Candidate> {
-        (0..self.units.len())
-            .filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n)
-            .filter_map(|u| self.grow(s, u, n))
-            .min()
+        let mut best: Option<Candidate> = None;
+        let seeds =
+            (0..self.units.len()).filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n);
+        for seed in seeds {
+            let Some(c) = self.grow(s, seed, n) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|b| c < *b) {
+                let unbeatable = self.beats_every_set(s, n, &c);
+                best = Some(c);
+                if unbeatable {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// Whether no set of `n` free GPUs is better than `c`. On a uniform host every set of
+    /// `n` GPUs has the same worst paths and leftover, so `c` is the best when it spans one
+    /// NUMA node, takes the fewest groups any `n` GPUs could, and is the first `n` free
+    /// GPUs in BDF order (the least list). The other seeds need not be tried.
+    fn beats_every_set(&self, s: &FreeState, n: usize, c: &Candidate) -> bool {
+        if !self.uniform || c.numa_nodes != 1 {
+            return false;
+        }
+        let free = || {
+            self.units
+                .iter()
+                .enumerate()
+                .filter(|(u, _)| s.unit_free[*u])
+                .map(|(_, unit)| unit)
+        };
+        let largest = free().map(|u| u.gpus.len()).max().unwrap_or(1);
+        let last = c.gpus.last().copied().unwrap_or(0);
+        let up_to_last = free().flat_map(|u| &u.gpus).filter(|g| **g <= last).count();
+        c.groups == n.div_ceil(largest) && up_to_last == n
     }
 
     /// The most GPUs one VM could get now with its worst path within `limit`.
