@@ -1103,8 +1103,66 @@ mod tests {
         assert_eq!(found, exhaustive(&host, 5));
     }
 
+    /// GPUs on root buses below one host bridge (every GPU alike), with the given IOMMU
+    /// groups and NUMA nodes: the flat dump `tests/hostile/flat_host.py` writes.
+    fn uniform_host(groups: &[u32], numa: &[u8]) -> Topology {
+        let mut config = [0u8; 256];
+        config[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
+        config[0x0a..0x0c].copy_from_slice(&[0x02, 0x03]);
+        let config: String = config.iter().map(|b| format!("{b:02x}")).collect();
+        let mut dump = serde_json::Map::new();
+        for (i, (group, node)) in groups.iter().zip(numa).enumerate() {
+            let bdf = format!("0000:01:{i:02x}.0");
+            dump.insert(
+                bdf.clone(),
+                serde_json::json!({
+                    "path": format!("/sys/devices/pci0000:00/{bdf}"),
+                    "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
+                    "numa_node": node.to_string(), "iommu_group": group.to_string(),
+                    "resource": "0x0 0x0 0x0\n", "config": config,
+                }),
+            );
+        }
+        let text = serde_json::Value::Object(dump).to_string();
+        Topology::from_record(&crate::read::flat_json::parse(&text, "test").unwrap())
+    }
+
+    /// The best over every seed, without the uniform host's early stop.
+    fn best_of_every_seed(host: &PlacementHost, s: &FreeState, n: usize) -> Option<Candidate> {
+        (0..host.units.len())
+            .filter(|u| s.unit_free[*u] && host.units[*u].gpus.len() <= n)
+            .filter_map(|u| host.grow(s, u, n))
+            .min()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// On a host whose GPUs all sit alike, stopping at the first unbeatable set gives
+        /// what trying every seed gives, with shared groups, NUMA nodes and taken GPUs.
+        #[test]
+        fn uniform_host_stops_early_with_the_same_set(
+            gpus in proptest::collection::vec((0u32..6, 0u8..2), 1..=10),
+            one_node in any::<bool>(),
+            n in 1usize..=5,
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let groups: Vec<u32> = gpus.iter().map(|g| g.0).collect();
+            let numa: Vec<u8> = gpus.iter().map(|g| if one_node { 0 } else { g.1 }).collect();
+            let t = uniform_host(&groups, &numa);
+            let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+            let host = PlacementHost::new(&t, &options).unwrap();
+            prop_assert!(host.uniform);
+            let mut s = host.initial_state();
+            for _ in 0..3 {
+                let found = host.best(&s, n);
+                prop_assert_eq!(&found, &best_of_every_seed(&host, &s, n));
+                match found {
+                    Some(c) => host.take(&mut s, &c.units),
+                    None => break,
+                }
+            }
+        }
 
         /// One VM: the greedy tree search finds the exhaustive optimum's worst path and
         /// NUMA spread, and never more groups than it would with those. (The fewest groups is
