@@ -369,11 +369,18 @@ impl PlacementHost {
         let mut worst = self.extend_worst(&[], &self.units[seed], (WorstPath::Single, PathKind::X));
         members.extend(&self.units[seed].gpus);
         let mut numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
-        let mut rest = if members.len() < n {
-            self.reach(s, seed, n - members.len(), worst)
-        } else {
-            Vec::new()
-        };
+        // The free units that could still fit, each with the set's worst paths were it
+        // added (kept up to date as the set grows) and its link to the seed.
+        let seed_gpus = &self.units[seed].gpus;
+        let mut rest: Vec<Reach> = (0..self.units.len())
+            .filter(|u| *u != seed && s.unit_free[*u] && members.len() < n)
+            .filter(|u| members.len() + self.units[*u].gpus.len() <= n)
+            .map(|u| Reach {
+                unit: u,
+                worst: self.extend_worst(seed_gpus, &self.units[u], worst),
+                near: WorstPath::of_pair(self.link(seed_gpus[0], self.units[u].gpus[0])),
+            })
+            .collect();
         while members.len() < n {
             let need = n - members.len();
             let (_, i) = rest
@@ -420,28 +427,6 @@ impl PlacementHost {
         })
     }
 
-    /// The free units other than `seed` of at most `need` GPUs, each with the set's worst
-    /// paths were it added to `seed`, and its link to the seed's first GPU.
-    fn reach(
-        &self,
-        s: &FreeState,
-        seed: usize,
-        need: usize,
-        worst: (WorstPath, PathKind),
-    ) -> Vec<Reach> {
-        let seed_gpus = &self.units[seed].gpus;
-        self.units
-            .iter()
-            .enumerate()
-            .filter(|(u, unit)| s.unit_free[*u] && unit.gpus.len() <= need && *u != seed)
-            .map(|(u, unit)| Reach {
-                unit: u,
-                worst: self.extend_worst(seed_gpus, unit, worst),
-                near: WorstPath::of_pair(self.link(seed_gpus[0], unit.gpus[0])),
-            })
-            .collect()
-    }
-
     /// How many NUMA nodes `unit` adds to a set spanning `numa`.
     fn new_numa(&self, numa: &BTreeSet<Option<u32>>, unit: &Unit) -> usize {
         let node = |g: &usize| self.numa[*g];
@@ -477,10 +462,7 @@ impl PlacementHost {
         let mut best: Option<Candidate> = None;
         let seeds =
             (0..self.units.len()).filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n);
-        for seed in seeds {
-            let Some(c) = self.grow(s, seed, n) else {
-                continue;
-            };
+        for c in seeds.filter_map(|seed| self.grow(s, seed, n)) {
             if best.as_ref().is_none_or(|b| c < *b) {
                 let unbeatable = self.beats_every_set(s, n, &c);
                 best = Some(c);
