@@ -13,7 +13,8 @@
 //! tree first); among the seeds' sets of equal quality the one that best fits its
 //! enclosing subtree wins (fewest free GPUs left stranded there), which keeps whole
 //! switches and sockets free for the VMs that follow. Larger VMs are placed first.
-//! Everything iterates in BDF order, so the result is deterministic.
+//! Everything iterates in BDF order, so the result is deterministic. Where every GPU
+//! sits alike (flat hosts), the first seed's set is unbeatable and the search stops there.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
