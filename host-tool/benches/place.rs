@@ -5,7 +5,14 @@
 //! target is under 100 ms. Then `place --with-nics` on the same server with 2 NICs per
 //! leaf switch (64 GPUs, 32 NICs): the NIC per placed GPU, timed apart. Last, placement
 //! on Fabric Manager's partitions of the HGX 8-GPU board (`--example hgx-h100`), for the
-//! shapes that use each partition size.
+//! shapes that use each partition size. Then issue 28's scale cases: 125x8 on 1,000 and
+//! 500x8 on 4,000 GPUs flat on root buses (the dump `tests/hostile/flat_host.py` writes;
+//! target < 2 s), and 8x1 and 2x4 on the HGX board without Fabric Manager.
+//!
+//! Recorded on the shared 2-core machine (release): before (b8b0356) flat 125x8 on 1,000
+//! 9.95 s (36.5 s when loaded), 500x8 on 4,000 killed at 60 s, hgx 8x1 0.020 ms, 2x4
+//! 0.026 ms; after: 125x8 on 1,000 13.5 ms, 500x8 on 4,000 215 ms, hgx 8x1 0.010 ms, 2x4
+//! 0.017 ms (same placements: unit goldens, `tests/place.rs`, the property tests).
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +55,61 @@ fn main() {
     );
     nic_affinity(&spec);
     fm_partitions();
+    for (gpus, count) in [(1000, 125), (4000, 500)] {
+        let topo = flat(gpus);
+        let start = Instant::now();
+        let host = PlacementHost::new(&topo, &options).expect("flat host is consistent");
+        let p = host.place(&shape(count, 8), None);
+        println!(
+            "place {count}x8 on {gpus} flat GPUs: {} placed in {:.1} ms (target < 2 s)",
+            p.vms.len(),
+            start.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let mut hgx = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").expect("example"));
+    vfio_p2p::decide::nvlink::apply_nvswitch_fabric(&mut hgx);
+    for (count, size) in [(8, 1), (2, 4)] {
+        let mut times: Vec<Duration> = Vec::new();
+        for _ in 0..21 {
+            let start = Instant::now();
+            let host = PlacementHost::new(&hgx, &options).expect("consistent");
+            let p = host.place(&shape(count, size), None);
+            assert!(p.unplaced.is_empty(), "{count}x{size} fits the board");
+            times.push(start.elapsed());
+        }
+        times.sort();
+        println!(
+            "place {count}x{size} on hgx-h100 (NVSwitch, no FM): median {:.3} ms, worst {:.3} ms over {} runs",
+            times[times.len() / 2].as_secs_f64() * 1e3,
+            times[times.len() - 1].as_secs_f64() * 1e3,
+            times.len()
+        );
+    }
+}
+
+/// `n` H100s on root buses below one host bridge, 32 per bus, one IOMMU group each: the
+/// flat dump `tests/hostile/flat_host.py` writes, read by the same reader.
+fn flat(n: usize) -> Topology {
+    let mut config = [0u8; 256];
+    config[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
+    config[0x0a..0x0c].copy_from_slice(&[0x02, 0x03]);
+    let config: String = config.iter().map(|b| format!("{b:02x}")).collect();
+    let mut dump = serde_json::Map::new();
+    for i in 0..n {
+        let bdf = format!("0000:{:02x}:{:02x}.0", 1 + i / 32, i % 32);
+        dump.insert(
+            bdf.clone(),
+            serde_json::json!({
+                "path": format!("/sys/devices/pci0000:00/{bdf}"),
+                "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
+                "numa_node": "0", "iommu_group": i.to_string(),
+                "resource": "0x0000000000000000 0x0000000000000000 0x0000000000000000\n",
+                "config": config,
+            }),
+        );
+    }
+    let text = serde_json::Value::Object(dump).to_string();
+    Topology::from_record(&vfio_p2p::read::flat_json::parse(&text, "bench flat").expect("dump"))
 }
 
 /// `place` on FM's 15 partitions of the HGX 8-GPU board: 1x8, 2x4, 4x2 and 8x1.

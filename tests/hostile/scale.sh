@@ -11,8 +11,11 @@
 #   after (this script): plan 4,000 flat 0.20 s / 16.5 MB (json 0.21 s); topo 10,000 flat
 #     0.37 s / 33 MB (json 0.25 s / 35 MB); plan --p2p-level sys on 4,000 flat 0.23 s / 16.5 MB;
 #     `cargo bench --bench plan`: 4,000-GPU tree 72 ms (pxb: refused, 125 cliques), 114 ms
-#     (node), 127 ms (sys). place is unchanged: 125x8 on 1,000 flat 36.5 s, 500x8 on 4,000
-#     killed at 60 s (its seeds-times-units search is still quadratic).
+#     (node), 127 ms (sys). place was unchanged: 125x8 on 1,000 flat 36.5 s (9.95 s unloaded),
+#     500x8 on 4,000 killed at 60 s (its seeds-times-units search is quadratic).
+#   after place-scale (pair links on demand, incremental growth, early stop on hosts whose
+#     GPUs all sit alike): place 125x8 on 1,000 flat 0.02 s / 9 MB, 500x8 on 4,000 flat
+#     0.26 s / 18 MB, same JSON as before. Hosts with switch trees still try every seed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 target=${1:-$here/../../target/release}

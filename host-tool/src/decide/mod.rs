@@ -14,6 +14,7 @@ pub mod iommu_backend;
 pub mod mmio;
 pub mod nic_affinity;
 pub mod nvlink;
+pub mod pair_links;
 pub mod placement;
 pub mod plan;
 pub mod plan_reach;

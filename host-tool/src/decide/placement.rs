@@ -13,7 +13,8 @@
 //! tree first); among the seeds' sets of equal quality the one that best fits its
 //! enclosing subtree wins (fewest free GPUs left stranded there), which keeps whole
 //! switches and sockets free for the VMs that follow. Larger VMs are placed first.
-//! Everything iterates in BDF order, so the result is deterministic.
+//! Everything iterates in BDF order, so the result is deterministic. Where every GPU
+//! sits alike (flat hosts), the first seed's set is unbeatable and the search stops there.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,6 +23,7 @@ use std::fmt;
 use pci_config::Bdf;
 use serde::Serialize;
 
+use crate::decide::pair_links::{PairLink, PairLinks};
 use crate::model::HostBridgeId;
 use crate::model::{PathKind, Topology};
 
@@ -159,13 +161,6 @@ pub struct Placement {
     pub free: Vec<Bdf>,
 }
 
-/// The PCIe path and NVLink between two GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PairLink {
-    pcie: PathKind,
-    nvlink: Option<u8>,
-}
-
 /// A node of the placement tree: the machine, a NUMA node, a host bridge or a bridge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Domain {
@@ -186,7 +181,9 @@ struct Unit {
 #[derive(Debug)]
 pub struct PlacementHost {
     gpus: Vec<Bdf>,
-    links: Vec<PairLink>,
+    links: PairLinks,
+    /// Every GPU has the same domains and links alike (see [`PairLinks::uniform`]).
+    uniform: bool,
     numa: Vec<Option<u32>>,
     /// Per GPU, its domains from the machine down to its parent bridge.
     domains: Vec<Vec<usize>>,
@@ -201,6 +198,15 @@ pub struct PlacementHost {
 struct FreeState {
     unit_free: Vec<bool>,
     free_under: Vec<usize>,
+}
+
+/// A unit a growing set could take next: the set's worst path and worst PCIe path were
+/// it taken, and its link to the seed.
+#[derive(Debug, Clone)]
+struct Reach {
+    unit: usize,
+    worst: (WorstPath, PathKind),
+    near: WorstPath,
 }
 
 /// One candidate set and how good it is; compares best first.
@@ -228,15 +234,7 @@ impl PlacementHost {
         }
         let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
         let n = gpus.len();
-        let mut links = Vec::with_capacity(n * n);
-        for a in &gpus {
-            for b in &gpus {
-                links.push(PairLink {
-                    pcie: topo.path(a, b).kind,
-                    nvlink: if a == b { None } else { topo.nvlink(a, b) },
-                });
-            }
-        }
+        let links = PairLinks::new(topo, &gpus);
         let bridge_numa: BTreeMap<HostBridgeId, Option<u32>> = topo
             .host_bridges
             .iter()
@@ -296,9 +294,11 @@ impl PlacementHost {
                 })
             })
             .collect();
+        let uniform = links.uniform() && domains.iter().all(|d| *d == domains[0]);
         Ok(PlacementHost {
             gpus,
             links,
+            uniform,
             numa,
             domains,
             domain_count: domain_ids.len(),
@@ -308,7 +308,7 @@ impl PlacementHost {
     }
 
     fn link(&self, a: usize, b: usize) -> PairLink {
-        self.links[a * self.gpus.len() + b]
+        self.links.link(a, b)
     }
 
     fn initial_state(&self) -> FreeState {
@@ -370,40 +370,50 @@ impl PlacementHost {
         let mut worst = self.extend_worst(&[], &self.units[seed], (WorstPath::Single, PathKind::X));
         members.extend(&self.units[seed].gpus);
         let mut numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
-        let anchor = members[0];
+        // The free units that could still fit, each with the set's worst paths were it
+        // added (kept up to date as the set grows) and its link to the seed.
+        let seed_gpus = &self.units[seed].gpus;
+        let mut rest: Vec<Reach> = (0..self.units.len())
+            .filter(|u| *u != seed && s.unit_free[*u] && members.len() < n)
+            .filter(|u| members.len() + self.units[*u].gpus.len() <= n)
+            .map(|u| Reach {
+                unit: u,
+                worst: self.extend_worst(seed_gpus, &self.units[u], worst),
+                near: WorstPath::of_pair(self.link(seed_gpus[0], self.units[u].gpus[0])),
+            })
+            .collect();
         while members.len() < n {
             let need = n - members.len();
-            let (_, u, w) = self
-                .units
+            let (_, i) = rest
                 .iter()
                 .enumerate()
-                .filter(|(u, unit)| {
-                    s.unit_free[*u] && unit.gpus.len() <= need && !units.contains(u)
-                })
-                .map(|(u, unit)| {
-                    let w = self.extend_worst(&members, unit, worst);
-                    let new_numa = unit
-                        .gpus
-                        .iter()
-                        .filter(|g| !numa.contains(&self.numa[**g]))
-                        .map(|g| self.numa[*g])
-                        .collect::<BTreeSet<_>>()
-                        .len();
-                    let near = WorstPath::of_pair(self.link(anchor, unit.gpus[0]));
+                .filter(|(_, r)| self.units[r.unit].gpus.len() <= need)
+                .map(|(i, r)| {
+                    let unit = &self.units[r.unit];
                     let key = (
-                        w.0,
-                        numa.len() + new_numa,
-                        w.1,
-                        near,
+                        r.worst.0,
+                        numa.len() + self.new_numa(&numa, unit),
+                        r.worst.1,
+                        r.near,
                         Reverse(unit.gpus.len()),
+                        r.unit,
                     );
-                    (key, u, w)
+                    (key, i)
                 })
-                .min_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)))?;
+                .min()?;
+            let Reach {
+                unit: u, worst: w, ..
+            } = rest.swap_remove(i);
             units.push(u);
             members.extend(&self.units[u].gpus);
             numa.extend(self.units[u].gpus.iter().map(|g| self.numa[*g]));
             worst = w;
+            if members.len() < n {
+                for r in &mut rest {
+                    let so_far = (r.worst.0.max(w.0), r.worst.1.max(w.1));
+                    r.worst = self.extend_worst(&self.units[u].gpus, &self.units[r.unit], so_far);
+                }
+            }
         }
         members.sort_unstable();
         units.sort_unstable();
@@ -416,6 +426,18 @@ impl PlacementHost {
             gpus: members,
             units,
         })
+    }
+
+    /// How many NUMA nodes `unit` adds to a set spanning `numa`.
+    fn new_numa(&self, numa: &BTreeSet<Option<u32>>, unit: &Unit) -> usize {
+        let node = |g: &usize| self.numa[*g];
+        unit.gpus
+            .iter()
+            .enumerate()
+            .filter(|(i, g)| {
+                !numa.contains(&node(g)) && !unit.gpus[..*i].iter().any(|h| node(h) == node(g))
+            })
+            .count()
     }
 
     /// Free GPUs that would be left in the set's enclosing domain and every domain above.
@@ -438,10 +460,40 @@ impl PlacementHost {
 
     /// The best free set of `n` GPUs, whatever its path.
     fn best(&self, s: &FreeState, n: usize) -> Option<Candidate> {
-        (0..self.units.len())
-            .filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n)
-            .filter_map(|u| self.grow(s, u, n))
-            .min()
+        let mut best: Option<Candidate> = None;
+        let seeds =
+            (0..self.units.len()).filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n);
+        for c in seeds.filter_map(|seed| self.grow(s, seed, n)) {
+            if best.as_ref().is_none_or(|b| c < *b) {
+                let unbeatable = self.beats_every_set(s, n, &c);
+                best = Some(c);
+                if unbeatable {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// Whether no set of `n` free GPUs is better than `c`. On a uniform host every set of
+    /// `n` GPUs has the same worst paths and leftover, so `c` is the best when it spans one
+    /// NUMA node, takes the fewest groups any `n` GPUs could, and is the first `n` free
+    /// GPUs in BDF order (the least list). The other seeds need not be tried.
+    fn beats_every_set(&self, s: &FreeState, n: usize, c: &Candidate) -> bool {
+        if !self.uniform || c.numa_nodes != 1 {
+            return false;
+        }
+        let free = || {
+            self.units
+                .iter()
+                .enumerate()
+                .filter(|(u, _)| s.unit_free[*u])
+                .map(|(_, unit)| unit)
+        };
+        let largest = free().map(|u| u.gpus.len()).max().unwrap_or(1);
+        let last = c.gpus.last().copied().unwrap_or(0);
+        let up_to_last = free().flat_map(|u| &u.gpus).filter(|g| **g <= last).count();
+        c.groups == n.div_ceil(largest) && up_to_last == n
     }
 
     /// The most GPUs one VM could get now with its worst path within `limit`.
@@ -1034,8 +1086,66 @@ mod tests {
         assert_eq!(found, exhaustive(&host, 5));
     }
 
+    /// GPUs on root buses below one host bridge (every GPU alike), with the given IOMMU
+    /// groups and NUMA nodes: the flat dump `tests/hostile/flat_host.py` writes.
+    fn uniform_host(groups: &[u32], numa: &[u8]) -> Topology {
+        let mut config = [0u8; 256];
+        config[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
+        config[0x0a..0x0c].copy_from_slice(&[0x02, 0x03]);
+        let config: String = config.iter().map(|b| format!("{b:02x}")).collect();
+        let mut dump = serde_json::Map::new();
+        for (i, (group, node)) in groups.iter().zip(numa).enumerate() {
+            let bdf = format!("0000:01:{i:02x}.0");
+            dump.insert(
+                bdf.clone(),
+                serde_json::json!({
+                    "path": format!("/sys/devices/pci0000:00/{bdf}"),
+                    "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
+                    "numa_node": node.to_string(), "iommu_group": group.to_string(),
+                    "resource": "0x0 0x0 0x0\n", "config": config,
+                }),
+            );
+        }
+        let text = serde_json::Value::Object(dump).to_string();
+        Topology::from_record(&crate::read::flat_json::parse(&text, "test").unwrap())
+    }
+
+    /// The best over every seed, without the uniform host's early stop.
+    fn best_of_every_seed(host: &PlacementHost, s: &FreeState, n: usize) -> Option<Candidate> {
+        (0..host.units.len())
+            .filter(|u| s.unit_free[*u] && host.units[*u].gpus.len() <= n)
+            .filter_map(|u| host.grow(s, u, n))
+            .min()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// On a host whose GPUs all sit alike, stopping at the first unbeatable set gives
+        /// what trying every seed gives, with shared groups, NUMA nodes and taken GPUs.
+        #[test]
+        fn uniform_host_stops_early_with_the_same_set(
+            gpus in proptest::collection::vec((0u32..6, 0u8..2), 1..=10),
+            one_node in any::<bool>(),
+            n in 1usize..=5,
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let groups: Vec<u32> = gpus.iter().map(|g| g.0).collect();
+            let numa: Vec<u8> = gpus.iter().map(|g| if one_node { 0 } else { g.1 }).collect();
+            let t = uniform_host(&groups, &numa);
+            let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+            let host = PlacementHost::new(&t, &options).unwrap();
+            prop_assert!(host.uniform);
+            let mut s = host.initial_state();
+            for _ in 0..3 {
+                let found = host.best(&s, n);
+                prop_assert_eq!(&found, &best_of_every_seed(&host, &s, n));
+                match found {
+                    Some(c) => host.take(&mut s, &c.units),
+                    None => break,
+                }
+            }
+        }
 
         /// One VM: the greedy tree search finds the exhaustive optimum's worst path and
         /// NUMA spread, and never more groups than it would with those. (The fewest groups is

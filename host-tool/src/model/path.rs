@@ -31,7 +31,7 @@ impl GpuPath {
 
 impl Topology {
     /// The bridges above `bdf` (top first), each marked switch or not, for `pci_config::path`.
-    fn path_bridges(&self, bdf: &Bdf) -> Vec<PathBridge> {
+    pub fn path_bridges(&self, bdf: &Bdf) -> Vec<PathBridge> {
         self.chain(bdf)
             .iter()
             .map(|b| PathBridge {
@@ -45,7 +45,7 @@ impl Topology {
     }
 
     /// The root complex of `bdf` with its NUMA node.
-    fn root_complex(&self, bdf: &Bdf) -> RootComplex {
+    pub fn root_complex(&self, bdf: &Bdf) -> RootComplex {
         let hb = self.devices.get(bdf).map(|d| d.host_bridge);
         RootComplex {
             domain: hb.map_or(u16::MAX, |h| h.domain),
