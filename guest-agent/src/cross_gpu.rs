@@ -374,16 +374,7 @@ fn combine(
     (writer, owner): (&Result<ChildOutput, String>, &Result<ChildOutput, String>),
     words: u64,
 ) -> CrossProcessResult {
-    let mut r = CrossProcessResult {
-        src,
-        dst,
-        kind,
-        words,
-        write: None,
-        write_gbps: None,
-        error: None,
-        same_gpu: false,
-    };
+    let mut r = CrossProcessResult::new(src, dst, kind, words);
     match writer {
         Ok(w) => match w.writes.iter().find(|x| x.0 == dst && x.1 == kind) {
             Some((_, _, Ok(ms))) => r.write_gbps = Some((words * 4) as f64 / (ms * 1e-3) / 1e9),

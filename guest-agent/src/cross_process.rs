@@ -85,6 +85,20 @@ pub struct CrossProcessResult {
 }
 
 impl CrossProcessResult {
+    /// A pair not yet run: no write, no figure, no error.
+    pub fn new(src: Bdf, dst: Bdf, kind: HandleKind, words: u64) -> Self {
+        CrossProcessResult {
+            src,
+            dst,
+            kind,
+            words,
+            write: None,
+            write_gbps: None,
+            error: None,
+            same_gpu: src == dst,
+        }
+    }
+
     /// The writes arrived and were checked (for a same-GPU pair: IPC works, not P2P).
     pub fn ok(&self) -> bool {
         self.error.is_none() && self.write.as_ref().is_some_and(WriteCheck::ok)
@@ -419,16 +433,7 @@ pub fn run_pair(
     limit: Duration,
 ) -> CrossProcessResult {
     let words = (mib << 20) as u64 / 4;
-    let mut r = CrossProcessResult {
-        src,
-        dst,
-        kind,
-        words,
-        write: None,
-        write_gbps: None,
-        error: None,
-        same_gpu: src == dst,
-    };
+    let mut r = CrossProcessResult::new(src, dst, kind, words);
     let dir = std::env::temp_dir().join(format!(
         "vfio-p2p-xproc-{}-{src}-{dst}-{}",
         std::process::id(),

@@ -45,17 +45,23 @@ pub fn parse_bus_id(s: &str) -> Option<Bdf> {
     format!("{domain}:{rest}").parse().ok()
 }
 
+/// How many GPUs the driver sees.
+fn device_count() -> Result<i32, CudaError> {
+    let mut n = 0;
+    // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
+    check(
+        unsafe { sys::cuDeviceGetCount(&mut n) },
+        "cuDeviceGetCount",
+        &"-",
+    )?;
+    Ok(n)
+}
+
 impl Gpu {
     /// Every GPU the driver sees, sorted by PCI address; their contexts are created a
     /// thread per GPU (retaining a primary context is most of the setup of a GPU).
     pub fn all() -> Result<Vec<Gpu>, CudaError> {
-        let mut n = 0;
-        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
-        check(
-            unsafe { sys::cuDeviceGetCount(&mut n) },
-            "cuDeviceGetCount",
-            &"-",
-        )?;
+        let n = device_count()?;
         let mut gpus = std::thread::scope(|s| {
             let handles: Vec<_> = (0..n).map(|i| s.spawn(move || Gpu::open(i))).collect();
             handles
@@ -69,13 +75,7 @@ impl Gpu {
 
     /// The PCI addresses of every GPU the driver sees, sorted; no context is created.
     pub fn bus_ids() -> Result<Vec<Bdf>, CudaError> {
-        let mut n = 0;
-        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
-        check(
-            unsafe { sys::cuDeviceGetCount(&mut n) },
-            "cuDeviceGetCount",
-            &"-",
-        )?;
+        let n = device_count()?;
         let mut out = Vec::new();
         for ordinal in 0..n {
             out.push(Self::bus_id_of(ordinal)?.1);
@@ -113,13 +113,7 @@ impl Gpu {
     /// The GPU at `bdf` alone: only its context is created (a child of `cross-process`
     /// needs no other), though every GPU stays visible for CUDA IPC.
     pub fn open_at(bdf: Bdf) -> Result<Gpu, CudaError> {
-        let mut n = 0;
-        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
-        check(
-            unsafe { sys::cuDeviceGetCount(&mut n) },
-            "cuDeviceGetCount",
-            &"-",
-        )?;
+        let n = device_count()?;
         for ordinal in 0..n {
             if Self::bus_id_of(ordinal)?.1 == bdf {
                 return Gpu::open(ordinal);
