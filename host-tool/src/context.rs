@@ -1,7 +1,11 @@
-//! What the data commands start from, built once per run (as ripgrep builds its `HiArgs`
-//! from the parsed flags): the host config, the host's typed topology with its NVLink
-//! source applied, and the options planning reads. Commands build a [`Context`] and never
-//! import each other; the flags that several commands share are defined here.
+//! What every command starts from, built once per run (as ripgrep builds its `HiArgs`
+//! from the parsed flags): where the host comes from ([`HostSource`]), the host config,
+//! the host's typed topology with its NVLink source applied, Fabric Manager's partitions,
+//! the probes the command needs, and the options planning reads. Commands build a
+//! [`Context`] and never import each other; the flags that several commands share are
+//! defined here.
+
+pub mod source;
 
 use std::path::PathBuf;
 
@@ -13,13 +17,18 @@ use crate::cli::GlobalArgs;
 use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use crate::decide;
 use crate::decide::plan::{plan, Plan, PlanOptions};
+use crate::decide::check::{HostFacts, IommuFacts};
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::fm_api::{FmFailure, FmSession};
-use crate::model::fabric::{Fabric, FabricModel, FabricState};
+use crate::host_probe;
+use crate::model::fabric::{Fabric, FabricModel, FabricState, FmConfigFile};
+use crate::model::vmm::QemuVersion;
 use crate::model::{PathKind, Topology};
 use crate::read::fabric_manager::read_fabric_manager;
-use crate::read::{fm_capture, nvidia_smi, read_host, HostRecord};
+use crate::read::{fm_capture, nvidia_smi, vmm};
 use crate::synth;
+use crate::vfio_bind::sim::SimRoot;
+pub use source::{HostConfigFrom, HostSource};
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
 /// `libvirt patch` read.
@@ -29,16 +38,6 @@ pub struct HostConfigArgs {
     /// /usr/share/doc/vfio-p2p/examples/README.md (configs/README.md in the source).
     #[arg(long, value_name = "FILE")]
     pub host_config: Option<PathBuf>,
-}
-
-impl HostConfigArgs {
-    /// The file given, else the defaults.
-    pub fn load(&self) -> anyhow::Result<HostConfig> {
-        Ok(match &self.host_config {
-            Some(path) => HostConfig::load(path)?,
-            None => HostConfig::default(),
-        })
-    }
 }
 
 /// The planning options `plan`, `check`, `gen` and `libvirt patch` share.
@@ -70,79 +69,103 @@ pub struct PlanningArgs {
     pub options: PlanOptionArgs,
 }
 
-/// The host facts the global options point at (a sysfs root or an embedded example).
-pub fn load_host(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
-    match &global.example {
-        Some(name) => synth::example(name).map_err(anyhow::Error::msg),
-        // Every ReadError names the file or directory it concerns: no context to add.
-        None => Ok(read_host(&global.sysfs_root)?),
-    }
-}
-
 /// The sysfs root a changing command (bind, unbind, hook) works on: never a snapshot
-/// file; an embedded example only for a dry run, which then reads a temporary sysfs tree
-/// written from the example (removed again on drop).
+/// file; an embedded example only for a dry run, which then works on the simulated tree
+/// of [`SimRoot`] (removed again on drop).
 #[derive(Debug)]
 pub struct ChangeRoot {
     path: PathBuf,
-    temporary: bool,
+    _sim: Option<SimRoot>,
 }
 
 impl ChangeRoot {
-    pub fn new(global: &GlobalArgs, dry_run: bool) -> anyhow::Result<ChangeRoot> {
-        if let Some(name) = &global.example {
-            anyhow::ensure!(
-                dry_run,
-                "--example is a made-up host: bind/unbind/hook can only show what they would do \
-                 there (--dry-run); pass a real sysfs root (--sysfs-root) to change bindings"
-            );
-            let host = synth::example(name).map_err(anyhow::Error::msg)?;
-            let path = std::env::temp_dir().join(format!(
-                "vfio-p2p-example-{name}-{}-{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            ));
-            let root = ChangeRoot {
-                path,
-                temporary: true,
-            };
-            crate::vfio_bind::sim::write_tree(&host, &root.path).with_context(|| {
-                format!(
-                    "writing example {name} as a sysfs tree in {}",
-                    root.path.display()
-                )
-            })?;
-            return Ok(root);
+    pub fn new(source: &HostSource, dry_run: bool) -> anyhow::Result<ChangeRoot> {
+        match source {
+            HostSource::Example(name) => {
+                anyhow::ensure!(
+                    dry_run,
+                    "--example is a made-up host: bind/unbind/hook can only show what they would do \
+                     there (--dry-run); pass a real sysfs root (--sysfs-root) to change bindings"
+                );
+                let sim = SimRoot::of_example(name)?;
+                Ok(ChangeRoot {
+                    path: sim.path().to_path_buf(),
+                    _sim: Some(sim),
+                })
+            }
+            HostSource::FlatJson(file) => anyhow::bail!(
+                "{}: a snapshot file cannot be changed; pass a sysfs root directory (--sysfs-root)",
+                file.display()
+            ),
+            HostSource::Root(root) => Ok(ChangeRoot {
+                path: root.clone(),
+                _sim: None,
+            }),
         }
-        anyhow::ensure!(
-            !global.sysfs_root.is_file(),
-            "{}: a snapshot file cannot be changed; pass a sysfs root directory (--sysfs-root)",
-            global.sysfs_root.display()
-        );
-        Ok(ChangeRoot {
-            path: global.sysfs_root.clone(),
-            temporary: false,
-        })
     }
 
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+
+    /// The root as the host source the change reads (the simulated tree for an example).
+    pub fn source(&self) -> HostSource {
+        HostSource::Root(self.path.clone())
+    }
 }
 
-impl Drop for ChangeRoot {
-    fn drop(&mut self) {
-        if self.temporary {
-            let _ = std::fs::remove_dir_all(&self.path);
+/// What a command asks the build step to probe besides the host, host.yaml, the NVLink
+/// source and Fabric Manager, which every context has: only what the command uses, so
+/// `topo` never runs `virsh`.
+#[derive(Debug, Clone, Default)]
+pub struct Needs {
+    /// `nvidia-smi topo -m` captures from the command line (`--nvlink`), which replace
+    /// host.yaml's NVLink source.
+    pub nvlink: Vec<PathBuf>,
+    /// Ask this QEMU binary its `--version`.
+    pub qemu_version: Option<PathBuf>,
+    /// The libvirt version to target: `Some(None)` asks libvirt (`virsh --version`),
+    /// `Some(Some(v))` is a version given on the command line, which is not asked.
+    pub libvirt_version: Option<Option<LibvirtVersion>>,
+    /// Probe the host's iommufd support (`/dev/iommu`, VFIO cdevs, the kernel).
+    pub iommufd: bool,
+    /// Read Fabric Manager's config file (where the board has a fabric model).
+    pub fm_config: bool,
+}
+
+impl Needs {
+    /// The host, host.yaml, NVLink (from these captures, if any) and Fabric Manager only.
+    pub fn nvlink(files: &[PathBuf]) -> Needs {
+        Needs {
+            nvlink: files.to_vec(),
+            ..Needs::default()
         }
     }
 }
 
-/// A command's starting point.
+/// What the probes a command asked for answered (`None`: not asked).
+#[derive(Debug, Default)]
+pub struct Probes {
+    /// `--version` of [`Needs::qemu_version`], or why it could not be read.
+    pub qemu_version: Option<Result<QemuVersion, String>>,
+    /// libvirt's version, or why `virsh --version` could not be read.
+    pub libvirt_version: Option<Result<LibvirtVersion, String>>,
+    pub iommu: Option<IommuFacts>,
+    pub fm_config: Option<FmConfigFile>,
+}
+
+/// A command's starting point: every input a command decides from, read once, before
+/// any decision (ripgrep's `HiArgs`).
+///
+/// There is one way to build it, [`Context::build`]: the [`HostSource`] decided once from
+/// the global options, host.yaml as [`HostConfigFrom`] says (`--host-config`, else the
+/// defaults for data commands, the installed file for what runs on the host), and the
+/// probes the command [`Needs`]. The build never prints: what reading said is returned in
+/// [`Context::warnings`] and [`Context::fabric_notes`], and each command says it in its own
+/// voice ([`Context::load`] logs both as `warning:` lines; the hook words its own).
 #[derive(Debug)]
 pub struct Context {
+    pub source: HostSource,
     pub host: HostConfig,
     pub topo: Topology,
     /// Fabric Manager's partitions and the model planning follows, read once.
@@ -150,87 +173,81 @@ pub struct Context {
     /// The connection to FM the partitions were read over (FM's live API), kept for the
     /// hook's activation: FM is asked once, before anything changes.
     pub fm: Option<FmSession>,
+    pub probes: Probes,
+    /// What the host's reader and its NVLink source warned about.
+    pub warnings: Vec<String>,
+    /// Partitions that planning cannot follow because FM did not answer.
+    pub fabric_notes: Vec<String>,
 }
 
 impl Context {
-    /// The host config of `--host-config`, the host of `--sysfs-root`/`--example`, and its
-    /// NVLink from `nvlink` files when there are any, else from the host config's source.
-    /// Warnings about the host are logged once, here.
+    /// A data command's context: the host of `--sysfs-root`/`--example`, the host config
+    /// of `--host-config` (else the defaults), the probes `needs` names; warnings logged
+    /// once, here.
     pub fn load(
         global: &GlobalArgs,
         host: &HostConfigArgs,
-        nvlink: &[PathBuf],
+        needs: &Needs,
     ) -> anyhow::Result<Context> {
-        let config = host.load()?;
-        let (mut context, warnings) = Context::assemble(
-            &load_host(global)?,
-            config,
-            nvlink,
-            global.example.as_deref(),
-        )?;
-        // An example recorded with its `nvidia-smi topo -m` capture shows its NVLink too.
-        let capture = global
-            .example
-            .as_deref()
-            .and_then(synth::example_nvlink_capture);
-        if let (Some((text, name)), true) = (capture, nvlink.is_empty()) {
-            context.topo.add_nvlinks(&nvidia_smi::parse(text, name)?)?;
-        }
-        for w in &warnings {
+        let source = HostSource::of(global);
+        let config =
+            source.host_config(host.host_config.as_deref(), HostConfigFrom::FlagOrDefaults)?;
+        let context = Context::build(source, config, needs)?;
+        for w in context.warnings.iter().chain(&context.fabric_notes) {
             tracing::warn!("{w}");
         }
         Ok(context)
     }
 
-    /// [`Context::load`] from parts already read (the hook reads below its own root);
-    /// returns the warnings instead of logging them.
-    pub fn build(
-        record: &HostRecord,
-        host: HostConfig,
-        nvlink: &[PathBuf],
-    ) -> anyhow::Result<(Context, Vec<String>)> {
-        Context::assemble(record, host, nvlink, None)
-    }
-
-    /// The hook's [`Context::build`]: the host's warnings without the fabric's, which the
-    /// hook words itself, for a VM that has GPUs (`FabricStep`).
-    pub fn build_for_hook(
-        record: &HostRecord,
-        host: HostConfig,
-    ) -> anyhow::Result<(Context, Vec<String>)> {
-        Context::read(record, host, &[], None)
-    }
-
-    /// [`Context::build`] for a host that may be the embedded example `example`.
-    fn assemble(
-        record: &HostRecord,
-        host: HostConfig,
-        nvlink: &[PathBuf],
-        example: Option<&str>,
-    ) -> anyhow::Result<(Context, Vec<String>)> {
-        let (context, mut warnings) = Context::read(record, host, nvlink, example)?;
-        warnings.extend(fabric_notes(&context.topo, &context.host, &context.fabric));
-        Ok((context, warnings))
-    }
-
-    /// The context and the host's warnings (the fabric's are [`fabric_notes`]).
-    fn read(
-        record: &HostRecord,
-        host: HostConfig,
-        nvlink: &[PathBuf],
-        example: Option<&str>,
-    ) -> anyhow::Result<(Context, Vec<String>)> {
-        let mut topo = Topology::from_record(record);
+    /// The one build: reads the host once, applies its NVLink source (the command line's
+    /// captures, else host.yaml's, plus an example's recorded capture), reads Fabric
+    /// Manager, then runs the probes `needs` asks for.
+    pub fn build(source: HostSource, host: HostConfig, needs: &Needs) -> anyhow::Result<Context> {
+        let record = source.read()?;
+        let mut topo = Topology::from_record(&record);
         let mut warnings: Vec<String> = topo.warnings.iter().map(ToString::to_string).collect();
-        warnings.extend(apply_nvlink_source(&mut topo, &host, nvlink)?);
-        let (fabric, fm) = load_fabric(&topo, &host, example)?;
-        let context = Context {
+        warnings.extend(apply_nvlink_source(&mut topo, &host, &needs.nvlink)?);
+        let (fabric, fm) = load_fabric(&topo, &host, source.example())?;
+        // An example recorded with its `nvidia-smi topo -m` capture shows its NVLink too.
+        let capture = source.example().and_then(synth::example_nvlink_capture);
+        if let (Some((text, name)), true) = (capture, needs.nvlink.is_empty()) {
+            topo.add_nvlinks(&nvidia_smi::parse(text, name)?)?;
+        }
+        let fabric_notes = fabric_notes(&topo, &host, &fabric);
+        let probes = probe(&source, &fabric, needs)?;
+        Ok(Context {
+            source,
             host,
             topo,
             fabric,
             fm,
-        };
-        Ok((context, warnings))
+            probes,
+            warnings,
+            fabric_notes,
+        })
+    }
+
+    /// What /dev says about the IOMMU groups of `devices` (and KVM, VFIO): probed below a
+    /// root, "not probed" for an example or a snapshot file. The one probe keyed on the
+    /// command's selection of devices (`check` runs it before anything is decided).
+    pub fn probe_host(&self, devices: &[Bdf], deep: bool) -> HostFacts {
+        match self.source.probe_root() {
+            Ok(root) => host_probe::gather(root, &self.topo, devices, deep),
+            Err(why) => host_probe::not_probed(why, &self.topo, devices),
+        }
+    }
+
+    /// The libvirt version to target: the flag, else what `virsh --version` said (with a
+    /// warning, and libvirt's override form assumed, when it said nothing).
+    pub fn libvirt_version(&self) -> LibvirtVersion {
+        match &self.probes.libvirt_version {
+            Some(Ok(v)) => *v,
+            Some(Err(why)) => {
+                tracing::warn!("{why}");
+                libvirt::OVERRIDE_SINCE
+            }
+            None => libvirt::OVERRIDE_SINCE,
+        }
     }
 
     /// Warns when `gpus` are not a Fabric Manager partition a VM could be given (shared
@@ -439,20 +456,46 @@ fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<Stri
     }
 }
 
-/// The libvirt version to target: the flag, else what `virsh --version` says.
-pub fn libvirt_version(flag: Option<LibvirtVersion>) -> LibvirtVersion {
-    if let Some(v) = flag {
-        return v;
-    }
-    crate::read::vmm::installed_libvirt_version().unwrap_or_else(|why| {
-        tracing::warn!("{why}");
-        libvirt::OVERRIDE_SINCE
+/// The probes `needs` asks for, run once, before anything is decided: QEMU's and
+/// libvirt's versions, iommufd below the root, Fabric Manager's config file (only where
+/// the board has a fabric model).
+fn probe(source: &HostSource, fabric: &Fabric, needs: &Needs) -> anyhow::Result<Probes> {
+    let fm_config = match (needs.fm_config, source.probe_root()) {
+        (false, _) => None,
+        (true, _) if fabric.model.is_none() => {
+            Some(FmConfigFile::NotProbed("no fabric model".into()))
+        }
+        (true, Err(_)) if source.example().is_some() => Some(FmConfigFile::NotProbed(
+            "an embedded example has no files".into(),
+        )),
+        (true, Err(_)) => Some(FmConfigFile::NotProbed(
+            "a snapshot file has no FM config".into(),
+        )),
+        (true, Ok(root)) => Some(crate::read::fm_config::read(root)?),
+    };
+    Ok(Probes {
+        qemu_version: needs.qemu_version.as_deref().map(vmm::qemu_version_of),
+        libvirt_version: needs
+            .libvirt_version
+            .map(|flag| flag.map_or_else(vmm::installed_libvirt_version, Ok)),
+        iommu: needs.iommufd.then(|| match source.probe_root() {
+            Ok(root) => host_probe::iommufd::probe(root),
+            Err(_) => IommuFacts::not_probed("no live host (an example or a snapshot)"),
+        }),
+        fm_config,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn build(record: &str, host: HostConfig) -> anyhow::Result<Context> {
+        // A real root's reading of the example's board: not the example's FM table.
+        let dir = tempfile::tempdir().unwrap();
+        crate::snapshot::write_sysfs_tree(&synth::example(record).unwrap(), dir.path()).unwrap();
+        Context::build(HostSource::Root(dir.path().into()), host, &Needs::default())
+    }
 
     fn global(example: &str) -> GlobalArgs {
         GlobalArgs {
@@ -465,24 +508,23 @@ mod tests {
     #[test]
     fn the_nvswitch_default_applies_once_and_a_capture_replaces_it() {
         let none = HostConfigArgs { host_config: None };
-        let c = Context::load(&global("hgx-h100"), &none, &[]).unwrap();
+        let c = Context::load(&global("hgx-h100"), &none, &Needs::default()).unwrap();
         assert_eq!(c.topo.nvlinks.len(), 8 * 7 / 2);
 
         let config = HostConfig {
             nvlink: NvlinkSource::None,
             ..HostConfig::default()
         };
-        let record = synth::example("hgx-h100").unwrap();
-        let (c, _) = Context::build(&record, config, &[]).unwrap();
+        let c = build("hgx-h100", config).unwrap();
         assert!(c.topo.nvlinks.is_empty());
 
         let capture = PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/nvidia-smi/h200x2-topo-m.txt"
         ));
-        let c = Context::load(&global("flat-vm"), &none, std::slice::from_ref(&capture)).unwrap();
+        let c = Context::load(&global("flat-vm"), &none, &Needs::nvlink(std::slice::from_ref(&capture))).unwrap();
         assert_eq!(c.topo.nvlinks.len(), 1);
-        let e = Context::load(&global("hgx-h100"), &none, &[capture]).unwrap_err();
+        let e = Context::load(&global("hgx-h100"), &none, &Needs::nvlink(&[capture])).unwrap_err();
         assert!(
             format!("{e:#}").contains("captured on another machine"),
             "{e:#}"
@@ -494,7 +536,7 @@ mod tests {
         let c = Context::load(
             &global("dual-socket-pcie"),
             &HostConfigArgs { host_config: None },
-            &[],
+            &Needs::default(),
         )
         .unwrap();
         let mut args = PlanOptionArgs {
@@ -518,13 +560,13 @@ mod tests {
     #[test]
     fn the_fabric_is_read_once_from_the_example_a_capture_or_not_at_all() {
         let none = HostConfigArgs { host_config: None };
-        let c = Context::load(&global("hgx-h100"), &none, &[]).unwrap();
+        let c = Context::load(&global("hgx-h100"), &none, &Needs::default()).unwrap();
         assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
         assert_eq!(c.fabric.state.as_ref().unwrap().partitions.len(), 15);
         // The same board as a real root without FM's library: under `auto` a host without
         // Fabric Manager, nothing said; under shared-nvswitch FM's absence is a warning.
-        let hgx = synth::example("hgx-h100").unwrap();
-        let (c, notes) = Context::build(&hgx, HostConfig::default(), &[]).unwrap();
+        let c = build("hgx-h100", HostConfig::default()).unwrap();
+        let notes = c.fabric_notes.clone();
         assert_eq!((c.fabric.model, c.fabric.state.is_none()), (None, true));
         assert!(c.fabric.unreachable.is_none() && c.fm.is_none());
         assert!(
@@ -540,7 +582,8 @@ mod tests {
             fabric: FabricMode::SharedNvswitch,
             ..HostConfig::default()
         };
-        let (c, notes) = Context::build(&hgx, shared, &[]).unwrap();
+        let c = build("hgx-h100", shared).unwrap();
+        let notes = c.fabric_notes;
         assert!(c.fabric.unreachable.is_some(), "{:?}", c.fabric);
         assert!(
             notes
@@ -549,8 +592,8 @@ mod tests {
             "{notes:?}"
         );
         // No NVSwitch, fabric auto: FM is not asked and nothing is said.
-        let pcie = synth::example("dual-socket-pcie").unwrap();
-        let (c, notes) = Context::build(&pcie, HostConfig::default(), &[]).unwrap();
+        let c = build("dual-socket-pcie", HostConfig::default()).unwrap();
+        let notes = c.fabric_notes;
         assert_eq!(c.fabric.source, "no NVSwitch on this host");
         assert!(
             notes.iter().all(|n| !n.contains("Fabric Manager")),
@@ -567,7 +610,7 @@ mod tests {
             ),
             ..HostConfig::default()
         };
-        let (c, _) = Context::build(&hgx, capture.clone(), &[]).unwrap();
+        let c = build("hgx-h100", capture.clone()).unwrap();
         assert_eq!(c.fabric.model, Some(FabricModel::SharedNvswitch));
         assert!(c.fabric.state.unwrap().partitions[3].active);
         // A capture without addresses (FM in a service VM, FM on H100) gets host.yaml's
@@ -590,7 +633,7 @@ mod tests {
             fabric_modules: [(7, gpu)].into(),
             ..capture
         };
-        let (c, _) = Context::build(&hgx, mapped, &[]).unwrap();
+        let c = build("hgx-h100", mapped).unwrap();
         let state = c.fabric.state.unwrap();
         assert_eq!(state.partitions[0].gpus[0].bdf, Some(gpu));
         // fabric: none reads nothing, even on the example.
@@ -598,7 +641,9 @@ mod tests {
             fabric: FabricMode::None,
             ..HostConfig::default()
         };
-        let (c, notes) = Context::assemble(&hgx, off, &[], Some("hgx-h100")).unwrap();
+        let example = HostSource::Example("hgx-h100".into());
+        let c = Context::build(example, off, &Needs::default()).unwrap();
+        let notes = c.fabric_notes;
         assert_eq!((c.fabric.model, c.fabric.state), (None, None));
         assert!(
             notes.iter().all(|n| !n.contains("Fabric Manager")),

@@ -663,3 +663,45 @@ fn gpus_of_one_planned_clique_split_across_cliques_are_a_finding() {
     assert_eq!(split[0]["status"], "fail");
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Issue 27: one `prepare` reads the host once — the checks and the bind of its
+/// managed='no' hostdevs see the same host (with host.yaml's NVLink source). `-vv` logs
+/// every read of the host ("reading the host below ROOT"); a second read is a failure.
+#[test]
+fn prepare_reads_the_host_once() {
+    let reads = |root: &Path, dry_run: bool, xml: &str| -> usize {
+        let mut c = Command::cargo_bin("vfio-p2p").unwrap();
+        c.arg("-vv").arg("--sysfs-root").arg(root);
+        c.args(["hook", "run"]);
+        if dry_run {
+            c.arg("--dry-run");
+        }
+        let out = c
+            .args(["vm1", "prepare", "begin", "-"])
+            .env_remove("VFIO_P2P_FAIL_AFTER")
+            .env_remove("VFIO_P2P_LOG")
+            .write_stdin(xml.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        stderr.matches("reading the host below").count()
+    };
+    let t = host_tree();
+    let mut g = gpu(0x05, "ua-gpu0", None);
+    g.managed = false;
+    let xml = domain(&[g, gpu(0x06, "ua-gpu1", None)], "");
+    // A dry run plans the bind (writes listed), a real run binds what is already on
+    // vfio-pci (nothing to write): both after checking the domain.
+    assert_eq!(reads(t.path(), true, &xml), 1, "dry run");
+    for f in ["0000:05:00.0", "0000:05:00.1"] {
+        let dev = t.path().join("sys/bus/pci/devices").join(f);
+        fs::remove_file(dev.join("driver")).unwrap();
+        std::os::unix::fs::symlink(
+            t.path().join("sys/bus/pci/drivers/vfio-pci"),
+            dev.join("driver"),
+        )
+        .unwrap();
+    }
+    assert_eq!(reads(t.path(), false, &xml), 1, "prepare with a bind");
+}

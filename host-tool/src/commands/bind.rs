@@ -7,7 +7,8 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::ChangeRoot;
+use crate::context::{ChangeRoot, HostSource};
+use crate::model::Topology;
 use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
@@ -71,13 +72,16 @@ impl ChangeArgs {
 }
 
 pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, args.common.dry_run)?;
+    let root = ChangeRoot::new(&HostSource::of(global), args.common.dry_run)?;
     let opts = BindOptions {
         whole_group: args.whole_group,
         force: args.force,
     };
+    // Binding needs the devices and their groups only: no host.yaml, NVLink or FM.
+    let topo = Topology::from_record(&root.source().read()?);
     let report = vfio_bind::bind(
         root.path(),
+        &topo,
         &mut writer()?,
         &args.devices,
         &opts,
@@ -90,7 +94,7 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
 }
 
 pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, args.common.dry_run)?;
+    let root = ChangeRoot::new(&HostSource::of(global), args.common.dry_run)?;
     let selection = if args.all {
         UnbindSelection::All
     } else {

@@ -8,12 +8,11 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::config::vm::IommuBackend;
-use crate::context::{Context, PlanOptionArgs};
+use crate::context::{Context, Needs, PlanOptionArgs};
 use crate::decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
-use crate::host_probe;
 use crate::model::domain::DomainFacts;
 use crate::model::fabric::FmConfigFile;
 use crate::model::DeviceKind;
@@ -94,11 +93,12 @@ pub struct CheckArgs {
     pub format: DataFormat,
 }
 
-/// How the VM will be started, from `--qemu`, `--domain-xml` and `--qemu-args`.
-fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
+/// How the VM will be started, from `--qemu` (its version probed in the context build),
+/// `--domain-xml` and `--qemu-args`.
+fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
     let mut facts = VmmFacts {
         vmm: args.vmm,
-        qemu_version: args.qemu.as_deref().map(vmm::qemu_version_of),
+        qemu_version: ctx.probes.qemu_version.clone(),
         iommu_backend: args.iommu_backend,
         ..VmmFacts::default()
     };
@@ -158,39 +158,13 @@ fn domain_nics(topo: &crate::model::Topology) -> impl Fn(&DomainFacts) -> Vec<Bd
     }
 }
 
-/// What /dev says about the IOMMU groups of `devices` (and KVM, VFIO): probed on a live
-/// host, "not probed" for an example or a snapshot file.
-fn probe_host(
-    global: &GlobalArgs,
-    topo: &crate::model::Topology,
-    devices: &[Bdf],
-    deep: bool,
-) -> check::HostFacts {
-    if global.example.is_some() {
-        host_probe::not_probed("an embedded example has no live host", topo, devices)
-    } else if global.sysfs_root.is_file() {
-        host_probe::not_probed("a snapshot file has no /dev", topo, devices)
-    } else {
-        host_probe::gather(&global.sysfs_root, topo, devices, deep)
-    }
-}
-
-/// Fabric Manager's config file, read under the sysfs root once (nothing to read on an
-/// example or a snapshot file), only when the board has a fabric model.
-fn probe_fm_config(global: &GlobalArgs, ctx: &Context) -> anyhow::Result<FmConfigFile> {
-    Ok(if ctx.fabric.model.is_none() {
-        FmConfigFile::NotProbed("no fabric model".into())
-    } else if global.example.is_some() {
-        FmConfigFile::NotProbed("an embedded example has no files".into())
-    } else if global.sysfs_root.is_file() {
-        FmConfigFile::NotProbed("a snapshot file has no FM config".into())
-    } else {
-        crate::read::fm_config::read(&global.sysfs_root)?
-    })
-}
-
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
+    let needs = Needs {
+        qemu_version: args.qemu.clone(),
+        fm_config: true,
+        ..Needs::nvlink(&args.plan.nvlink)
+    };
+    let ctx = Context::load(global, &args.plan.host, &needs)?;
     ctx.require_gpus("check")?;
     let topo = &ctx.topo;
     let mut domain = args
@@ -224,13 +198,16 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("--deep opens every selected GPU through VFIO, which resets it");
     }
     let nics = domain.as_ref().map(domain_nics(topo)).unwrap_or_default();
-    let mut host = probe_host(global, topo, &gpus, args.deep);
+    let mut host = ctx.probe_host(&gpus, args.deep);
     if !nics.is_empty() {
-        host.groups
-            .extend(probe_host(global, topo, &nics, false).groups);
+        host.groups.extend(ctx.probe_host(&nics, false).groups);
     }
-    let vmm = vmm_facts(&args, domain.as_ref());
-    let fm_config = probe_fm_config(global, &ctx)?;
+    let vmm = vmm_facts(&ctx, &args, domain.as_ref());
+    let fm_config = ctx
+        .probes
+        .fm_config
+        .clone()
+        .unwrap_or_else(|| FmConfigFile::NotProbed("not asked".into()));
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));

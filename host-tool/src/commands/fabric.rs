@@ -11,7 +11,7 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use crate::cli::GlobalArgs;
 use crate::config::host::{FabricManagerSource, HostConfig};
-use crate::context::ChangeRoot;
+use crate::context::{ChangeRoot, HostConfigFrom, HostSource};
 use crate::emit::fabric_list::{self, FabricListing, Holder};
 use crate::fm_api::FmSession;
 use crate::model::fabric::FabricState;
@@ -88,13 +88,14 @@ fn holders(record: &ActivationRecord) -> BTreeMap<u32, Holder> {
 }
 
 pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
+    let source = HostSource::of(global);
     anyhow::ensure!(
-        global.example.is_none(),
+        source.example().is_none(),
         "fabric talks to this host's Fabric Manager; --example does not apply"
     );
-    let root = ChangeRoot::new(global, false)?;
+    let root = ChangeRoot::new(&source, false)?;
     let root = root.path();
-    let config = HostConfig::load_below(root)?;
+    let config = source.host_config(None, HostConfigFrom::FlagOrInstalled)?;
     let address = address(&config, a.address)?;
     let timeout = Duration::from_secs(a.lock_timeout);
     let mut fm = FmSession::open(&address)?;

@@ -10,7 +10,7 @@ use vfio_p2p_contract::ReportChannel;
 use crate::cli::GlobalArgs;
 use crate::collector::store::Store;
 use crate::config::vm::{IommuBackend, VmConfig};
-use crate::context::{libvirt_version, Context, PlanningArgs};
+use crate::context::{Context, Needs, PlanningArgs};
 use crate::decide::expectation::{self, Expectation};
 use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
@@ -23,10 +23,8 @@ use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl, proxmox};
-use crate::host_probe;
 use crate::model::NicRef;
-use crate::read::incus as incus_read;
-use crate::read::vmm;
+use crate::read::incus::{self as incus_read, IncusServer};
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -126,29 +124,32 @@ fn report_plan(
     }))
 }
 
-/// `auto` resolved against this host (`/dev/iommu`, VFIO cdevs, kernel) and the QEMU that
-/// will run the VM; an example or a snapshot has no host, so it gets legacy.
-fn iommu_backend(
-    global: &GlobalArgs,
-    args: &GenArgs,
-    requested: IommuBackend,
-    has_cliques: bool,
-) -> IommuBackend {
-    if requested != IommuBackend::Auto {
-        return requested;
+/// What `gen` asks the context build for: `auto` needs this host's iommufd support
+/// (`/dev/iommu`, VFIO cdevs, kernel) and the version of the QEMU that will run the VM, a
+/// libvirt domain the libvirt version to target.
+fn needs(args: &GenArgs, config: &VmConfig) -> Needs {
+    let auto = config.iommu_backend == IommuBackend::Auto;
+    Needs {
+        iommufd: auto,
+        qemu_version: auto.then(|| {
+            args.qemu
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(qemu::QEMU_BINARY))
+        }),
+        libvirt_version: (args.target == GenTarget::Libvirt).then_some(args.libvirt_version),
+        ..Needs::nvlink(&args.planning.options.nvlink)
     }
-    let iommu = if global.example.is_some() || global.sysfs_root.is_file() {
-        crate::decide::check::IommuFacts::not_probed("no live host (an example or a snapshot)")
-    } else {
-        host_probe::iommufd::probe(&global.sysfs_root)
+}
+
+/// `auto` resolved against what the context build probed; an example or a snapshot has
+/// no host, so it gets legacy.
+fn iommu_backend(ctx: &Context, requested: IommuBackend, has_cliques: bool) -> IommuBackend {
+    let (Some(iommu), IommuBackend::Auto) = (&ctx.probes.iommu, requested) else {
+        return requested;
     };
-    let qemu = args
-        .qemu
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(qemu::QEMU_BINARY));
-    let version = Some(vmm::qemu_version_of(&qemu));
-    let offered = iommu_backend::iommufd_offered(&iommu);
-    let bars = iommu_backend::bar_mapping(&iommu, version.as_ref());
+    let version = ctx.probes.qemu_version.clone();
+    let offered = iommu_backend::iommufd_offered(iommu);
+    let bars = iommu_backend::bar_mapping(iommu, version.as_ref());
     let (backend, why) = iommu_backend::resolve(requested, &offered, &bars, has_cliques);
     eprintln!("vfio-p2p: iommu backend auto: {backend} ({why})");
     backend
@@ -274,10 +275,16 @@ fn warn_unknown_cpu(topo: &crate::model::Topology) {
 /// How the cliques reach an Incus VM: the device key where the server has
 /// gpu_physical_clique (asked once: the saved `incus query /1.0`, else `incus query /1.0`),
 /// `raw.qemu.conf` where it has not; the key, with a warning, where no server answers.
-fn incus_clique_form(saved: Option<&Path>) -> anyhow::Result<CliqueForm> {
-    let info = match saved {
-        Some(p) => incus_read::read_incus_server_file(p)?,
-        None => match incus_read::incus_server_of(Path::new("incus")) {
+fn incus_server(saved: Option<&Path>) -> anyhow::Result<Result<IncusServer, String>> {
+    Ok(match saved {
+        Some(p) => Ok(incus_read::read_incus_server_file(p)?),
+        None => incus_read::incus_server_of(Path::new("incus")),
+    })
+}
+
+/// The clique form for what [`incus_server`] found, with its warnings.
+fn incus_clique_form(server: Result<IncusServer, String>) -> CliqueForm {
+    let info = match server {
             Ok(i) => i,
             Err(why) => {
                 tracing::warn!(
@@ -285,12 +292,11 @@ fn incus_clique_form(saved: Option<&Path>) -> anyhow::Result<CliqueForm> {
                     incus::CLIQUE_KEY,
                     incus::CLIQUE_EXTENSION
                 );
-                return Ok(CliqueForm::DeviceKey);
+                return CliqueForm::DeviceKey;
             }
-        },
     };
     if info.has(incus::CLIQUE_EXTENSION) {
-        return Ok(CliqueForm::DeviceKey);
+        return CliqueForm::DeviceKey;
     }
     tracing::warn!(
         "Incus {} lacks API extension {} (no `{}` device key): the cliques go in raw.qemu.conf as {} properties of its QEMU devices; upgrade Incus (7.0.2 has it) to have them checked by Incus itself",
@@ -299,16 +305,17 @@ fn incus_clique_form(saved: Option<&Path>) -> anyhow::Result<CliqueForm> {
         incus::CLIQUE_KEY,
         vfio_p2p_contract::CLIQUE_PROPERTY
     );
-    Ok(CliqueForm::RawQemuConf)
+    CliqueForm::RawQemuConf
 }
 
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
-    let ctx = Context::load(
-        global,
-        &args.planning.options.host,
-        &args.planning.options.nvlink,
-    )?;
+    let ctx = Context::load(global, &args.planning.options.host, &needs(&args, &config))?;
+    // Incus's API extensions, asked before planning like every other probe.
+    let incus = match args.target {
+        GenTarget::Incus => Some(incus_server(args.incus_server.as_deref())?),
+        _ => None,
+    };
     let topo = &ctx.topo;
     let requested = if args.planning.gpus.is_empty() {
         config.gpus.clone()
@@ -373,7 +380,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         expectation: &expectation,
         expectation_source,
         hole64,
-        iommu_backend: iommu_backend(global, &args, config.iommu_backend, has_cliques),
+        iommu_backend: iommu_backend(&ctx, config.iommu_backend, has_cliques),
     };
     if args.target == GenTarget::Nccl {
         warn_unknown_cpu(topo);
@@ -383,7 +390,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let text = match args.target {
         GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
         GenTarget::Libvirt => {
-            let version = libvirt_version(args.libvirt_version);
+            let version = ctx.libvirt_version();
             if !version.has_override() {
                 tracing::warn!("{}", libvirt::set_form_warning(version));
             }
@@ -402,7 +409,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
         GenTarget::Incus => {
-            let form = incus_clique_form(args.incus_server.as_deref())?;
+            let form = incus_clique_form(incus.unwrap_or_else(|| Err("not asked".into())));
             match args.incus_output.unwrap_or_default() {
                 IncusOutput::Profile => incus::profile(&vm, form),
                 IncusOutput::Commands => incus::commands(&vm, form),

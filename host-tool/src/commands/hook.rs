@@ -14,14 +14,14 @@ use crate::cli::GlobalArgs;
 use crate::config::host::{
     FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
 };
-use crate::context::{ChangeRoot, Context};
+use crate::context::{ChangeRoot, Context, HostConfigFrom, HostSource, Needs};
 use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
 use crate::emit;
 use crate::fm_api::FmSession;
 use crate::partition_activation::guest::{self as guest_fabric, FabricStep};
 use crate::partition_activation::{activate, deactivate, ActivationError, ActivationRecord};
 use crate::read::domain_xml::read_domain_xml_stream;
-use crate::read::read_host;
+use crate::read::ReadError;
 use crate::vfio_bind::{
     self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
 };
@@ -273,9 +273,10 @@ fn unreadable(guest: &str, policy: HookPolicy, what: &str) -> anyhow::Result<Exi
 }
 
 fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, dry_run)?;
+    let root = ChangeRoot::new(&HostSource::of(global), dry_run)?;
+    let source = root.source();
     let root = root.path();
-    let config = HostConfig::load_below(root)?;
+    let config = source.host_config(None, HostConfigFrom::FlagOrInstalled)?;
     let facts = match read_domain_xml_stream(std::io::stdin().lock(), "the domain XML on stdin") {
         Ok(f) => f,
         Err(e) => return unreadable(guest, config.hook_policy, &e.to_string()),
@@ -284,26 +285,22 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         dry_run_says(dry_run, guest, "no PCI hostdev, nothing to check or bind");
         return Ok(ExitCode::SUCCESS);
     }
-    let record = match read_host(root) {
-        Ok(r) => r,
-        Err(e) => {
-            let what = format!("reading the host: {e}");
-            return unreadable(guest, config.hook_policy, &what);
-        }
-    };
     let policy = config.hook_policy;
-    // The NVLink capture host.yaml names is read here: under `warn` a missing one is a
-    // warning like any other unreadable input, and the guest starts.
-    let (
-        Context {
-            topo,
-            host: config,
-            fabric,
-            fm,
-        },
-        notes,
-    ) = match Context::build_for_hook(&record, config) {
+    // The host is read once, here, with the NVLink capture host.yaml names: the checks
+    // and the bind below see the same host. Under `warn` an unreadable host or capture is
+    // a warning like any other unreadable input, and the guest starts.
+    let Context {
+        topo,
+        host: config,
+        fabric,
+        fm,
+        warnings: notes,
+        ..
+    } = match Context::build(source, config, &Needs::default()) {
         Ok(built) => built,
+        Err(e) if e.is::<ReadError>() => {
+            return unreadable(guest, policy, &format!("reading the host: {e}"));
+        }
         Err(e) => return unreadable(guest, policy, &format!("{e:#}")),
     };
     let taken_from_host = reserved_hostdevs(&topo, &facts, &config.reserved);
@@ -342,6 +339,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     if !unmanaged.is_empty() {
         match vfio_bind::bind(
             root,
+            &topo,
             &mut sysfs,
             &unmanaged,
             &BindOptions::default(),
@@ -456,7 +454,7 @@ fn dry_run_says(dry_run: bool, guest: &str, what: &str) {
 }
 
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(global, dry_run)?;
+    let root = ChangeRoot::new(&HostSource::of(global), dry_run)?;
     let root = root.path();
     // Most guests had nothing bound by prepare: answer without the lock or reading the host.
     // (The record is replaced atomically, so reading it unlocked sees a whole one.)
@@ -507,7 +505,8 @@ fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
         return None;
     }
     let fix = format!("`vfio-p2p fabric deactivate {shown}` once Fabric Manager answers");
-    let address = match HostConfig::load_below(root) {
+    let installed = HostSource::Root(root.to_path_buf());
+    let address = match installed.host_config(None, HostConfigFrom::FlagOrInstalled) {
         Ok(HostConfig {
             fabric_manager: FabricManagerSource::Live(a),
             ..

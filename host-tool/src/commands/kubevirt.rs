@@ -16,7 +16,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig};
-use crate::context::{load_host, Context, PlanOptionArgs};
+use crate::context::{Context, HostConfigFrom, HostSource, Needs, PlanOptionArgs};
 use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
 use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
@@ -53,11 +53,13 @@ pub struct OnDefineDomainArgs {
 
 pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> {
     let KubevirtCommand::OnDefineDomain(a) = args.command;
-    let policy = match &a.plan.host.host_config {
-        Some(p) => HostConfig::load(p)?.hook_policy,
-        None => HookPolicy::Warn,
-    };
-    match patched_domain(global, &a) {
+    let source = HostSource::of(global);
+    let config = source.host_config(
+        a.plan.host.host_config.as_deref(),
+        HostConfigFrom::FlagOrDefaults,
+    )?;
+    let policy = config.hook_policy;
+    match patched_domain(source, config, &a) {
         Ok(xml) => print!("{xml}"),
         Err(e) => {
             let why = vfio_p2p_style::error_chain(e.as_ref());
@@ -81,7 +83,11 @@ pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> 
 }
 
 /// The domain with the cliques of the VMI's GPUs, or why it cannot be made.
-fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result<String> {
+fn patched_domain(
+    source: HostSource,
+    config: HostConfig,
+    a: &OnDefineDomainArgs,
+) -> anyhow::Result<String> {
     let vmi_text = a
         .vmi
         .to_str()
@@ -114,13 +120,8 @@ fn patched_domain(global: &GlobalArgs, a: &OnDefineDomainArgs) -> anyhow::Result
         );
         return Ok(domain.to_string());
     }
-    let record = load_host(global)?;
-    let config = match &a.plan.host.host_config {
-        Some(p) => HostConfig::load(p)?,
-        None => HostConfig::default(),
-    };
-    let (ctx, warnings) = Context::build(&record, config, &a.plan.nvlink)?;
-    for w in &warnings {
+    let ctx = Context::build(source, config, &Needs::nvlink(&a.plan.nvlink))?;
+    for w in ctx.warnings.iter().chain(&ctx.fabric_notes) {
         tracing::debug!("{w}");
     }
     let missing: Vec<String> = wanted

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::{libvirt_version, Context, PlanningArgs};
+use crate::context::{Context, Needs, PlanningArgs};
 use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::libvirt::LibvirtVersion;
@@ -78,11 +78,11 @@ fn read_domain(path: Option<&Path>) -> anyhow::Result<(String, DomainFacts)> {
 fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
     let (xml, scan) = read_domain(args.domain.as_deref())?;
     let source_name = scan.source_name.clone();
-    let ctx = Context::load(
-        global,
-        &args.planning.options.host,
-        &args.planning.options.nvlink,
-    )?;
+    let needs = Needs {
+        libvirt_version: Some(args.libvirt_version),
+        ..Needs::nvlink(&args.planning.options.nvlink)
+    };
+    let ctx = Context::load(global, &args.planning.options.host, &needs)?;
     let topo = &ctx.topo;
     // The VM's GPUs are its PCI hostdevs that are GPUs on this host (or the --gpus subset).
     let mut gpus: Vec<Bdf> = Vec::new();
@@ -124,7 +124,7 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         .collect();
     let need = mmio::hole64_size(&passed);
     let hole64 = if need > mmio::HEADROOM { need } else { 0 };
-    let version = libvirt_version(args.libvirt_version);
+    let version = ctx.libvirt_version();
     let patched = libvirt_patch::apply(&xml, &scan, &cliques, hole64, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");

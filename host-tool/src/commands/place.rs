@@ -10,7 +10,7 @@ use pci_config::Bdf;
 use serde::Serialize;
 
 use crate::cli::GlobalArgs;
-use crate::context::{Context, HostConfigArgs};
+use crate::context::{Context, HostConfigArgs, Needs};
 use crate::decide;
 use crate::decide::nic_affinity::{NicChoice, NicPool};
 use crate::decide::placement::{
@@ -343,7 +343,7 @@ fn print_table(r: &PlaceReport) {
 pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     let Context {
         host, topo, fabric, ..
-    } = Context::load(global, &args.host, &[])?;
+    } = Context::load(global, &args.host, &Needs::default())?;
     let host_gpus = topo.gpus().count();
     let requests = match args.shape {
         Some((count, gpus)) => {

@@ -7,7 +7,7 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::{Context, PlanOptionArgs};
+use crate::context::{Context, Needs, PlanOptionArgs};
 use crate::decide::plan::plan;
 use crate::emit;
 use crate::emit::data::DataFormat;
@@ -28,7 +28,7 @@ pub struct PlanArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
-    let ctx = Context::load(global, &args.plan.host, &args.plan.nvlink)?;
+    let ctx = Context::load(global, &args.plan.host, &Needs::nvlink(&args.plan.nvlink))?;
     ctx.require_gpus("plan")?;
     let gpus = ctx.gpus(&args.gpus);
     ctx.warn_fabric(&gpus);

@@ -15,7 +15,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig};
-use crate::context::{load_host, Context, PlanOptionArgs};
+use crate::context::{Context, HostConfigFrom, HostSource, Needs, PlanOptionArgs};
 use crate::emit::qemu::QEMU_BINARY;
 use crate::emit::qemu_argv_patch::{argv_text, with_cliques, CliqueAdded};
 use crate::read::qemu_argv::{read_qemu_argv, CliqueSource, QemuArgvFacts};
@@ -79,18 +79,20 @@ pub fn run(global: &GlobalArgs, args: QemuWrapArgs) -> anyhow::Result<ExitCode> 
                 text[d.arg_index]
             );
         }
-        let config = match &args.plan.host.host_config {
-            Some(p) => HostConfig::load(p)?,
-            None => HostConfig::load_below(config_root(global))?,
-        };
-        match planned_args(global, &args.plan, config.clone(), &facts, &args.qemu_args) {
+        let source = HostSource::of(global);
+        let config = source.host_config(
+            args.plan.host.host_config.as_deref(),
+            HostConfigFrom::FlagOrInstalled,
+        )?;
+        let policy = config.hook_policy;
+        match planned_args(source, &args.plan, config, &facts, &args.qemu_args) {
             Ok((edited, added)) => {
                 log_added(&added);
                 final_args = edited;
             }
             Err(e) => {
                 let why = vfio_p2p_style::error_chain(e.as_ref());
-                match config.hook_policy {
+                match policy {
                     HookPolicy::Deny => anyhow::bail!(
                         "qemu-wrap: not starting QEMU: cliques could not be planned: {why} (hook_policy: deny)"
                     ),
@@ -111,25 +113,17 @@ pub fn run(global: &GlobalArgs, args: QemuWrapArgs) -> anyhow::Result<ExitCode> 
     ))
 }
 
-/// Where host.yaml is looked for: the sysfs root when it is a directory, else /.
-fn config_root(global: &GlobalArgs) -> &Path {
-    if global.example.is_none() && global.sysfs_root.is_dir() {
-        &global.sysfs_root
-    } else {
-        Path::new("/")
-    }
-}
-
 /// The plan for the command line's GPUs and the argv with their cliques added.
 fn planned_args(
-    global: &GlobalArgs,
+    source: HostSource,
     plan_args: &PlanOptionArgs,
     config: HostConfig,
     facts: &QemuArgvFacts,
     args: &[OsString],
 ) -> anyhow::Result<(Vec<OsString>, Vec<CliqueAdded>)> {
-    let (ctx, warnings) = Context::build(&load_host(global)?, config, &plan_args.nvlink)?;
-    for w in &warnings {
+    let ctx = Context::build(source, config, &Needs::nvlink(&plan_args.nvlink))?;
+    // QEMU's log is not the place for the host's read warnings (`vfio-p2p topo` shows them).
+    for w in ctx.warnings.iter().chain(&ctx.fabric_notes) {
         tracing::debug!("{w}");
     }
     let gpus: Vec<Bdf> = facts

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 
 use crate::cli::GlobalArgs;
-use crate::context::{Context, HostConfigArgs};
+use crate::context::{Context, HostConfigArgs, Needs};
 use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::emit::topo_report::{self, TopoReport};
@@ -34,12 +34,17 @@ pub struct TopoArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
-    let Context { topo, fabric, .. } = Context::load(global, &args.host, &args.nvlink)?;
+    let Context {
+        topo,
+        fabric,
+        source,
+        ..
+    } = Context::load(global, &args.host, &Needs::nvlink(&args.nvlink))?;
     let mut report = TopoReport::new(&topo);
     report.fabric = fabric.state.is_some().then_some(fabric);
     let hint = "to see what topo shows on a GPU server, try an embedded example: \
                 `vfio-p2p --example hgx-h100 topo` (all examples: `vfio-p2p --example list`)";
-    let no_gpus = report.gpus.is_empty() && global.example.is_none();
+    let no_gpus = report.gpus.is_empty() && source.example().is_none();
     // The table says it has no GPUs itself; with data on stdout, stderr says it once.
     if no_gpus && !matches!(args.format, TopoFormat::Table) {
         eprintln!("warning: no GPUs in {}; {hint}", report.source);

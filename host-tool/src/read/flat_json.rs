@@ -16,6 +16,7 @@ use super::sysfs::{split_device_path, ReadError};
 pub const MAX_FLAT_JSON_BYTES: u64 = 64 << 20;
 
 pub fn read_file(path: &Path) -> Result<HostRecord, ReadError> {
+    tracing::debug!("reading the host from {}", path.display());
     let snapshot = |message: String| ReadError::Snapshot {
         path: path.into(),
         message,

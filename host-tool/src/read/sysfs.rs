@@ -12,7 +12,6 @@ use nix::sys::stat::Mode;
 use pci_config::{Bdf, ConfigSpace, HeaderType};
 
 use super::attr;
-use super::flat_json;
 use super::input_file::read_attribute_text;
 use super::record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning};
 
@@ -29,11 +28,11 @@ pub enum ReadError {
     Input(#[from] super::input_file::InputFileError),
 }
 
-/// Reads the host below `root` (a directory, or a flat JSON snapshot file).
+/// Reads the host below the directory `root` (a flat JSON dump is
+/// [`super::flat_json::read_file`]'s; which one a run reads is decided once, by the context's
+/// `HostSource`). Logged at debug level (`-vv`), where tests count the reads of one run.
 pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
-    if root.is_file() {
-        return flat_json::read_file(root);
-    }
+    tracing::debug!("reading the host below {}", root.display());
     let devices_dir = root.join("sys/bus/pci/devices");
     let entries = fs::read_dir(&devices_dir).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => ReadError::NoSysfs {

@@ -1,6 +1,8 @@
-//! One `bind` or `unbind` from start to end, under the lock: read the host, plan,
-//! record, write (or, dry-run, say what would be written), update the record.
-//! Shared by the CLI commands and the libvirt hook.
+//! One `bind` or `unbind` from start to end, under the lock: plan, record, write (or,
+//! dry-run, say what would be written), update the record. Shared by the CLI commands
+//! and the libvirt hook. `bind` plans on the topology it is given (the caller read the
+//! host once, with host.yaml's NVLink source, and checked the guest on that same
+//! topology); under the lock it makes sure no planned device's binding changed since.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use super::plan::{
 use super::state::{BindState, DeviceRecordEntry, StateError};
 use crate::model::Topology;
 use crate::read::binding::driver_registered;
-use crate::read::{devices_use, read_host, Binding, ReadError};
+use crate::read::{devices_use, read_binding, read_host, Binding, ReadError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -30,6 +32,8 @@ pub enum SessionError {
     State(#[from] StateError),
     #[error(transparent)]
     Transaction(#[from] Box<TransactionError>),
+    #[error("{bdf}: its binding changed since the host was read ({read} then, {now} now), by another bind, unbind or hook; run again")]
+    Changed { bdf: Bdf, read: String, now: String },
     #[error("the vfio-pci driver is not loaded ({path} is absent): {fix}")]
     NoVfioPci { path: String, fix: String },
 }
@@ -77,6 +81,7 @@ pub struct SessionReport {
     pub read_warnings: Vec<String>,
 }
 
+/// `unbind`'s read of the host, under the lock: what `bind` changed is read as it is now.
 fn load_topology(root: &Path) -> Result<Topology, ReadError> {
     Ok(Topology::from_record(&read_host(root)?))
 }
@@ -125,20 +130,43 @@ fn vfio_group(root: &Path, group: Option<u32>, on_vfio: bool) -> Option<String> 
     (on_vfio && root.join(&path[1..]).exists()).then_some(path)
 }
 
-/// Binds `named` (and their other functions, and with `whole_group` their groups) to vfio-pci.
+/// Makes sure each planned device is still bound as `topo` read it (the host was read
+/// before the lock was taken).
+fn unchanged_since_read(root: &Path, plan: &Plan) -> Result<(), SessionError> {
+    let show = |b: &Binding| match (&b.driver, &b.driver_override) {
+        (Some(d), Some(o)) => format!("{d}, driver_override {o}"),
+        (Some(d), None) => d.clone(),
+        (None, Some(o)) => format!("no driver, driver_override {o}"),
+        (None, None) => "no driver".into(),
+    };
+    for d in &plan.devices {
+        let now = read_binding(root, d.bdf)?;
+        if now != d.before {
+            return Err(SessionError::Changed {
+                bdf: d.bdf,
+                read: show(&d.before),
+                now: show(&now),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Binds `named` (and their other functions, and with `whole_group` their groups) to
+/// vfio-pci, planned on `topo`, the host below `root` as the caller read it.
 pub fn bind<W: SysfsWriter>(
     root: &Path,
+    topo: &Topology,
     writer: &mut W,
     named: &[Bdf],
     bind_opts: &BindOptions,
     opts: &SessionOptions,
 ) -> Result<SessionReport, SessionError> {
     let _lock = lock(root, opts)?;
-    let topo = load_topology(root)?;
     let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
     let usage = devices_use(root, &gpus);
-    let plan = plan_bind(&topo, named, &usage, bind_opts)?;
-    let read_warnings = reads_about(&topo, &plan);
+    let plan = plan_bind(topo, named, &usage, bind_opts)?;
+    let read_warnings = reads_about(topo, &plan);
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
     if opts.dry_run {
         return Ok(SessionReport {
@@ -146,6 +174,7 @@ pub fn bind<W: SysfsWriter>(
             ..dry_run_report(&plan)
         });
     }
+    unchanged_since_read(root, &plan)?;
     if !moves.is_empty() {
         ensure_vfio_pci(root)?;
     }
@@ -381,7 +410,32 @@ mod tests {
         w: &mut W,
         named: &[Bdf],
     ) -> Result<SessionReport, SessionError> {
-        bind(root, w, named, &BindOptions::default(), &opts())
+        bind(root, &read_topo(root), w, named, &BindOptions::default(), &opts())
+    }
+
+    /// The host below `root` as the hook and the CLI read it before binding.
+    fn read_topo(root: &Path) -> Topology {
+        Topology::from_record(&read_host(root).unwrap())
+    }
+
+    #[test]
+    fn a_binding_changed_since_the_read_is_refused_before_anything_is_written() {
+        let f = fixture();
+        let stale = read_topo(f.root());
+        let mut k = SimKernel::new(&f.host);
+        bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
+        unbind(f.root(), &mut k, &UnbindSelection::All, &opts()).unwrap();
+        let other = f.root().join(device_path(f.gpu_a)).join("driver_override");
+        fs::write(&other, "vfio-pci\n").unwrap();
+        let writes = k.log.len();
+        let e = bind(f.root(), &stale, &mut k, &[f.gpu_a], &BindOptions::default(), &opts())
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("its binding changed since the host was read"),
+            "{e}"
+        );
+        assert_eq!(k.log.len(), writes);
+        assert!(BindState::load(f.root()).unwrap().devices.is_empty());
     }
 
     fn opts() -> SessionOptions {
@@ -506,7 +560,7 @@ mod tests {
             whole_group: true,
             ..Default::default()
         };
-        let r = bind(f.root(), &mut k, &[f.gpu_c], &whole, &opts()).unwrap();
+        let r = bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_c], &whole, &opts()).unwrap();
         assert_eq!(r.devices.len(), 2);
         assert_eq!(f.driver(f.nic_c).as_deref(), Some(VFIO_PCI));
         for (file, _) in &k.log {
@@ -573,7 +627,7 @@ mod tests {
             force: true,
             ..Default::default()
         };
-        bind(f.root(), &mut k, &[f.gpu_a], &force, &opts()).unwrap();
+        bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &force, &opts()).unwrap();
         assert_eq!(f.driver(f.gpu_a).as_deref(), Some(VFIO_PCI));
     }
 
@@ -607,7 +661,7 @@ mod tests {
             dry_run: true,
             ..opts()
         };
-        let r = bind(f.root(), &mut k, &[f.gpu_a], &BindOptions::default(), &dry).unwrap();
+        let r = bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &BindOptions::default(), &dry).unwrap();
         assert!(k.log.is_empty());
         assert_eq!(f.bindings(), original);
         let steps: Vec<String> = r.devices[0]
@@ -671,7 +725,7 @@ mod tests {
             guest: Some("vm1".into()),
             ..opts()
         };
-        bind(f.root(), &mut k, &[f.gpu_a], &BindOptions::default(), &vm1).unwrap();
+        bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &BindOptions::default(), &vm1).unwrap();
         bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
         unbind(
             f.root(),

@@ -3,7 +3,8 @@
 //! binds the driver `driver_override` names (or the host's default), `drivers/NAME/bind`
 //! refuses a device whose override names another driver, `reset` takes `1` — and keeps
 //! `dev/vfio/N`.
-//! Lets the decision and rollback logic be tested without root or a kernel.
+//! Lets the decision and rollback logic be tested without root or a kernel, and gives
+//! `--example` dry runs of bind, unbind and the hook a tree to read ([`SimRoot`]).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -37,6 +38,47 @@ pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// An embedded example written as a simulated sysfs tree in a temporary directory, for
+/// the dry runs of bind, unbind and the hook on `--example` hosts; removed on drop.
+#[derive(Debug)]
+pub struct SimRoot {
+    path: PathBuf,
+}
+
+impl SimRoot {
+    /// The example `name` as a tree ([`write_tree`]).
+    pub fn of_example(name: &str) -> anyhow::Result<SimRoot> {
+        use anyhow::Context as _;
+        let host = crate::synth::example(name).map_err(anyhow::Error::msg)?;
+        let root = SimRoot {
+            path: std::env::temp_dir().join(format!(
+                "vfio-p2p-example-{name}-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            )),
+        };
+        write_tree(&host, &root.path).with_context(|| {
+            format!(
+                "writing example {name} as a sysfs tree in {}",
+                root.path.display()
+            )
+        })?;
+        Ok(root)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SimRoot {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
 }
 
 /// The kernel's reaction to binding writes, on a tree from [`write_tree`].
