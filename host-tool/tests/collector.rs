@@ -646,3 +646,30 @@ fn special_files_in_the_state_directory_never_block_or_exhaust() {
         }
     }
 }
+
+/// Issue 27: the store files plans under the one VM-name rule that vm.yaml and
+/// `gen --name` take (so every plan gen registers is storable, and nothing else is).
+#[test]
+fn the_store_takes_the_vm_names_gen_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(dir.path());
+    let longest = "v".repeat(64);
+    let too_long = "v".repeat(65);
+    for (name, ok) in [
+        ("vm-1.a_b", true),
+        (longest.as_str(), true),
+        ("vm+1", false),
+        (too_long.as_str(), false),
+        ("-vm", false),
+        (".vm", false),
+        ("../vm", false),
+    ] {
+        let stored = store.put_plan(&plan(name, 3));
+        assert_eq!(stored.is_ok(), ok, "{name}: {stored:?}");
+        assert_eq!(
+            vfio_p2p::config::vm_name_error(name).is_none(),
+            ok,
+            "vm.yaml and gen --name take {name} as the store does"
+        );
+    }
+}

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 
 use anyhow::{bail, Context as _};
 
+use crate::config::is_valid_vm_name;
 use crate::decide::fleet_verdict::{DomainPlan, Record};
 use crate::read::input_file::{read_input_file, InputFileError};
 
@@ -35,14 +36,11 @@ pub struct Store {
     root: PathBuf,
 }
 
-/// A domain name usable as a file name: what libvirt allows minus `/`, no leading dot.
+/// A domain name the store files under: the VM-name rule of vm.yaml and `gen --name`
+/// ([`is_valid_vm_name`]), since every plan here was registered by `gen --state-dir`
+/// under such a name, and records are filed under their plan's domain.
 pub fn valid_domain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+    is_valid_vm_name(name)
 }
 
 /// A boot id as the guest sends it (Linux writes a UUID): hex digits and dashes only.
@@ -92,7 +90,7 @@ impl Store {
     pub fn put_plan(&self, plan: &DomainPlan) -> anyhow::Result<PathBuf> {
         if !valid_domain(&plan.domain) {
             bail!(
-                "'{}' cannot be a domain name in {} (letters, digits, . _ - + only)",
+                "'{}' cannot be a domain name in {} (1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.')",
                 plan.domain,
                 self.root.display()
             );

@@ -116,7 +116,17 @@ pub fn p2p_level(level: &Spanned<String>) -> Result<PathKind, FieldError> {
     }
 }
 
-/// A VM name usable as a libvirt domain name and a file name (`NAME.yaml`).
+/// The one VM-name rule: vm.yaml's `name:`, `gen --name` (every target, `gen proxmox`
+/// too), `place`'s VM names and the collector's store all take it.
+///
+/// libvirt itself refuses little in a domain name (a `/`, a newline) and shortens long
+/// names for its own paths; this rule is stricter because the name goes unescaped into
+/// what we write and store: QEMU's `-name`, libvirt's `<name>`, Proxmox and Cloud
+/// Hypervisor lines, and file names (`NAME.yaml`, the collector's `plans/NAME.json` and
+/// `records/NAME/`). Letters, digits, `-`, `_` and `.` need no quoting in any of them; no
+/// leading `-` (an option) or `.` (a hidden or parent file); 64 bytes leave room in every
+/// path component. The hook takes libvirt's names as they are: it never writes them into
+/// a path (the bind record holds the guest's name as JSON text).
 pub fn is_valid_vm_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
