@@ -16,8 +16,8 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use crate::decide;
-use crate::decide::plan::{plan, Plan, PlanOptions};
 use crate::decide::check::{HostFacts, IommuFacts};
+use crate::decide::plan::{plan, Plan, PlanOptions};
 use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::fm_api::{FmFailure, FmSession};
 use crate::host_probe;
@@ -522,7 +522,12 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/nvidia-smi/h200x2-topo-m.txt"
         ));
-        let c = Context::load(&global("flat-vm"), &none, &Needs::nvlink(std::slice::from_ref(&capture))).unwrap();
+        let c = Context::load(
+            &global("flat-vm"),
+            &none,
+            &Needs::nvlink(std::slice::from_ref(&capture)),
+        )
+        .unwrap();
         assert_eq!(c.topo.nvlinks.len(), 1);
         let e = Context::load(&global("hgx-h100"), &none, &Needs::nvlink(&[capture])).unwrap_err();
         assert!(

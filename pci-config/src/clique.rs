@@ -102,6 +102,39 @@ pub fn placement_with_fallback(config: &ConfigSpace<'_>) -> Option<u8> {
         .find(|o| !config.capability_starts_at(*o))
 }
 
+/// How a hypervisor places the capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placer {
+    /// Always at this offset, checking nothing: Cloud Hypervisor at 0xD4, QEMU < 8.1 at 0xC8.
+    Fixed(u8),
+    /// 0xC8, else 0xD4 (QEMU ≥ 8.1, QEMU 7.2 with the backport).
+    WithFallback,
+}
+
+impl Placer {
+    /// Cloud Hypervisor writes the capability at 0xD4 whatever is there.
+    pub const CLOUD_HYPERVISOR: Placer = Placer::Fixed(OFFSET_FALLBACK);
+}
+
+/// Why a placer cannot place the capability on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementRefused {
+    /// The placer's only offset starts a capability it would overlay.
+    Taken(u8),
+    /// Both 0xC8 and 0xD4 start a capability.
+    NoRoom,
+}
+
+/// Where `placer` puts the capability on the device of `config`: the one decision that
+/// `check` and the VMM configurations take.
+pub fn placement(config: &ConfigSpace<'_>, placer: Placer) -> Result<u8, PlacementRefused> {
+    match placer {
+        Placer::Fixed(at) if config.capability_starts_at(at) => Err(PlacementRefused::Taken(at)),
+        Placer::Fixed(at) => Ok(at),
+        Placer::WithFallback => placement_with_fallback(config).ok_or(PlacementRefused::NoRoom),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +171,12 @@ mod tests {
             })
         );
         assert_eq!(placement_with_fallback(&c), Some(0xd4));
+        assert_eq!(placement(&c, Placer::WithFallback), Ok(0xd4));
+        assert_eq!(placement(&c, Placer::CLOUD_HYPERVISOR), Ok(0xd4));
+        assert_eq!(
+            placement(&c, Placer::Fixed(OFFSET_PRIMARY)),
+            Err(PlacementRefused::Taken(0xc8))
+        );
     }
 
     #[test]

@@ -8,9 +8,9 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{ChangeRoot, HostSource};
-use crate::model::Topology;
 use crate::emit;
 use crate::emit::data::DataFormat;
+use crate::model::Topology;
 use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ use crate::cli::GlobalArgs;
 use crate::collector::store::Store;
 use crate::config::vm::{IommuBackend, VmConfig};
 use crate::context::{Context, Needs, PlanningArgs};
+use crate::decide::clique_offset;
 use crate::decide::expectation::{self, Expectation};
 use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
@@ -285,15 +286,15 @@ fn incus_server(saved: Option<&Path>) -> anyhow::Result<Result<IncusServer, Stri
 /// The clique form for what [`incus_server`] found, with its warnings.
 fn incus_clique_form(server: Result<IncusServer, String>) -> CliqueForm {
     let info = match server {
-            Ok(i) => i,
-            Err(why) => {
-                tracing::warn!(
+        Ok(i) => i,
+        Err(why) => {
+            tracing::warn!(
                     "{why}; writing `{}`, which needs Incus API extension {} (Incus 7.0.2 has it): on an older server use --incus-server with its `incus query /1.0`",
                     incus::CLIQUE_KEY,
                     incus::CLIQUE_EXTENSION
                 );
-                return CliqueForm::DeviceKey;
-            }
+            return CliqueForm::DeviceKey;
+        }
     };
     if info.has(incus::CLIQUE_EXTENSION) {
         return CliqueForm::DeviceKey;
@@ -400,11 +401,10 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             libvirt::domain(&vm, version)
         }
         GenTarget::CloudHypervisor => {
-            let (argv, warnings) = cloud_hypervisor::argv(&vm, topo)?;
-            for w in warnings {
+            for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");
             }
-            qemu::render(&argv, format)
+            qemu::render(&cloud_hypervisor::argv(&vm)?, format)
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,

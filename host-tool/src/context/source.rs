@@ -44,9 +44,7 @@ impl HostSource {
     pub fn of(global: &GlobalArgs) -> HostSource {
         match &global.example {
             Some(name) => HostSource::Example(name.clone()),
-            None if global.sysfs_root.is_file() => {
-                HostSource::FlatJson(global.sysfs_root.clone())
-            }
+            None if global.sysfs_root.is_file() => HostSource::FlatJson(global.sysfs_root.clone()),
             None => HostSource::Root(global.sysfs_root.clone()),
         }
     }

@@ -3,6 +3,7 @@
 //! decision is testable on synthetic hosts.
 
 pub mod check;
+pub mod clique_offset;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;

@@ -3,34 +3,25 @@
 //!
 //! Cloud Hypervisor always writes the capability at 0xD4 and checks nothing, so a GPU
 //! with a capability already starting there would get a corrupt capability list: that
-//! is refused here. Cloud Hypervisor has no emulated switches or expander buses; every
+//! is refused before rendering (`decide::clique_offset::cloud_hypervisor`). Cloud Hypervisor has no emulated switches or expander buses; every
 //! device lands on PCI segment 0, whose 64-bit aperture covers all of the guest's
 //! physical address space above RAM, so no `--platform`/`--pci-segment` knob is needed
 //! for one segment; `max_phys_bits` must cover RAM plus the BARs.
 
-use pci_config::clique::OFFSET_FALLBACK;
-
 use super::vm::VmDefinition;
 use crate::config::vm::IommuBackend;
-use crate::model::Topology;
 
 pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CloudHypervisorError {
-    #[error("{gpu}: a capability already starts at {offset:#x}, where Cloud Hypervisor puts the clique; it would corrupt the GPU's capability list. Use QEMU >= 8.1 (it moves the clique) or leave this GPU without a clique (no --p2p-level for it)")]
-    CapabilityTaken { gpu: pci_config::Bdf, offset: u8 },
     #[error("Cloud Hypervisor under iommufd cannot map peer BARs (it pins them with IOMMU_IOAS_MAP; the dma-buf path is cloud-hypervisor issue #8895): with vfio_p2p_dma=on the VM does not boot, with it off the {cliques} P2P clique(s) would be advertised and fault. Use --iommu-backend legacy for this VM, or leave it without cliques")]
     IommufdCliques { cliques: usize },
 }
 
-/// The command line, program first, and warnings for GPUs whose config space could not be checked.
-pub fn argv(
-    vm: &VmDefinition,
-    topo: &Topology,
-) -> Result<(Vec<String>, Vec<String>), CloudHypervisorError> {
+/// The command line, program first (the clique offsets decided, `decide::clique_offset`).
+pub fn argv(vm: &VmDefinition) -> Result<Vec<String>, CloudHypervisorError> {
     let c = vm.config;
-    let mut warnings = Vec::new();
     let mut a: Vec<String> = vec![CLOUD_HYPERVISOR_BINARY.into()];
     // Guest physical space must hold RAM (below and above 4 GiB) and the 64-bit window.
     let needed = (c.memory_mib << 20) + vm.hole64 + (4 << 30);
@@ -51,22 +42,6 @@ pub fn argv(
         a.push("iommufd=on,vfio_p2p_dma=off".into());
     }
     for g in vm.layout.passed() {
-        if let Some(clique) = g.clique {
-            match topo.device(&g.host) {
-                Some(d) if d.config_complete() => {
-                    if d.config().capability_starts_at(OFFSET_FALLBACK) {
-                        return Err(CloudHypervisorError::CapabilityTaken {
-                            gpu: g.host,
-                            offset: OFFSET_FALLBACK,
-                        });
-                    }
-                }
-                _ => warnings.push(format!(
-                    "{}: config space not readable (run as root): could not check that {OFFSET_FALLBACK:#x} is free for clique {clique}",
-                    g.host
-                )),
-            }
-        }
         let mut functions = vec![(g.host, g.id.clone(), g.clique)];
         functions.extend(
             g.other_functions
@@ -91,7 +66,7 @@ pub fn argv(
             r.cid, c.name
         ));
     }
-    Ok((a, warnings))
+    Ok(a)
 }
 
 /// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.

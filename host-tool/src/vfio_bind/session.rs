@@ -410,7 +410,14 @@ mod tests {
         w: &mut W,
         named: &[Bdf],
     ) -> Result<SessionReport, SessionError> {
-        bind(root, &read_topo(root), w, named, &BindOptions::default(), &opts())
+        bind(
+            root,
+            &read_topo(root),
+            w,
+            named,
+            &BindOptions::default(),
+            &opts(),
+        )
     }
 
     /// The host below `root` as the hook and the CLI read it before binding.
@@ -428,10 +435,18 @@ mod tests {
         let other = f.root().join(device_path(f.gpu_a)).join("driver_override");
         fs::write(&other, "vfio-pci\n").unwrap();
         let writes = k.log.len();
-        let e = bind(f.root(), &stale, &mut k, &[f.gpu_a], &BindOptions::default(), &opts())
-            .unwrap_err();
+        let e = bind(
+            f.root(),
+            &stale,
+            &mut k,
+            &[f.gpu_a],
+            &BindOptions::default(),
+            &opts(),
+        )
+        .unwrap_err();
         assert!(
-            e.to_string().contains("its binding changed since the host was read"),
+            e.to_string()
+                .contains("its binding changed since the host was read"),
             "{e}"
         );
         assert_eq!(k.log.len(), writes);
@@ -560,7 +575,15 @@ mod tests {
             whole_group: true,
             ..Default::default()
         };
-        let r = bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_c], &whole, &opts()).unwrap();
+        let r = bind(
+            f.root(),
+            &read_topo(f.root()),
+            &mut k,
+            &[f.gpu_c],
+            &whole,
+            &opts(),
+        )
+        .unwrap();
         assert_eq!(r.devices.len(), 2);
         assert_eq!(f.driver(f.nic_c).as_deref(), Some(VFIO_PCI));
         for (file, _) in &k.log {
@@ -627,7 +650,15 @@ mod tests {
             force: true,
             ..Default::default()
         };
-        bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &force, &opts()).unwrap();
+        bind(
+            f.root(),
+            &read_topo(f.root()),
+            &mut k,
+            &[f.gpu_a],
+            &force,
+            &opts(),
+        )
+        .unwrap();
         assert_eq!(f.driver(f.gpu_a).as_deref(), Some(VFIO_PCI));
     }
 
@@ -661,7 +692,15 @@ mod tests {
             dry_run: true,
             ..opts()
         };
-        let r = bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &BindOptions::default(), &dry).unwrap();
+        let r = bind(
+            f.root(),
+            &read_topo(f.root()),
+            &mut k,
+            &[f.gpu_a],
+            &BindOptions::default(),
+            &dry,
+        )
+        .unwrap();
         assert!(k.log.is_empty());
         assert_eq!(f.bindings(), original);
         let steps: Vec<String> = r.devices[0]
@@ -725,7 +764,15 @@ mod tests {
             guest: Some("vm1".into()),
             ..opts()
         };
-        bind(f.root(), &read_topo(f.root()), &mut k, &[f.gpu_a], &BindOptions::default(), &vm1).unwrap();
+        bind(
+            f.root(),
+            &read_topo(f.root()),
+            &mut k,
+            &[f.gpu_a],
+            &BindOptions::default(),
+            &vm1,
+        )
+        .unwrap();
         bind_plain(f.root(), &mut k, &[f.gpu_b]).unwrap();
         unbind(
             f.root(),

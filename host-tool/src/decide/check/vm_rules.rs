@@ -1,11 +1,12 @@
 //! Checks of the VM's configuration: the MMIO window, where the clique capability goes,
 //! a hidden hypervisor, and the plan's verdicts.
 
-use pci_config::clique::{OFFSET_FALLBACK, OFFSET_PRIMARY};
+use pci_config::clique::{placement, PlacementRefused, Placer, OFFSET_FALLBACK, OFFSET_PRIMARY};
 
 use super::facts::{ConfigSyntax, Vmm, VmmFacts};
 use super::report::{CheckResult, Status};
 use super::{result, GIB};
+use crate::decide::clique_offset::qemu_placer;
 use crate::decide::mmio;
 use crate::decide::plan::{Plan, PlanError, Verdict};
 use crate::model::Device;
@@ -99,25 +100,29 @@ pub(super) fn check_clique_placement(gpu: &Device, vmm: &VmmFacts) -> CheckResul
     let taken = |b: bool| if b { "taken" } else { "free" };
     let saw = format!("0xC8 {}, 0xD4 {}", taken(c8), taken(d4));
     let backport = "use QEMU ≥ 8.1, or QEMU 7.2 with our backport (qemu-patches/qemu-7.2/)";
+    // The one placement rule (pci_config::clique::placement): where this VMM puts it.
+    let qemu = placement(&cfg, Placer::WithFallback);
     match vmm.vmm {
-        Vmm::CloudHypervisor if d4 => result(
-            "clique-placement",
-            subject,
-            Status::Fail,
-            format!("{saw}; Cloud Hypervisor always writes the clique at 0xD4 and would overlay a capability"),
-            Some("use QEMU ≥ 8.1 for this GPU".into()),
-        ),
-        Vmm::CloudHypervisor => result("clique-placement", subject, Status::Pass, format!("{saw}; Cloud Hypervisor uses 0xD4"), None),
-        Vmm::Qemu if c8 && d4 => result(
+        Vmm::CloudHypervisor => match placement(&cfg, Placer::CLOUD_HYPERVISOR) {
+            Err(_) => result(
+                "clique-placement",
+                subject,
+                Status::Fail,
+                format!("{saw}; Cloud Hypervisor always writes the clique at 0xD4 and would overlay a capability"),
+                Some("use QEMU ≥ 8.1 for this GPU".into()),
+            ),
+            Ok(_) => result("clique-placement", subject, Status::Pass, format!("{saw}; Cloud Hypervisor uses 0xD4"), None),
+        },
+        Vmm::Qemu if qemu == Err(PlacementRefused::NoRoom) => result(
             "clique-placement",
             subject,
             Status::Fail,
             format!("{saw}; no offset left for the clique capability"),
             Some("no QEMU can place the clique on this GPU".into()),
         ),
-        Vmm::Qemu if !c8 => result("clique-placement", subject, Status::Pass, format!("{saw}; QEMU places the clique at 0xC8"), None),
+        Vmm::Qemu if qemu == Ok(OFFSET_PRIMARY) => result("clique-placement", subject, Status::Pass, format!("{saw}; QEMU places the clique at 0xC8"), None),
         Vmm::Qemu => match &vmm.qemu_version {
-            Some(Ok(v)) if v.has_clique_fallback() => result(
+            Some(Ok(v)) if placement(&cfg, qemu_placer(v)).is_ok() => result(
                 "clique-placement",
                 subject,
                 Status::Pass,
