@@ -19,7 +19,7 @@ use crate::model::DeviceKind;
 use crate::read::domain_xml::read_domain_xml_file;
 use crate::read::incus::read_incus_config_file;
 use crate::read::proxmox_conf::read_proxmox_conf_file;
-use crate::read::vmm;
+use crate::read::qemu_argv::read_qemu_args_text;
 
 /// How the VM definition checked gets the planned cliques: a Proxmox VM's config the
 /// lines of `gen proxmox` for its GPUs, a libvirt domain `libvirt patch`.
@@ -125,8 +125,9 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
         };
     }
     if let Some(a) = &args.qemu_args {
-        facts.hidden_hypervisor.extend(vmm::hidden_in_qemu_args(a));
-        if let Some(h) = vmm::hole64_in_qemu_args(a) {
+        let argv = read_qemu_args_text(a);
+        facts.hidden_hypervisor.extend(argv.hidden_hypervisor());
+        if let Some((_, h)) = argv.hole64 {
             facts.hole64 = Some((h, "--qemu-args".into()));
         }
         facts.vm_config.get_or_insert_with(|| "--qemu-args".into());

@@ -16,7 +16,7 @@ use super::domain_facts::{
     QEMU_NS,
 };
 use super::input_file::{read_input_file, read_input_stream};
-use super::vmm::hole64_in_qemu_args;
+use super::qemu_argv::read_qemu_argv;
 
 /// The most a domain XML may hold; real ones are a few KiB.
 pub const MAX_DOMAIN_XML_BYTES: u64 = 4 << 20;
@@ -505,42 +505,31 @@ impl Scanner {
     }
 
     /// Cliques (`-set device.ALIAS.x-nv-gpudirect-clique=N`), `-cpu …,kvm=off` and
-    /// `pci-hole64-size=` in `<qemu:commandline>`.
+    /// `pci-hole64-size=` in `<qemu:commandline>` (the QEMU-argv reader's).
     fn commandline_facts(&mut self) {
-        let args = &self.facts.commandline_args;
-        for (i, arg) in args.iter().enumerate() {
-            let next = args.get(i + 1).map(String::as_str).unwrap_or("");
-            if arg == "-set" {
-                let prop = next.strip_prefix("device.").and_then(|r| r.split_once('='));
-                if let Some((path, value)) = prop {
-                    if let Some(alias) = path.strip_suffix(&format!(".{CLIQUE_PROPERTY}")) {
-                        self.facts
-                            .cliques
-                            .entry(alias.to_string())
-                            .or_default()
-                            .push(CliqueSetting {
-                                value: value.to_string(),
-                                source: CliqueSource::Commandline,
-                            });
-                    }
-                }
-            }
-            if (arg == "-cpu" || arg == "--cpu") && next.split(',').any(|o| o == "kvm=off") {
-                self.facts
-                    .hidden_hypervisor
-                    .push(HiddenHypervisor::QemuCpuKvmOff {
-                        cpu: next.to_string(),
-                    });
-            }
-            if self.facts.hole64.is_none() {
-                if let Some(bytes) = hole64_in_qemu_args(arg) {
-                    self.facts.hole64 = Some(Hole64 {
-                        bytes,
-                        source: format!("<qemu:arg value='{arg}'/>"),
-                    });
-                    self.facts.positions.hole64_arg = Some(i);
-                }
-            }
+        let argv = read_qemu_argv(&self.facts.commandline_args);
+        for (alias, value) in argv.set_cliques {
+            self.facts
+                .cliques
+                .entry(alias)
+                .or_default()
+                .push(CliqueSetting {
+                    value,
+                    source: CliqueSource::Commandline,
+                });
+        }
+        for cpu in argv.hidden_cpu {
+            self.facts
+                .hidden_hypervisor
+                .push(HiddenHypervisor::QemuCpuKvmOff { cpu });
+        }
+        if let (None, Some((i, bytes))) = (&self.facts.hole64, argv.hole64) {
+            let arg = &self.facts.commandline_args[i];
+            self.facts.hole64 = Some(Hole64 {
+                bytes,
+                source: format!("<qemu:arg value='{arg}'/>"),
+            });
+            self.facts.positions.hole64_arg = Some(i);
         }
     }
 }

@@ -24,8 +24,7 @@ use super::domain_facts::{
 };
 use super::input_file::read_input_file;
 use super::proxmox_conf::split_shell_words;
-use super::qemu_argv::set_clique;
-use super::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
+use super::qemu_argv::read_qemu_argv;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// The most an instance's expanded config holds here (Incus keeps a few KiB per instance).
@@ -210,27 +209,23 @@ fn device<'a>(
 /// `raw.qemu`: `-set device.ID.x-nv-gpudirect-clique=K`, `-cpu …,kvm=off`, `pci-hole64-size=`.
 fn raw_qemu(value: &str, facts: &mut DomainFacts) -> Result<(), String> {
     let words = split_shell_words(value).map_err(|m| format!("raw.qemu: {m}"))?;
-    let joined = words.join(" ");
-    for h in hidden_in_qemu_args(&joined) {
+    let argv = read_qemu_argv(&words);
+    for h in argv.hidden_hypervisor() {
         facts
             .hidden_hypervisor
             .push(HiddenHypervisor::Described(format!("raw.qemu: {h}")));
     }
-    if let Some(bytes) = hole64_in_qemu_args(&joined) {
+    if let Some((_, bytes)) = argv.hole64 {
         facts.hole64 = Some(Hole64 {
             bytes,
             source: "raw.qemu: pci-hole64-size".into(),
         });
     }
-    for pair in words.windows(2) {
-        if let [opt, target] = pair {
-            if let (true, Some((id, v))) = (opt == "-set", set_clique(target)) {
-                facts.cliques.entry(id).or_default().push(CliqueSetting {
-                    value: v,
-                    source: CliqueSource::ConfigKey("raw.qemu"),
-                });
-            }
-        }
+    for (id, value) in argv.set_cliques {
+        facts.cliques.entry(id).or_default().push(CliqueSetting {
+            value,
+            source: CliqueSource::ConfigKey("raw.qemu"),
+        });
     }
     facts.commandline_args = words;
     Ok(())

@@ -24,8 +24,7 @@ use super::domain_facts::{
     CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
 };
 use super::input_file::read_input_file;
-use super::qemu_argv::set_clique;
-use super::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
+use super::qemu_argv::read_qemu_argv;
 
 /// pmxcfs, which holds /etc/pve, refuses files over 1 MiB.
 pub const MAX_PROXMOX_CONF_BYTES: u64 = 1 << 20;
@@ -237,29 +236,23 @@ fn proxmox_bool(v: &str) -> Option<bool> {
 /// `pci-hole64-size=`.
 fn args_line(value: &str, facts: &mut DomainFacts) -> Result<(), String> {
     let words = split_shell_words(value).map_err(|m| format!("args: {m}"))?;
-    let joined = words.join(" ");
-    for h in hidden_in_qemu_args(&joined) {
+    let argv = read_qemu_argv(&words);
+    for h in argv.hidden_hypervisor() {
         facts
             .hidden_hypervisor
             .push(HiddenHypervisor::Described(format!("args: {h}")));
     }
-    if let Some(bytes) = hole64_in_qemu_args(&joined) {
+    if let Some((_, bytes)) = argv.hole64 {
         facts.hole64 = Some(Hole64 {
             bytes,
             source: "args: pci-hole64-size".into(),
         });
     }
-    for pair in words.windows(2) {
-        let [opt, target] = pair else { continue };
-        if opt != "-set" {
-            continue;
-        }
-        if let Some((id, value)) = set_clique(target) {
-            facts.cliques.entry(id).or_default().push(CliqueSetting {
-                value,
-                source: CliqueSource::Commandline,
-            });
-        }
+    for (id, value) in argv.set_cliques {
+        facts.cliques.entry(id).or_default().push(CliqueSetting {
+            value,
+            source: CliqueSource::Commandline,
+        });
     }
     facts.commandline_args = words;
     Ok(())

@@ -1,8 +1,11 @@
-//! A QEMU command line as `qemu-wrap` receives it (from libvirt, Nova's libvirt, a script):
-//! its `vfio-pci` devices, in either `-device` syntax, and the cliques already set on them
-//! (`x-nv-gpudirect-clique` in the device, a `-set device.ID.x-nv-gpudirect-clique=K`, or a
-//! `-global vfio-pci.x-nv-gpudirect-clique=K` that every such device without its own takes).
-//! Positions are kept so the argv can be edited in place and passed on otherwise unchanged.
+//! The one reader of QEMU command lines: as `qemu-wrap` receives them (from libvirt, Nova's
+//! libvirt, a script), `check --qemu-args`, a Proxmox `args:` line, Incus's `raw.qemu` and
+//! a libvirt domain's `<qemu:commandline>`. It reads the `vfio-pci` devices, in either
+//! `-device` syntax, and the cliques already set on them (`x-nv-gpudirect-clique` in the
+//! device, a `-set device.ID.x-nv-gpudirect-clique=K`, or a
+//! `-global vfio-pci.x-nv-gpudirect-clique=K` that every such device without its own takes),
+//! a hypervisor hidden with `-cpu …,kvm=off`, and `pci-hole64-size=`. Positions are kept so
+//! the argv can be edited in place and passed on otherwise unchanged.
 
 use std::collections::BTreeMap;
 
@@ -50,17 +53,48 @@ pub struct VfioDevice {
     pub clique_source: Option<CliqueSource>,
 }
 
-/// What `qemu-wrap` needs from the command line.
+/// What a QEMU command line says that vfio-p2p uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QemuArgvFacts {
     pub vfio: Vec<VfioDevice>,
     /// `-device` values that are not readable (bad JSON): named in the log, left alone.
     pub unreadable: Vec<String>,
+    /// Every `-set device.ID.x-nv-gpudirect-clique=K` as (ID, K), in order, whether or not
+    /// ID is a `vfio-pci` device of this command line (libvirt and Proxmox name theirs).
+    pub set_cliques: Vec<(String, String)>,
+    /// `-cpu` values with `kvm=off`: the hypervisor hidden from the guest driver.
+    pub hidden_cpu: Vec<String>,
+    /// The first `pci-hole64-size=SIZE`, in bytes, and the index of its argument.
+    pub hole64: Option<(usize, u64)>,
+}
+
+impl QemuArgvFacts {
+    /// [`QemuArgvFacts::hidden_cpu`] as findings say it.
+    pub fn hidden_hypervisor(&self) -> impl Iterator<Item = String> + '_ {
+        self.hidden_cpu
+            .iter()
+            .map(|cpu| format!("QEMU argument -cpu {cpu}"))
+    }
+}
+
+/// Reads a command line written as one string (`check --qemu-args`): words split at blanks.
+pub fn read_qemu_args_text(text: &str) -> QemuArgvFacts {
+    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    read_qemu_argv(&words)
 }
 
 /// Reads `args` (QEMU's arguments without the program name).
 pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
-    let mut facts = QemuArgvFacts::default();
+    let mut facts = QemuArgvFacts {
+        hole64: args.iter().enumerate().find_map(|(i, a)| {
+            let bytes = a.split([' ', ',']).find_map(|t| {
+                let v = t.split_once("pci-hole64-size=")?.1;
+                parse_size(v)
+            })?;
+            Some((i, bytes))
+        }),
+        ..QemuArgvFacts::default()
+    };
     let mut set_cliques: BTreeMap<String, String> = BTreeMap::new();
     let mut global_cliques: BTreeMap<String, String> = BTreeMap::new();
     let mut i = 0;
@@ -79,7 +113,13 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
             },
             ("-set" | "--set", Some(v)) => {
                 if let Some((id, k)) = set_clique(v) {
+                    facts.set_cliques.push((id.clone(), k.clone()));
                     set_cliques.insert(id, k);
+                }
+            }
+            ("-cpu" | "--cpu", Some(v)) => {
+                if v.split(',').any(|o| o == "kvm=off") {
+                    facts.hidden_cpu.push(v.to_string());
                 }
             }
             ("-global" | "--global", Some(v)) => {
@@ -137,8 +177,21 @@ fn global_clique(v: &str) -> Option<(String, String)> {
         .then_some((driver, value))
 }
 
+/// QEMU size syntax: a number with an optional K/M/G/T suffix (binary units).
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 /// `device.ID.x-nv-gpudirect-clique=K` (a `-set` value) → (ID, K).
-pub(crate) fn set_clique(v: &str) -> Option<(String, String)> {
+fn set_clique(v: &str) -> Option<(String, String)> {
     let (path, value) = v.split_once('=')?;
     let id = path
         .strip_prefix("device.")?
@@ -236,6 +289,30 @@ mod tests {
 
     fn argv(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// What `check --qemu-args`, Proxmox's `args:`, Incus's `raw.qemu` and a domain's
+    /// `<qemu:commandline>` are read for: a hidden hypervisor, the 64-bit window, `-set`
+    /// cliques of any device id.
+    #[test]
+    fn hidden_hypervisor_hole64_and_set_cliques() {
+        let f = read_qemu_args_text(
+            "-machine q35 -cpu host,kvm=off -m 4G -set device.hostpci0.x-nv-gpudirect-clique=2 \
+             -global q35-pcihost.pci-hole64-size=2048G",
+        );
+        assert_eq!(
+            f.hidden_hypervisor().collect::<Vec<_>>(),
+            ["QEMU argument -cpu host,kvm=off"]
+        );
+        assert_eq!(f.hole64, Some((9, 2048 << 30)));
+        assert_eq!(f.set_cliques, [("hostpci0".to_string(), "2".to_string())]);
+        assert!(f.vfio.is_empty());
+        let none = read_qemu_args_text("-name kvm=off -m 4G -cpu host");
+        assert!(none.hidden_cpu.is_empty() && none.hole64.is_none());
+        assert_eq!(
+            read_qemu_argv(&argv(&["-machine", "q35,pci-hole64-size=64G"])).hole64,
+            Some((1, 64 << 30))
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! What the VMM stack says about itself: `qemu-system-x86_64 --version`, `virsh --version`,
-//! and what a QEMU command line asks for (a hidden hypervisor, the 64-bit MMIO hole).
+//! What the VMM stack says about itself: `qemu-system-x86_64 --version`, `virsh --version`
+//! (what a QEMU command line asks for is `read::qemu_argv`'s).
 
 use std::path::Path;
 
@@ -59,42 +59,6 @@ pub fn installed_libvirt_version() -> Result<LibvirtVersion, String> {
     ))
 }
 
-/// Where the hypervisor is hidden in a QEMU command line: `kvm=off` in `-cpu`.
-pub fn hidden_in_qemu_args(args: &str) -> Vec<String> {
-    let toks: Vec<&str> = args.split_whitespace().collect();
-    toks.iter()
-        .enumerate()
-        .filter(|(i, t)| {
-            t.split(',').any(|o| o == "kvm=off")
-                && i.checked_sub(1)
-                    .and_then(|p| toks.get(p))
-                    .is_some_and(|p| *p == "-cpu" || *p == "--cpu")
-        })
-        .map(|(_, t)| format!("QEMU argument -cpu {t}"))
-        .collect()
-}
-
-/// `pci-hole64-size=SIZE` in a QEMU command line, in bytes.
-pub fn hole64_in_qemu_args(args: &str) -> Option<u64> {
-    args.split([' ', ',']).find_map(|t| {
-        let v = t.split_once("pci-hole64-size=")?.1;
-        parse_size(v)
-    })
-}
-
-/// QEMU size syntax: a number with an optional K/M/G/T suffix (binary units).
-fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
-        'K' => (&v[..v.len() - 1], 10),
-        'M' => (&v[..v.len() - 1], 20),
-        'G' => (&v[..v.len() - 1], 30),
-        'T' => (&v[..v.len() - 1], 40),
-        _ => (v, 0),
-    };
-    num.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,19 +80,5 @@ mod tests {
         assert!(v("QEMU emulator version 8.0.5").unwrap() < QemuVersion::CLIQUE_FALLBACK);
         assert_eq!(v("QEMU emulator version 9.2").map(|q| q.micro), Some(0));
         assert_eq!(v("cloud-hypervisor v39.0"), None);
-    }
-
-    #[test]
-    fn qemu_args_facts() {
-        assert_eq!(
-            hidden_in_qemu_args("-machine q35 -cpu host,kvm=off -m 4G"),
-            vec!["QEMU argument -cpu host,kvm=off".to_string()]
-        );
-        assert!(hidden_in_qemu_args("-name kvm=off").is_empty());
-        assert_eq!(
-            hole64_in_qemu_args("-global q35-pcihost.pci-hole64-size=2048G"),
-            Some(2048 << 30)
-        );
-        assert_eq!(hole64_in_qemu_args("-m 4G"), None);
     }
 }

@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::decide::mmio;
 use crate::decide::plan::{plan, PlanOptions};
-use crate::read::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
+use crate::read::qemu_argv::read_qemu_args_text;
 use crate::read::HostRecord;
 use crate::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
@@ -281,11 +281,16 @@ fn no_iommu_on_amd_names_documented_options_only() {
 
 #[test]
 fn hidden_hypervisor_fails() {
+    let hidden = |a: &str| {
+        read_qemu_args_text(a)
+            .hidden_hypervisor()
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
-        hidden_in_qemu_args("-machine q35 -cpu host,kvm=off,hv_vendor_id=x -m 8G"),
+        hidden("-machine q35 -cpu host,kvm=off,hv_vendor_id=x -m 8G"),
         ["QEMU argument -cpu host,kvm=off,hv_vendor_id=x"]
     );
-    assert!(hidden_in_qemu_args("-cpu host -name kvm=off").is_empty());
+    assert!(hidden("-cpu host -name kvm=off").is_empty());
     let hidden = vec!["vm.xml: <features><kvm><hidden state='on'/>".to_string()];
     let t = Topology::from_record(&host(false, Some(ACS_ISOLATING)));
     let g = &gpus(&t)[..2];
@@ -304,8 +309,9 @@ fn mmio_window_against_configuration() {
     let need = mmio::hole64_size(&g.iter().map(|b| t.device(b).unwrap()).collect::<Vec<_>>());
     assert_eq!(need, 2 * 128 * GIB + mmio::HEADROOM);
     let small = VmmFacts {
-        hole64: hole64_in_qemu_args("-global q35-pcihost.pci-hole64-size=64G")
-            .map(|h| (h, "--qemu-args".into())),
+        hole64: read_qemu_args_text("-global q35-pcihost.pci-hole64-size=64G")
+            .hole64
+            .map(|(_, h)| (h, "--qemu-args".into())),
         ..VmmFacts::default()
     };
     let r = run(&t, g, &live_ok(&t, g), &small);
