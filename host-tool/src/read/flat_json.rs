@@ -9,8 +9,9 @@ use std::path::Path;
 use pci_config::Bdf;
 
 use super::attr;
-use super::record::{DeviceRecord, HostRecord, ReadWarning};
-use super::sysfs::{split_device_path, ReadError};
+use super::device_record::{build_record, split_device_path, AttrSource, Placement};
+use super::record::{HostRecord, ReadWarning};
+use super::sysfs::ReadError;
 
 /// The most a flat dump may hold: a few KiB per device, so hosts of thousands of devices fit.
 pub const MAX_FLAT_JSON_BYTES: u64 = 64 << 20;
@@ -39,13 +40,6 @@ pub fn parse(text: &str, source: &str) -> Result<HostRecord, String> {
         let bdf: Bdf = name.parse().map_err(|e| format!("key {name:?}: {e}"))?;
         check_types(&bdf, &attrs)?;
         let get = |k: &str| attrs.get(k).and_then(|v| v.as_str()).map(str::to_string);
-        let warn = |host: &mut HostRecord, k: &str, m: &str| {
-            host.warnings.push(ReadWarning {
-                device: Some(bdf),
-                file: Some(format!("{bdf} {k}")),
-                message: m.to_string(),
-            })
-        };
         let path = get("path").ok_or_else(|| format!("{bdf}: no \"path\""))?;
         let parts: Vec<String> = path
             .split('/')
@@ -55,72 +49,104 @@ pub fn parse(text: &str, source: &str) -> Result<HostRecord, String> {
             .collect();
         let (host_bridge, ancestors) =
             split_device_path(&parts).map_err(|e| format!("{bdf}: {e}"))?;
-        let required = |k: &str| get(k).ok_or_else(|| format!("{bdf}: no {k:?}"));
-        let vendor =
-            attr::hex_u16(&required("vendor")?).ok_or_else(|| format!("{bdf}: bad vendor"))?;
-        let device =
-            attr::hex_u16(&required("device")?).ok_or_else(|| format!("{bdf}: bad device"))?;
-        let class =
-            attr::hex_u32(&required("class")?).ok_or_else(|| format!("{bdf}: bad class"))?;
-        let config = match get("config") {
-            Some(h) => pci_config::parse_hex_dump(&h).map_err(|e| format!("{bdf}: config: {e}"))?,
-            None => Vec::new(),
-        };
-        let numa_node = match get("numa_node").map(|t| attr::numa_node(&t)) {
-            Some(Ok(n)) => n,
-            Some(Err(m)) => {
-                warn(&mut host, "numa_node", &m);
-                None
-            }
-            None => None,
-        };
         let iommu_group = iommu_group(&bdf, attrs.get("iommu_group"))?;
         if let Some(o) = get("driver_override").filter(|o| o.trim().contains(['\n', '\r', '\0'])) {
             return Err(format!(
                 "{bdf}: \"driver_override\" {o:?} holds a line break; sysfs shows one driver name"
             ));
         }
-        host.devices.push(DeviceRecord {
+        let place = Placement {
             bdf,
             host_bridge,
             ancestors,
-            vendor,
-            device,
-            class,
-            subsystem_vendor: get("subsystem_vendor").as_deref().and_then(attr::hex_u16),
-            subsystem_device: get("subsystem_device").as_deref().and_then(attr::hex_u16),
-            config,
-            numa_node,
-            local_cpulist: get("local_cpulist").as_deref().and_then(attr::cpulist),
             iommu_group,
-            // a name, or the link's target as sysfs has it (then the same rule as sysfs)
-            driver: get("driver").and_then(|d| match d.contains('/') {
-                true => attr::driver_link(Path::new(&d)).ok(),
-                false => Some(d),
-            }),
-            driver_override: get("driver_override")
-                .as_deref()
-                .and_then(attr::driver_override),
-            resources: get("resource")
-                .as_deref()
-                .and_then(attr::resources)
-                .unwrap_or_default(),
-            current_link_speed: get("current_link_speed")
-                .as_deref()
-                .and_then(attr::link_speed),
-            current_link_width: get("current_link_width")
-                .as_deref()
-                .and_then(attr::decimal_u8)
-                .filter(|w| *w != 0),
-            max_link_speed: get("max_link_speed").as_deref().and_then(attr::link_speed),
-            max_link_width: get("max_link_width")
-                .as_deref()
-                .and_then(attr::decimal_u8)
-                .filter(|w| *w != 0),
-            reset_method: get("reset_method").map(|t| attr::reset_method(&t)),
-        });
+        };
+        let mut source = JsonAttrs {
+            bdf,
+            attrs: &attrs,
+            warnings: &mut host.warnings,
+            error: None,
+        };
+        let record = build_record(place, &mut source);
+        if let Some(e) = source.error {
+            return Err(e);
+        }
+        host.devices.extend(record);
     }
     Ok(host)
+}
+
+/// One device's keys of the dump as the builder's attribute source: text as sysfs shows
+/// it. A dump is a file someone made: a required key missing or malformed, or config that
+/// is not hex, makes the dump unreadable (`error`) rather than a device skipped.
+struct JsonAttrs<'a> {
+    bdf: Bdf,
+    attrs: &'a BTreeMap<String, serde_json::Value>,
+    warnings: &'a mut Vec<ReadWarning>,
+    error: Option<String>,
+}
+
+impl JsonAttrs<'_> {
+    fn get(&self, k: &str) -> Option<String> {
+        self.attrs
+            .get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    }
+}
+
+impl AttrSource for JsonAttrs<'_> {
+    fn config(&mut self) -> Vec<u8> {
+        let Some(hex) = self.get("config") else {
+            return Vec::new();
+        };
+        pci_config::parse_hex_dump(&hex).unwrap_or_else(|e| {
+            let bdf = self.bdf;
+            self.error.get_or_insert(format!("{bdf}: config: {e}"));
+            Vec::new()
+        })
+    }
+
+    /// A name, or the link's target as sysfs has it (then the same rule as sysfs).
+    fn driver(&mut self) -> Option<String> {
+        self.get("driver").and_then(|d| match d.contains('/') {
+            true => attr::driver_link(Path::new(&d)).ok(),
+            false => Some(d),
+        })
+    }
+
+    fn warn(&mut self, name: &str, message: String) {
+        self.warnings.push(ReadWarning {
+            device: Some(self.bdf),
+            file: Some(format!("{} {name}", self.bdf)),
+            message,
+        });
+    }
+
+    fn parsed<T>(
+        &mut self,
+        name: &str,
+        parse: impl FnOnce(&str) -> Result<Option<T>, String>,
+    ) -> Option<T> {
+        let text = self.get(name)?;
+        parse(&text).unwrap_or_else(|message| {
+            self.warn(name, message);
+            None
+        })
+    }
+
+    fn required<T>(&mut self, name: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
+        let bdf = self.bdf;
+        let Some(text) = self.get(name) else {
+            self.error.get_or_insert(format!("{bdf}: no {name:?}"));
+            return None;
+        };
+        let v = parse(&text);
+        if v.is_none() {
+            self.error.get_or_insert(format!("{bdf}: bad {name}"));
+        }
+        v
+    }
 }
 
 /// The attributes read here as sysfs text; other keys (a dumper's extras) are left alone.

@@ -7,6 +7,7 @@
 pub mod attr;
 pub mod binding;
 pub mod cpuinfo;
+mod device_record;
 pub mod domain_facts;
 pub mod domain_xml;
 pub mod fabric_facts;
