@@ -12,9 +12,10 @@ use std::time::Duration;
 use pci_config::Bdf;
 use serde_json::{json, Value};
 use vfio_p2p::fm_api::{FmFailure, FmSession};
+use vfio_p2p::model::Topology;
 use vfio_p2p::partition_activation::guest::activate_or_roll_back;
 use vfio_p2p::partition_activation::ActivationRecord;
-use vfio_p2p::read::{read_binding, Binding};
+use vfio_p2p::read::{read_binding, read_host, Binding};
 use vfio_p2p::synth::example;
 use vfio_p2p::vfio_bind::sim::{write_tree, SimKernel};
 use vfio_p2p::vfio_bind::{bind, BindOptions, BindState, SessionOptions};
@@ -82,7 +83,16 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     fm["fail_activate"] = json!({ "1": "nvlink_error" });
     fs::write(&fm_state, fm.to_string()).unwrap();
     let mut kernel = SimKernel::new(&host);
-    bind(root, &mut kernel, &gpus, &BindOptions::default(), &opts).unwrap();
+    let topo = Topology::from_record(&read_host(root).unwrap());
+    bind(
+        root,
+        &topo,
+        &mut kernel,
+        &gpus,
+        &BindOptions::default(),
+        &opts,
+    )
+    .unwrap();
     assert!(bindings(root)
         .iter()
         .all(|b| b.driver.as_deref() == Some("vfio-pci")));
@@ -110,7 +120,16 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     drop(session);
 
     fs::write(&fm_state, board().to_string()).unwrap();
-    bind(root, &mut kernel, &gpus, &BindOptions::default(), &opts).unwrap();
+    let topo = Topology::from_record(&read_host(root).unwrap());
+    bind(
+        root,
+        &topo,
+        &mut kernel,
+        &gpus,
+        &BindOptions::default(),
+        &opts,
+    )
+    .unwrap();
     let mut session = FmSession::open("127.0.0.1:6666").unwrap();
     let r = activate_or_roll_back(root, &mut kernel, &mut session, 1, &gpus, "vm1", &opts).unwrap();
     assert_eq!(r.resets.len(), 2);
