@@ -12,8 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vfio_p2p::emit::topo_report::{render_table, TopoReport};
+use vfio_p2p::model::HostRecord;
 use vfio_p2p::model::Topology;
-use vfio_p2p::read::{read_host, HostRecord};
+use vfio_p2p::read::read_host;
 use vfio_p2p::snapshot::write_sysfs_tree;
 use vfio_p2p::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 

@@ -13,12 +13,14 @@ use crate::cli::GlobalArgs;
 use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use crate::decide;
 use crate::decide::plan::{plan, Plan, PlanOptions};
-use crate::emit::libvirt::{self, LibvirtVersion};
 use crate::fm_api::{FmFailure, FmSession};
-use crate::model::fabric::{Fabric, FabricModel, FabricState};
+use crate::model::fabric::{Fabric, FabricModel};
+use crate::model::fabric_state::FabricState;
+use crate::model::vmm::LibvirtVersion;
+use crate::model::HostRecord;
 use crate::model::{PathKind, Topology};
 use crate::read::fabric_manager::read_fabric_manager;
-use crate::read::{fm_capture, nvidia_smi, read_host, HostRecord};
+use crate::read::{fm_capture, nvidia_smi, read_host};
 use crate::synth;
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
@@ -446,7 +448,7 @@ pub fn libvirt_version(flag: Option<LibvirtVersion>) -> LibvirtVersion {
     }
     crate::read::vmm::installed_libvirt_version().unwrap_or_else(|why| {
         tracing::warn!("{why}");
-        libvirt::OVERRIDE_SINCE
+        crate::model::vmm::OVERRIDE_SINCE
     })
 }
 

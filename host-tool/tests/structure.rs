@@ -91,9 +91,7 @@ fn imports_point_down_the_flow() {
     let rules: &[(&str, &[&str])] = &[
         (
             "read",
-            &[
-                "model", "decide", "emit", "config", "cli", "commands", "context",
-            ],
+            &["decide", "emit", "config", "cli", "commands", "context"],
         ),
         ("model", &["decide", "emit", "cli", "commands", "context"]),
         ("decide", &["read", "emit", "cli", "commands", "context"]),

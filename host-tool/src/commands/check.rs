@@ -15,7 +15,7 @@ use crate::emit;
 use crate::emit::data::DataFormat;
 use crate::host_probe;
 use crate::model::domain::DomainFacts;
-use crate::model::fabric::FmConfigFile;
+use crate::model::fabric_state::FmConfigFile;
 use crate::model::DeviceKind;
 use crate::read::domain_xml::read_domain_xml_file;
 use crate::read::incus::read_incus_config_file;
@@ -165,7 +165,7 @@ fn probe_host(
     topo: &crate::model::Topology,
     devices: &[Bdf],
     deep: bool,
-) -> check::HostFacts {
+) -> crate::model::host_facts::HostFacts {
     if global.example.is_some() {
         host_probe::not_probed("an embedded example has no live host", topo, devices)
     } else if global.sysfs_root.is_file() {

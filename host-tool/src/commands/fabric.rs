@@ -14,7 +14,7 @@ use crate::config::host::{FabricManagerSource, HostConfig};
 use crate::context::ChangeRoot;
 use crate::emit::fabric_list::{self, FabricListing, Holder};
 use crate::fm_api::FmSession;
-use crate::model::fabric::FabricState;
+use crate::model::fabric_state::FabricState;
 use crate::partition_activation::{activate, deactivate, resync, ActivationRecord};
 use crate::read::fabric_manager::read_fabric_manager;
 use crate::vfio_bind::writer;

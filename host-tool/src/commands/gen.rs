@@ -11,7 +11,7 @@ use crate::cli::GlobalArgs;
 use crate::collector::store::Store;
 use crate::config::vm::{IommuBackend, VmConfig};
 use crate::context::{libvirt_version, Context, PlanningArgs};
-use crate::decide::expectation::{self, Expectation};
+use crate::decide::expectation;
 use crate::decide::fleet_verdict::DomainPlan;
 use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
 use crate::decide::guest_paths;
@@ -19,14 +19,16 @@ use crate::decide::iommu_backend;
 use crate::decide::mmio;
 use crate::emit::data::write_output;
 use crate::emit::incus::{self, CliqueForm, IncusOutput};
-use crate::emit::libvirt::{self, LibvirtVersion};
+use crate::emit::libvirt;
 use crate::emit::qemu::{self, ArgvFormat};
 use crate::emit::vm::{ExpectationSource, VmDefinition};
 use crate::emit::{cloud_hypervisor, nccl, proxmox};
 use crate::host_probe;
+use crate::model::vmm::LibvirtVersion;
 use crate::model::NicRef;
 use crate::read::incus as incus_read;
 use crate::read::vmm;
+use vfio_p2p_contract::Expectation;
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -138,7 +140,7 @@ fn iommu_backend(
         return requested;
     }
     let iommu = if global.example.is_some() || global.sysfs_root.is_file() {
-        crate::decide::check::IommuFacts::not_probed("no live host (an example or a snapshot)")
+        crate::model::host_facts::IommuFacts::not_probed("no live host (an example or a snapshot)")
     } else {
         host_probe::iommufd::probe(&global.sysfs_root)
     };

@@ -17,8 +17,8 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::config::host::{HookPolicy, HostConfig};
 use crate::context::{load_host, Context, PlanOptionArgs};
-use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
+use crate::model::vmm::LibvirtVersion;
 use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
 use crate::read::kubevirt_vmi::parse_kubevirt_vmi;
 

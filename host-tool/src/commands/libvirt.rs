@@ -11,9 +11,9 @@ use crate::cli::GlobalArgs;
 use crate::context::{libvirt_version, Context, PlanningArgs};
 use crate::decide::mmio;
 use crate::emit::data::write_output;
-use crate::emit::libvirt::LibvirtVersion;
 use crate::emit::libvirt_patch;
 use crate::model::domain::DomainFacts;
+use crate::model::vmm::LibvirtVersion;
 use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
 use crate::read::input_file::{read_input_file, read_input_stream};
 

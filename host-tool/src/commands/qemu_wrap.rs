@@ -18,7 +18,9 @@ use crate::config::host::{HookPolicy, HostConfig};
 use crate::context::{load_host, Context, PlanOptionArgs};
 use crate::emit::qemu::QEMU_BINARY;
 use crate::emit::qemu_argv_patch::{argv_text, with_cliques, CliqueAdded};
-use crate::read::qemu_argv::{read_qemu_argv, CliqueSource, QemuArgvFacts};
+use crate::model::qemu_argv::CliqueSource;
+use crate::model::qemu_argv::QemuArgvFacts;
+use crate::read::qemu_argv::read_qemu_argv;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// Names under which the binary acts as the wrapper (argv[0]).

@@ -6,9 +6,7 @@
 //! the label the emitted guest tree gives the pair (`guest_paths`); `verdict` is
 //! `p2p` when the two GPUs share a clique or are joined by NVLink.
 
-use vfio_p2p_contract::{ExpectedFabric, ExpectedGpu, ExpectedPair, Verdict};
-
-pub use vfio_p2p_contract::Expectation;
+use vfio_p2p_contract::{Expectation, ExpectedFabric, ExpectedGpu, ExpectedPair, Verdict};
 
 use super::guest_layout::GuestLayout;
 use super::guest_paths;

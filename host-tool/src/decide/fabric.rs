@@ -17,7 +17,9 @@ use pci_config::Bdf;
 
 use super::placement::{Placement, PlacementHost, UnplacedVm, VmRequest};
 use crate::config::host::FabricMode;
-use crate::model::fabric::{FabricModel, FabricPartition, FabricState};
+use crate::model::fabric::FabricModel;
+use crate::model::fabric_state::FabricPartition;
+use crate::model::fabric_state::FabricState;
 use crate::model::Topology;
 
 /// The model planning follows: `fabric:` as configured, `auto` meaning shared NVSwitch

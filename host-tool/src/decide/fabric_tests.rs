@@ -1,6 +1,6 @@
 use super::*;
 use crate::decide::placement::{shape, PlacementOptions};
-use crate::model::fabric::PartitionGpu;
+use crate::model::fabric_state::PartitionGpu;
 use crate::synth;
 
 fn hgx() -> (Topology, FabricState) {

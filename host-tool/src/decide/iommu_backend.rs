@@ -8,10 +8,12 @@
 //! map that with `IOMMU_IOAS_MAP_FILE` (QEMU >= 11.0); see
 //! [`KernelVersion::BAR_DMABUF`] and [`QemuVersion::BAR_DMABUF`] for the sources.
 
-use crate::decide::check::{IommuFacts, KernelOption, NodeProbe};
+use crate::model::host_facts::IommuFacts;
+use crate::model::host_facts::KernelOption;
+use crate::model::host_facts::NodeProbe;
 use crate::model::vmm::{KernelVersion, QemuVersion};
 
-pub use crate::config::vm::IommuBackend;
+use crate::config::vm::IommuBackend;
 
 /// Whether the host offers the iommufd backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,7 +181,7 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::check::KernelConfig;
+    use crate::model::host_facts::KernelConfig;
 
     fn facts(
         release: &str,

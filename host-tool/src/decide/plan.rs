@@ -690,7 +690,7 @@ fn pair_warnings(cx: &WarningContext<'_>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::HostRecord;
+    use crate::model::HostRecord;
     use crate::synth::{self, Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
     const H100: (u16, u16) = (0x10de, 0x2330);

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use pci_config::Bdf;
 use serde::Serialize;
 
-use crate::model::fabric::{Fabric, FabricState, PartitionGpu};
+use crate::model::fabric::Fabric;
+use crate::model::fabric_state::FabricState;
+use crate::model::fabric_state::PartitionGpu;
 
 /// Who holds an active partition, from vfio-p2p's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

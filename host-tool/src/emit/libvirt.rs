@@ -13,10 +13,9 @@ use super::vm::{cpulist, VmDefinition, IOMMUFD_OBJECT_ID};
 use crate::config::vm::{Firmware, IommuBackend};
 use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 
-pub use crate::model::domain::QEMU_NS;
-pub use vfio_p2p_contract::CLIQUE_PROPERTY;
-
-pub use crate::model::vmm::{LibvirtVersion, IOMMUFD_SINCE, OVERRIDE_SINCE};
+use crate::model::domain::QEMU_NS;
+use crate::model::vmm::{LibvirtVersion, IOMMUFD_SINCE, OVERRIDE_SINCE};
+use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// Why an older libvirt gets iommufd through `<qemu:commandline>`; printed as a warning.
 pub fn iommufd_form_warning(version: LibvirtVersion) -> String {

@@ -14,8 +14,10 @@ use std::ops::Range;
 
 use pci_config::Bdf;
 
-use super::libvirt::{clique_property, override_devices, set_args, LibvirtVersion, QEMU_NS};
+use super::libvirt::{clique_property, override_devices, set_args};
+use crate::model::domain::QEMU_NS;
 use crate::model::domain::{DomainFacts, OverrideDevice};
+use crate::model::vmm::LibvirtVersion;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

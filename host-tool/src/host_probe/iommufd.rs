@@ -7,7 +7,9 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::node;
-use crate::decide::check::{IommuFacts, KernelConfig, KernelOption};
+use crate::model::host_facts::IommuFacts;
+use crate::model::host_facts::KernelConfig;
+use crate::model::host_facts::KernelOption;
 use crate::read::input_file::{read_attribute_text, read_input_file};
 
 /// The most a kernel `.config` holds, plain or compressed (a distribution kernel's: ~300 KiB).
@@ -104,7 +106,7 @@ pub fn parse_kernel_config(text: &str, path: &str) -> KernelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::check::NodeProbe;
+    use crate::model::host_facts::NodeProbe;
 
     #[test]
     fn debian_kernel_without_iommufd_and_one_with_it() {

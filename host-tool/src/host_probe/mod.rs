@@ -14,7 +14,10 @@ use std::path::Path;
 
 use pci_config::Bdf;
 
-use crate::decide::check::{HostFacts, IommuFacts, ModuleState, NodeProbe};
+use crate::model::host_facts::HostFacts;
+use crate::model::host_facts::IommuFacts;
+use crate::model::host_facts::ModuleState;
+use crate::model::host_facts::NodeProbe;
 use crate::model::Topology;
 use crate::read::input_file::{read_attribute_text, read_input_file};
 

@@ -1,12 +1,12 @@
 //! NVIDIA Fabric Manager's view of an NVSwitch board: its partitions, made by the FM
-//! readers (live API or a capture) and the embedded examples' partition tables (the
-//! read stage defines them, `read::fabric_facts`), and what a run knows of the fabric.
+//! readers (live API or a capture) and the embedded examples' partition tables (their
+//! types are `model::fabric_state`), and what a run knows of the fabric.
 //! Consumed by planning (`place`, `plan`, `check`), the hook's activation and the
 //! expectation.
 
 use serde::Serialize;
 
-pub use crate::read::fabric_facts::*;
+use crate::model::fabric_state::FabricState;
 
 /// NVIDIA Fabric Manager's two virtualization models that vfio-p2p plans for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

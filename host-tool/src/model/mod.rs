@@ -3,11 +3,16 @@
 //! Host bridges → root ports → switch upstream/downstream ports → endpoints, with
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
+pub mod cpu;
 pub mod domain;
 pub mod fabric;
+pub mod fabric_state;
+pub mod host_facts;
 pub mod nic;
+pub mod nvlink_map;
 mod path;
 pub mod qemu_argv;
+pub mod record;
 pub mod vmm;
 
 use std::collections::BTreeMap;
@@ -15,16 +20,11 @@ use std::collections::BTreeMap;
 use pci_config::{AcsCapability, AtsCapability, Bdf, ConfigSpace, LinkSpeed, PciePortType};
 use serde::Serialize;
 
-use crate::read::nvidia_smi::NvlinkMap;
-use crate::read::{DeviceRecord, HostRecord, ReadWarning, Resource};
-
-/// The CPU as read from `proc/cpuinfo`: the same type in every stage.
-pub use crate::read::cpuinfo::{CpuArch, CpuIdentity};
-/// A host bridge (PCI domain and root bus) as read: the same type in every stage.
-pub use crate::read::record::NicNames;
-pub use crate::read::HostBridgeId;
+pub use cpu::{CpuArch, CpuIdentity};
 pub use nic::NicRef;
+pub use nvlink_map::NvlinkMap;
 pub use path::{GpuPath, PathKind};
+pub use record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning, Resource};
 /// NVIDIA GPU and NVSwitch parts (shared with the agent).
 pub use vfio_p2p_contract::nvidia_parts;
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::record::Resource;
+use crate::model::record::Resource;
 
 /// `0x10de\n` → 0x10de.
 pub fn hex_u32(text: &str) -> Option<u32> {

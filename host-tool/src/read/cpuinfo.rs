@@ -7,48 +7,10 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use crate::model::{CpuArch, CpuIdentity};
 
 /// The first processor block is all that is read: a 512-CPU host prints about 800 kB.
 const READ_LIMIT: u64 = 64 << 10;
-
-/// CPU architecture, named as NCCL's `arch` attribute names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CpuArch {
-    #[serde(rename = "x86_64")]
-    X86_64,
-    #[serde(rename = "arm64")]
-    Arm64,
-    #[serde(rename = "ppc64")]
-    Ppc64,
-}
-
-impl CpuArch {
-    /// NCCL's spelling (`kvDictCpuArch` in src/graph/topo.cc).
-    pub fn nccl_name(self) -> &'static str {
-        match self {
-            CpuArch::X86_64 => "x86_64",
-            CpuArch::Arm64 => "arm64",
-            CpuArch::Ppc64 => "ppc64",
-        }
-    }
-}
-
-/// The CPU as `/proc/cpuinfo` describes its first processor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuIdentity {
-    pub arch: CpuArch,
-    /// `vendor_id` (x86 only): `GenuineIntel`, `AuthenticAMD`, …
-    #[serde(default)]
-    pub vendor: Option<String>,
-    /// `cpu family` as Linux prints it (base family, plus the extended family when the
-    /// base is 0xf).
-    #[serde(default)]
-    pub family: Option<u32>,
-    /// `model` as Linux prints it (base model plus extended model << 4 from family 6 on).
-    #[serde(default)]
-    pub model: Option<u32>,
-}
 
 /// The CPU described by cpuinfo text, or `None` when no architecture can be told.
 pub fn parse(text: &str) -> Option<CpuIdentity> {

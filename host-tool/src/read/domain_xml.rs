@@ -11,12 +11,12 @@ use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
-use super::domain_facts::{
+use super::input_file::{read_input_file, read_input_stream};
+use super::vmm::hole64_in_qemu_args;
+use crate::model::domain::{
     CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, OverrideDevice, PciHostdev,
     QEMU_NS,
 };
-use super::input_file::{read_input_file, read_input_stream};
-use super::vmm::hole64_in_qemu_args;
 
 /// The most a domain XML may hold; real ones are a few KiB.
 pub const MAX_DOMAIN_XML_BYTES: u64 = 4 << 20;

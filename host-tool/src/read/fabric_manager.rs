@@ -5,7 +5,7 @@
 use pci_config::Bdf;
 
 use crate::fm_api::{FmError, FmPartition, FmSession, FmUnsupported};
-use crate::read::fabric_facts::{FabricPartition, FabricState, PartitionGpu};
+use crate::model::fabric_state::{FabricPartition, FabricState, PartitionGpu};
 
 /// Everything FM answered, as it answered it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

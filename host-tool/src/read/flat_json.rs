@@ -9,8 +9,8 @@ use std::path::Path;
 use pci_config::Bdf;
 
 use super::attr;
-use super::record::{DeviceRecord, HostRecord, ReadWarning};
 use super::sysfs::{split_device_path, ReadError};
+use crate::model::record::{DeviceRecord, HostRecord, ReadWarning};
 
 /// The most a flat dump may hold: a few KiB per device, so hosts of thousands of devices fit.
 pub const MAX_FLAT_JSON_BYTES: u64 = 64 << 20;

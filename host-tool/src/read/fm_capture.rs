@@ -15,8 +15,8 @@ use std::path::Path;
 use pci_config::Bdf;
 use serde::Deserialize;
 
-use super::fabric_facts::{FabricPartition, FabricState, PartitionGpu};
 use super::input_file::{read_input_file, InputFileError};
+use crate::model::fabric_state::{FabricPartition, FabricState, PartitionGpu};
 
 /// More than FM's 64 partitions of 16 GPUs each take as `fmpm -l` prints them.
 const MAX_CAPTURE_BYTES: u64 = 1 << 20;

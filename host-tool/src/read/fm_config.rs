@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use super::fabric_facts::FmConfigFile as FmConfig;
 use super::input_file::{read_input_file, InputFileError};
+use crate::model::fabric_state::FmConfigFile as FmConfig;
 
 /// Where FM's package puts its config, relative to the root.
 pub const FM_CONFIG_PATH: &str = "usr/share/nvidia/nvswitch/fabricmanager.cfg";

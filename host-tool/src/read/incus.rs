@@ -19,13 +19,13 @@ use pci_config::Bdf;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::domain_facts::{
-    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
-};
 use super::input_file::read_input_file;
 use super::proxmox_conf::split_shell_words;
 use super::qemu_argv::set_clique;
 use super::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
+use crate::model::domain::{
+    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
+};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
 /// The most an instance's expanded config holds here (Incus keeps a few KiB per instance).

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 
 use super::input_file::{read_input_file, InputFileError};
+use crate::model::NvlinkMap;
 
 /// The most a capture may hold; `nvidia-smi topo -m` of a 64-GPU host is about 40 KiB.
 pub const MAX_CAPTURE_BYTES: u64 = 4 << 20;
@@ -58,14 +59,6 @@ pub enum NvidiaSmiError {
         first: usize,
         second: usize,
     },
-}
-
-/// NVLink pairs read from `nvidia-smi` text, by PCI address.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NvlinkMap {
-    /// The file(s) they came from, for messages.
-    pub source_name: String,
-    pub links: Vec<(Bdf, Bdf, u8)>,
 }
 
 /// Reads `files` together (each at most [`MAX_CAPTURE_BYTES`], regular files only).

@@ -20,12 +20,12 @@ use std::path::Path;
 
 use pci_config::Bdf;
 
-use super::domain_facts::{
-    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
-};
 use super::input_file::read_input_file;
 use super::qemu_argv::set_clique;
 use super::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
+use crate::model::domain::{
+    CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, PciHostdev,
+};
 
 /// pmxcfs, which holds /etc/pve, refuses files over 1 MiB.
 pub const MAX_PROXMOX_CONF_BYTES: u64 = 1 << 20;

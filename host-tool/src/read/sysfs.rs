@@ -14,7 +14,7 @@ use pci_config::{Bdf, ConfigSpace, HeaderType};
 use super::attr;
 use super::flat_json;
 use super::input_file::read_attribute_text;
-use super::record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning};
+use crate::model::record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::vmm_version::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
+use crate::model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
 
 /// Parses `QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7)`.
 pub fn parse_qemu_version(text: &str) -> Option<QemuVersion> {

@@ -12,8 +12,10 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use crate::read::cpuinfo::{CpuArch, CpuIdentity};
-use crate::read::{DeviceRecord, HostRecord};
+use crate::model::CpuArch;
+use crate::model::CpuIdentity;
+use crate::model::DeviceRecord;
+use crate::model::HostRecord;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {

@@ -2,7 +2,8 @@
 //! a machine without GPUs, and the hosts the tests and benchmarks run on.
 
 use super::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
-use crate::read::{flat_json, HostRecord};
+use crate::model::HostRecord;
+use crate::read::flat_json;
 
 /// (name, description) of every embedded example.
 pub const EXAMPLES: &[(&str, &str)] = &[

@@ -29,7 +29,9 @@
 
 use pci_config::Bdf;
 
-use crate::model::fabric::{FabricPartition, FabricState, PartitionGpu};
+use crate::model::fabric_state::FabricPartition;
+use crate::model::fabric_state::FabricState;
+use crate::model::fabric_state::PartitionGpu;
 
 /// (partition id, module ids) of the HGX H100/H200 8-GPU baseboard.
 const HGX_8GPU: &[(u32, &[u32])] = &[

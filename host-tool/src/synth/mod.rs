@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 
 use pci_config::{AcsFlags, Bdf};
 
-use crate::read::{DeviceRecord, HostBridgeId, HostRecord, Resource};
+use crate::model::DeviceRecord;
+use crate::model::HostBridgeId;
+use crate::model::HostRecord;
+use crate::model::Resource;
 
 pub use examples::{example, example_list, example_nvlink_capture, EXAMPLES};
 pub use fabric_tables::example_fabric;
@@ -69,9 +72,9 @@ impl EndpointSpec {
 }
 
 /// An x86-64 CPU as `/proc/cpuinfo` prints it (`cpu family`, `model`).
-pub fn x86_cpu(vendor: &str, family: u32, model: u32) -> crate::read::cpuinfo::CpuIdentity {
-    crate::read::cpuinfo::CpuIdentity {
-        arch: crate::read::cpuinfo::CpuArch::X86_64,
+pub fn x86_cpu(vendor: &str, family: u32, model: u32) -> crate::model::CpuIdentity {
+    crate::model::CpuIdentity {
+        arch: crate::model::CpuArch::X86_64,
         vendor: Some(vendor.to_string()),
         family: Some(family),
         model: Some(model),
@@ -109,7 +112,7 @@ impl HostBuilder {
 
     /// The names host drivers give the network function `bdf`.
     pub fn nic_names(&mut self, bdf: Bdf, net: &str, rdma: &str) -> &mut Self {
-        let names = crate::read::record::NicNames {
+        let names = crate::model::record::NicNames {
             net: vec![net.to_string()],
             rdma: vec![rdma.to_string()],
         };

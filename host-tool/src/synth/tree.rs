@@ -3,7 +3,7 @@
 //! the hand-written examples are too small or too regular.
 
 use super::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
-use crate::read::HostRecord;
+use crate::model::HostRecord;
 
 /// One leaf switch and the GPUs below it: one per downstream port, each in its
 /// own IOMMU group, or (`shared_group`) all as functions of one multi-function

@@ -297,7 +297,8 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
-    use crate::read::{read_binding, HostRecord};
+    use crate::model::HostRecord;
+    use crate::read::read_binding;
     use crate::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
     use crate::vfio_bind::apply::FailAt;
     use crate::vfio_bind::sim::{write_tree, SimKernel};

@@ -15,8 +15,8 @@ use pci_config::Bdf;
 
 use super::apply::SysfsWriter;
 use super::plan::VFIO_PCI;
+use crate::model::HostRecord;
 use crate::read::binding::{device_dir, driver_dir, read_binding};
-use crate::read::HostRecord;
 use crate::snapshot::write_sysfs_tree;
 
 /// Writes `host` as a sysfs tree below `root` (the snapshot writer's), plus what only a

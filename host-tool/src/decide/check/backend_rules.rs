@@ -1,11 +1,13 @@
 //! Checks of the IOMMU backend: which ones the host offers, whether the one asked for is
 //! there, and whether the VM's P2P cliques survive iommufd (see [`crate::decide::iommu_backend`]).
 
-use super::facts::{HostFacts, VmmFacts};
+use super::facts::VmmFacts;
 use super::report::{CheckResult, Status};
 use super::result;
-use crate::decide::iommu_backend::{self, BarMapping, IommuBackend, Offered};
+use crate::config::vm::IommuBackend;
+use crate::decide::iommu_backend::{self, BarMapping, Offered};
 use crate::decide::plan::Plan;
+use crate::model::host_facts::HostFacts;
 use crate::model::PathKind;
 
 /// The `iommu-backend` row, and with iommufd and cliques the `iommufd-p2p` row.

@@ -8,7 +8,8 @@ use pci_config::Bdf;
 
 use super::report::{CheckResult, Status};
 use crate::decide::fabric::{describe, gpu_set_warning, takes_whole_baseboard};
-use crate::model::fabric::{Fabric, FabricModel, FmConfigFile};
+use crate::model::fabric::{Fabric, FabricModel};
+use crate::model::fabric_state::FmConfigFile;
 use crate::model::Topology;
 
 /// FM's `FABRIC_MODE` for the shared NVSwitch model.

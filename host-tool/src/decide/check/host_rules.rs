@@ -2,9 +2,11 @@
 
 use pci_config::Bdf;
 
-use super::facts::{HostFacts, ModuleState, NodeProbe};
 use super::report::{CheckResult, Status};
 use super::result;
+use crate::model::host_facts::HostFacts;
+use crate::model::host_facts::ModuleState;
+use crate::model::host_facts::NodeProbe;
 use crate::model::{Device, Topology};
 
 pub(super) fn check_iommu(topo: &Topology) -> Vec<CheckResult> {

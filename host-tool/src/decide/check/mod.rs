@@ -1,6 +1,6 @@
 //! Host preflight: everything that will stop pass-through or P2P from working, with
 //! the fix. Pure: the live probes (VFIO and KVM ioctls, files under `/dev`, the QEMU
-//! binary) are gathered into [`HostFacts`] and [`VmmFacts`] first.
+//! binary) are gathered into [`crate::model::host_facts::HostFacts`] and [`VmmFacts`] first.
 //!
 //! `facts` holds what the checks look at, `host_rules` and `vm_rules` the checks,
 //! `report` their outcome.
@@ -15,15 +15,13 @@ mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
-pub use facts::{
-    ConfigSyntax, HostFacts, IommuFacts, KernelConfig, KernelOption, ModuleState, NodeProbe,
-    NotProbed, QemuVersion, Vmm, VmmFacts,
-};
+pub use facts::{ConfigSyntax, Vmm, VmmFacts};
 pub use report::{CheckReport, CheckResult, Status};
 
 use pci_config::Bdf;
 
 use crate::decide::plan::{Plan, PlanError};
+use crate::model::host_facts::HostFacts;
 use crate::model::{Device, Topology};
 
 pub(super) fn result(

@@ -3,8 +3,9 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::decide::mmio;
 use crate::decide::plan::{plan, PlanOptions};
+use crate::model::host_facts::{HostFacts, IommuFacts, ModuleState, NodeProbe};
+use crate::model::HostRecord;
 use crate::read::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
-use crate::read::HostRecord;
 use crate::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
 const A100: (u16, u16) = (0x10de, 0x20b2);

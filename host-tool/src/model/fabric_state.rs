@@ -1,6 +1,6 @@
 //! NVIDIA Fabric Manager's view of an NVSwitch board, as the readers make it: its
 //! partitions (`read::fm_capture`, FM's live API, the embedded examples' tables) and
-//! its config file (`read::fm_config`). Decide and emit see them as `model::fabric`.
+//! its config file (`read::fm_config`).
 //!
 //! FM names a GPU by its *physical id* (the baseboard module id NVML reports as
 //! `nvmlDeviceGetModuleId`) and, when FM can see it, its PCI address.

@@ -172,7 +172,7 @@ pub struct HostRecord {
     pub kernel_cmdline: Option<String>,
     /// The CPU, when known (`proc/cpuinfo`, read by `read::cpuinfo`).
     #[serde(default)]
-    pub cpu: Option<super::cpuinfo::CpuIdentity>,
+    pub cpu: Option<super::CpuIdentity>,
     #[serde(default)]
     pub warnings: Vec<ReadWarning>,
     /// The names host drivers give each network function (`net/`, `infiniband/` below
