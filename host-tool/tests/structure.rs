@@ -141,7 +141,7 @@ fn commands_do_not_import_each_other() {
 fn the_checker_sees_imports() {
     assert_eq!(
         crate_uses(
-            "use crate::read::{a, b};\nlet x = crate::model::T::new();\n\
+            "use vfio_p2p_read::{a, b};\nlet x = vfio_p2p_model::T::new();\n\
              use crate::{\n    cli,\n    emit::{data, qemu},\n    decide,\n};\n// crate::commands"
         ),
         ["read", "model", "cli", "emit", "decide"]
