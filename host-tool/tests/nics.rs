@@ -214,7 +214,8 @@ fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
     use std::collections::BTreeMap;
     use vfio_p2p_agent::nccl_topo::check_text;
     use vfio_p2p_agent::sysfs_scan::{NetFunction, Scan};
-    use vfio_p2p_decide::guest_layout::{decide_with_nics, GuestTopology, LayoutOptions};
+    use vfio_p2p_config::vm::GuestTopology;
+    use vfio_p2p_decide::guest_layout::{decide_with_nics, LayoutOptions};
     use vfio_p2p_model::Topology;
 
     let gpus = "0000:18:00.0,0000:19:00.0,0000:9d:00.0";

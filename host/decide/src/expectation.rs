@@ -107,7 +107,7 @@ mod tests {
             &[],
             &Default::default(),
             LayoutOptions {
-                topology: guest_layout::GuestTopology::Flat,
+                topology: vfio_p2p_config::vm::GuestTopology::Flat,
                 guest_numa: false,
             },
         )

@@ -178,7 +178,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::guest_layout::{decide, decide_with_nics, GuestTopology, LayoutOptions};
+    use crate::guest_layout::{decide, decide_with_nics, LayoutOptions};
+    use vfio_p2p_config::vm::GuestTopology;
     use vfio_p2p_read::synth;
 
     fn layout(topo: &Topology, guest_numa: bool) -> GuestLayout {

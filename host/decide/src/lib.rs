@@ -6,8 +6,6 @@ pub mod check;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;
-pub mod guest_devices;
-pub mod guest_expanders;
 pub mod guest_layout;
 pub mod guest_paths;
 pub mod iommu_backend;

@@ -46,7 +46,7 @@ use std::fmt::Write;
 use pci_config::{Bdf, LinkSpeed};
 
 use super::vm::VmDefinition;
-use vfio_p2p_decide::guest_devices::guest_rdma_names;
+use vfio_p2p_decide::guest_layout::guest_rdma_names;
 use vfio_p2p_decide::guest_layout::{GuestBridgeKind, GuestGpu};
 use vfio_p2p_decide::nvlink::{nvlink_targets, NvlinkTarget};
 use vfio_p2p_model::{CpuArch, CpuIdentity, Topology};

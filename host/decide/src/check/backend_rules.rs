@@ -2,8 +2,7 @@
 //! there, and whether the VM's P2P cliques survive iommufd (see [`crate::iommu_backend`]).
 
 use super::facts::VmmFacts;
-use super::report::{CheckResult, Status};
-use super::result;
+use super::report::{result, CheckResult, Status};
 use crate::iommu_backend::{self, BarMapping, Offered};
 use crate::plan::Plan;
 use vfio_p2p_config::vm::IommuBackend;

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 use pci_config::clique::MAX_CLIQUE;
 use pci_config::Bdf;
 
-use super::report::{CheckResult, Status};
-use super::result;
+use super::report::{result, CheckResult, Status};
 use crate::plan::{plan, Plan, PlanOptions, Verdict};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::DomainFacts;

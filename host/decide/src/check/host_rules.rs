@@ -2,8 +2,7 @@
 
 use pci_config::Bdf;
 
-use super::report::{CheckResult, Status};
-use super::result;
+use super::report::{result, CheckResult, Status};
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::host_facts::ModuleState;
 use vfio_p2p_model::host_facts::NodeProbe;

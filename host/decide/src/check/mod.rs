@@ -24,24 +24,6 @@ use crate::plan::{Plan, PlanError};
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::{Device, Topology};
 
-pub(super) fn result(
-    check: &'static str,
-    subject: Option<String>,
-    status: Status,
-    saw: String,
-    fix: Option<String>,
-) -> CheckResult {
-    CheckResult {
-        check,
-        subject,
-        status,
-        saw,
-        fix,
-    }
-}
-
-pub(super) const GIB: u64 = 1 << 30;
-
 /// Runs every check for `gpus` on `topo` with the probed facts and the plan's outcome.
 pub fn run_checks(
     topo: &Topology,

@@ -65,3 +65,20 @@ impl CheckReport {
         }
     }
 }
+
+/// One check's outcome, for the rules.
+pub(super) fn result(
+    check: &'static str,
+    subject: Option<String>,
+    status: Status,
+    saw: String,
+    fix: Option<String>,
+) -> CheckResult {
+    CheckResult {
+        check,
+        subject,
+        status,
+        saw,
+        fix,
+    }
+}

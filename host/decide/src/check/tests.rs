@@ -5,6 +5,8 @@ use crate::mmio;
 use crate::plan::{plan, PlanOptions};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts, ModuleState, NodeProbe};
 use vfio_p2p_model::HostRecord;
+
+const GIB: u64 = 1 << 30;
 use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 use vfio_p2p_read::vmm::{hidden_in_qemu_args, hole64_in_qemu_args};
 

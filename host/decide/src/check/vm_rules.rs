@@ -4,11 +4,12 @@
 use pci_config::clique::{OFFSET_FALLBACK, OFFSET_PRIMARY};
 
 use super::facts::{ConfigSyntax, Vmm, VmmFacts};
-use super::report::{CheckResult, Status};
-use super::{result, GIB};
+use super::report::{result, CheckResult, Status};
 use crate::mmio;
 use crate::plan::{Plan, PlanError, Verdict};
 use vfio_p2p_model::Device;
+
+const GIB: u64 = 1 << 30;
 
 pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
     let need = mmio::hole64_size(gpus);

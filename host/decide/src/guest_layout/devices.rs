@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use pci_config::Bdf;
 
-use super::guest_layout::{GuestGpu, LayoutError};
+use super::types::{GuestGpu, LayoutError};
 use vfio_p2p_model::{Device, DeviceKind, Topology};
 
 /// The host GPUs, sorted and once each; anything else is an error.

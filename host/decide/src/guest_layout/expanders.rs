@@ -3,9 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::guest_layout::{
-    LayoutError, EXPANDER_BUS_STRIDE, EXPANDER_FIRST_SLOT, ROOT_PORT_FIRST_SLOT,
-};
+use super::types::{LayoutError, EXPANDER_BUS_STRIDE, EXPANDER_FIRST_SLOT, ROOT_PORT_FIRST_SLOT};
 use vfio_p2p_model::{Device, HostBridgeId, Topology};
 
 /// Expander buses the root bus holds: its slots below the root ports, and bus ranges.
