@@ -14,20 +14,18 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
-use crate::decide;
-use crate::decide::check::{HostFacts, IommuFacts};
-use crate::decide::plan::{plan, Plan, PlanOptions};
-use crate::emit::libvirt::{self, LibvirtVersion};
-use crate::fm_api::{FmFailure, FmSession};
-use crate::host_probe;
-use crate::model::fabric::{Fabric, FabricModel, FabricState, FmConfigFile};
-use crate::model::vmm::QemuVersion;
-use crate::model::{PathKind, Topology};
-use crate::read::fabric_manager::read_fabric_manager;
-use crate::read::{fm_capture, nvidia_smi, vmm};
-use crate::synth;
-use crate::vfio_bind::sim::SimRoot;
+use vfio_p2p_bind::sim::SimRoot;
+use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
+use vfio_p2p_decide::plan::{plan, Plan, PlanOptions};
+use vfio_p2p_model::fabric::{Fabric, FabricModel};
+use vfio_p2p_model::fabric_state::{FabricState, FmConfigFile};
+use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
+use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
+use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_read::fabric_manager::read_fabric_manager;
+use vfio_p2p_read::fm_api::{FmFailure, FmSession};
+use vfio_p2p_read::synth;
+use vfio_p2p_read::{fm_capture, host_probe, nvidia_smi, vmm};
 pub use source::{HostConfigFrom, HostSource};
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
@@ -244,9 +242,9 @@ impl Context {
             Some(Ok(v)) => *v,
             Some(Err(why)) => {
                 tracing::warn!("{why}");
-                libvirt::OVERRIDE_SINCE
+                OVERRIDE_SINCE
             }
-            None => libvirt::OVERRIDE_SINCE,
+            None => OVERRIDE_SINCE,
         }
     }
 
@@ -258,7 +256,7 @@ impl Context {
             return;
         };
         let reserved = self.host.reserved.iter().copied().collect();
-        if let Some(w) = decide::fabric::gpu_set_warning(state, gpus, &reserved) {
+        if let Some(w) = vfio_p2p_decide::fabric::gpu_set_warning(state, gpus, &reserved) {
             tracing::warn!("{w}");
         }
     }
@@ -315,7 +313,7 @@ fn apply_nvlink_source(
         return Ok(Vec::new());
     }
     match &host.nvlink {
-        NvlinkSource::Nvswitch => Ok(decide::nvlink::apply_nvswitch_fabric(topo)),
+        NvlinkSource::Nvswitch => Ok(vfio_p2p_decide::nvlink::apply_nvswitch_fabric(topo)),
         NvlinkSource::None => Ok(Vec::new()),
         NvlinkSource::NvidiaSmi(file) => {
             let map = nvidia_smi::read_captures(std::slice::from_ref(file))
@@ -342,7 +340,7 @@ fn load_fabric(
         live.source = "fabric: none in the host config".to_string();
     } else if let Some(name) = example {
         let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
-        live.state = crate::synth::example_fabric(name, &gpus);
+        live.state = vfio_p2p_read::synth::example_fabric(name, &gpus);
         live.source = match live.state {
             Some(_) => format!("example {name}: its board's Fabric Manager partition table"),
             None => format!("example {name} has no NVSwitch board"),
@@ -373,7 +371,7 @@ fn load_fabric(
             state.apply_module_addresses(&host.fabric_modules);
         }
     }
-    let model = decide::fabric::resolve_model(host.fabric, live.state.is_some());
+    let model = vfio_p2p_decide::fabric::resolve_model(host.fabric, live.state.is_some());
     let fabric = Fabric {
         model,
         state: live.state,
@@ -471,7 +469,7 @@ fn probe(source: &HostSource, fabric: &Fabric, needs: &Needs) -> anyhow::Result<
         (true, Err(_)) => Some(FmConfigFile::NotProbed(
             "a snapshot file has no FM config".into(),
         )),
-        (true, Ok(root)) => Some(crate::read::fm_config::read(root)?),
+        (true, Ok(root)) => Some(vfio_p2p_read::fm_config::read(root)?),
     };
     Ok(Probes {
         qemu_version: needs.qemu_version.as_deref().map(vmm::qemu_version_of),
@@ -493,7 +491,7 @@ mod tests {
     fn build(record: &str, host: HostConfig) -> anyhow::Result<Context> {
         // A real root's reading of the example's board: not the example's FM table.
         let dir = tempfile::tempdir().unwrap();
-        crate::snapshot::write_sysfs_tree(&synth::example(record).unwrap(), dir.path()).unwrap();
+        vfio_p2p_read::snapshot::write_sysfs_tree(&synth::example(record).unwrap(), dir.path()).unwrap();
         Context::build(HostSource::Root(dir.path().into()), host, &Needs::default())
     }
 

@@ -8,10 +8,9 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{ChangeRoot, HostSource};
-use crate::emit;
-use crate::emit::data::DataFormat;
-use crate::model::Topology;
-use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
+use vfio_p2p_bind::{writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
+use vfio_p2p_emit::data::DataFormat;
+use vfio_p2p_model::Topology;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -79,7 +78,7 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
     };
     // Binding needs the devices and their groups only: no host.yaml, NVLink or FM.
     let topo = Topology::from_record(&root.source().read()?);
-    let report = vfio_bind::bind(
+    let report = vfio_p2p_bind::bind(
         root.path(),
         &topo,
         &mut writer()?,
@@ -100,7 +99,7 @@ pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitC
     } else {
         UnbindSelection::Devices(args.devices)
     };
-    let report = vfio_bind::unbind(
+    let report = vfio_p2p_bind::unbind(
         root.path(),
         &mut writer()?,
         &selection,
@@ -110,9 +109,9 @@ pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitC
 }
 
 fn print_report(report: &SessionReport, format: DataFormat) -> anyhow::Result<ExitCode> {
-    match emit::data::to_text(report, format)? {
+    match vfio_p2p_emit::data::to_text(report, format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", emit::binding::report_text(report)),
+        None => print!("{}", vfio_p2p_bind::text::report_text(report)),
     }
     Ok(ExitCode::SUCCESS)
 }

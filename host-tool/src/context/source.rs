@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::GlobalArgs;
-use crate::config::host::HostConfig;
-use crate::config::ConfigError;
-use crate::read::{flat_json, read_host, HostRecord};
-use crate::synth;
+use vfio_p2p_config::host::HostConfig;
+use vfio_p2p_config::ConfigError;
+use vfio_p2p_model::HostRecord;
+use vfio_p2p_read::{flat_json, read_host, synth};
 
 /// The host a run reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +137,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("etc/vfio-p2p")).unwrap();
         std::fs::write(
-            dir.path().join(crate::config::host::HOST_CONFIG_PATH),
+            dir.path().join(vfio_p2p_config::host::HOST_CONFIG_PATH),
             "p2p_level: sys\n",
         )
         .unwrap();
@@ -148,7 +148,7 @@ mod tests {
         let defaults = source
             .host_config(None, HostConfigFrom::FlagOrDefaults)
             .unwrap();
-        assert_eq!(installed.p2p_level, crate::model::PathKind::Sys);
+        assert_eq!(installed.p2p_level, vfio_p2p_model::PathKind::Sys);
         assert_eq!(defaults.p2p_level, HostConfig::default().p2p_level);
         assert_ne!(installed.p2p_level, defaults.p2p_level);
     }
