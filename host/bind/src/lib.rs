@@ -4,6 +4,8 @@
 //! [`state`] records what was moved so it can be restored exactly; [`lock`] keeps
 //! concurrent runs apart; [`sim`] plays the kernel for tests.
 
+#![forbid(unsafe_code)]
+
 pub mod apply;
 pub mod lock;
 pub mod partition_activation;

@@ -95,8 +95,8 @@ impl Listener for VsockListener {
                 )
             };
             match check(r) {
-                // SAFETY: accept4 returned a new descriptor that nothing else owns.
                 Ok(fd) => {
+                    // SAFETY: accept4 returned a new descriptor that nothing else owns.
                     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
                     return Ok(Some((VsockStream { fd }, addr.svm_cid)));
                 }

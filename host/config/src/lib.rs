@@ -1,5 +1,7 @@
 //! Files the operator writes: parsed (syntax, unknown keys, types) then validated (meaning).
 
+#![forbid(unsafe_code)]
+
 pub mod host;
 pub mod vm;
 

@@ -2,6 +2,8 @@
 //! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
 //! decision is testable on synthetic hosts.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod clique_offset;
 pub mod expectation;

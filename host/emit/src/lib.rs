@@ -1,5 +1,7 @@
 //! Emit stage: turns decided data into text. Never reads sysfs.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod cloud_hypervisor;
 pub mod data;

@@ -3,6 +3,8 @@
 //! Host bridges → root ports → switch upstream/downstream ports → endpoints, with
 //! each device's NUMA node, IOMMU group, driver, BARs, link and ACS state.
 
+#![forbid(unsafe_code)]
+
 pub mod cpu;
 pub mod domain;
 pub mod fabric;
