@@ -51,7 +51,7 @@ impl SimRoot {
     /// The example `name` as a tree ([`write_tree`]).
     pub fn of_example(name: &str) -> anyhow::Result<SimRoot> {
         use anyhow::Context as _;
-        let host = crate::synth::example(name).map_err(anyhow::Error::msg)?;
+        let host = vfio_p2p_read::synth::example(name).map_err(anyhow::Error::msg)?;
         let root = SimRoot {
             path: std::env::temp_dir().join(format!(
                 "vfio-p2p-example-{name}-{}-{}",
