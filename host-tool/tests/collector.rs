@@ -667,7 +667,7 @@ fn the_store_takes_the_vm_names_gen_takes() {
         let stored = store.put_plan(&plan(name, 3));
         assert_eq!(stored.is_ok(), ok, "{name}: {stored:?}");
         assert_eq!(
-            vfio_p2p::config::vm_name_error(name).is_none(),
+            vfio_p2p_config::vm_name_error(name).is_none(),
             ok,
             "vm.yaml and gen --name take {name} as the store does"
         );
