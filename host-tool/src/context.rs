@@ -7,6 +7,8 @@
 
 pub mod source;
 
+pub use source::{HostConfigFrom, HostSource};
+
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -26,7 +28,6 @@ use vfio_p2p_read::fabric_manager::read_fabric_manager;
 use vfio_p2p_read::fm_api::{FmFailure, FmSession};
 use vfio_p2p_read::synth;
 use vfio_p2p_read::{fm_capture, host_probe, nvidia_smi, vmm};
-pub use source::{HostConfigFrom, HostSource};
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
 /// `libvirt patch` read.
@@ -491,7 +492,8 @@ mod tests {
     fn build(record: &str, host: HostConfig) -> anyhow::Result<Context> {
         // A real root's reading of the example's board: not the example's FM table.
         let dir = tempfile::tempdir().unwrap();
-        vfio_p2p_read::snapshot::write_sysfs_tree(&synth::example(record).unwrap(), dir.path()).unwrap();
+        vfio_p2p_read::snapshot::write_sysfs_tree(&synth::example(record).unwrap(), dir.path())
+            .unwrap();
         Context::build(HostSource::Root(dir.path().into()), host, &Needs::default())
     }
 

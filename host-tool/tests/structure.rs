@@ -65,7 +65,10 @@ const HOST_CRATES: &[(&str, &[&str])] = &[
     ("decide", &["config", "model"]),
     ("emit", &["config", "decide", "model"]),
     ("bind", &["decide", "files", "model", "read"]),
-    ("collector", &["config", "decide", "emit", "files", "model", "read"]),
+    (
+        "collector",
+        &["config", "decide", "emit", "files", "model", "read"],
+    ),
 ];
 
 /// The `vfio-p2p-*` crates named in the `[dependencies]` of a Cargo.toml, short names.

@@ -11,12 +11,12 @@ use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 
+use super::qemu_argv::read_qemu_argv;
 use vfio_p2p_files::{read_input_file, read_input_stream};
 use vfio_p2p_model::domain::{
     CliqueSetting, CliqueSource, DomainFacts, HiddenHypervisor, Hole64, OverrideDevice, PciHostdev,
     QEMU_NS,
 };
-use super::qemu_argv::read_qemu_argv;
 
 /// The most a domain XML may hold; real ones are a few KiB.
 pub const MAX_DOMAIN_XML_BYTES: u64 = 4 << 20;
