@@ -7,8 +7,6 @@
 
 pub mod source;
 
-pub use source::{HostConfigFrom, HostSource};
-
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -16,6 +14,7 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
+use source::{HostConfigFrom, HostSource};
 use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::plan::{plan, Plan, PlanOptions};

@@ -7,7 +7,8 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::{ChangeRoot, HostSource};
+use crate::context::source::HostSource;
+use crate::context::ChangeRoot;
 use vfio_p2p_bind::{writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::Topology;

@@ -10,7 +10,8 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::cli::GlobalArgs;
-use crate::context::{ChangeRoot, HostConfigFrom, HostSource};
+use crate::context::source::{HostConfigFrom, HostSource};
+use crate::context::ChangeRoot;
 use vfio_p2p_bind::partition_activation::{activate, deactivate, resync, ActivationRecord};
 use vfio_p2p_bind::writer;
 use vfio_p2p_config::host::{FabricManagerSource, HostConfig};

@@ -11,7 +11,8 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::{ChangeRoot, Context, HostConfigFrom, HostSource, Needs};
+use crate::context::source::{HostConfigFrom, HostSource};
+use crate::context::{ChangeRoot, Context, Needs};
 use vfio_p2p_bind::partition_activation::guest::{self as guest_fabric, FabricStep};
 use vfio_p2p_bind::partition_activation::{
     activate, deactivate, ActivationError, ActivationRecord,

@@ -14,7 +14,8 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::{Context, HostConfigFrom, HostSource, Needs, PlanOptionArgs};
+use crate::context::source::{HostConfigFrom, HostSource};
+use crate::context::{Context, Needs, PlanOptionArgs};
 use vfio_p2p_config::host::{HookPolicy, HostConfig};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_emit::qemu::QEMU_BINARY;

@@ -18,7 +18,7 @@ pub struct SnapshotArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: SnapshotArgs) -> anyhow::Result<ExitCode> {
-    let host = crate::context::HostSource::of(global).read()?;
+    let host = crate::context::source::HostSource::of(global).read()?;
     for w in &host.warnings {
         tracing::warn!("{w}");
     }
