@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use tempfile::TempDir;
-use vfio_p2p_emit::topo_report::{render_dot, render_table, TopoReport};
+use vfio_p2p_emit::topo_report::{render_dot, render_table, HostTopoReport};
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::read_host;
@@ -27,7 +27,7 @@ fn lab_tree() -> (TempDir, PathBuf) {
 /// Everything downstream of the reader, so a bad read cannot panic later either.
 fn render_all(host: &HostRecord) {
     let topo = Topology::from_record(host);
-    let report = TopoReport::new(&topo);
+    let report = HostTopoReport::new(&topo);
     render_table(&topo, &report);
     render_dot(&topo, &report);
     serde_json::to_string(&report).unwrap();

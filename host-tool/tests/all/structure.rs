@@ -261,7 +261,7 @@ fn the_length_checker_counts_bodies() {
         .any(|(rel, _)| rel == "guest-agent/src/main.rs"));
     assert!(production
         .iter()
-        .any(|(rel, _)| rel == "host/decide/src/plan.rs"));
+        .any(|(rel, _)| rel == "host/decide/src/clique_plan.rs"));
 }
 
 /// The integration tests link as one binary (`tests/all/main.rs`): a file in `tests/all/`

@@ -7,7 +7,7 @@ use std::process::Command as StdCommand;
 use assert_cmd::Command;
 use serde_json::Value;
 use tempfile::TempDir;
-use vfio_p2p_emit::topo_report::{render_dot, render_table, TopoReport};
+use vfio_p2p_emit::topo_report::{render_dot, render_table, HostTopoReport};
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::snapshot::write_sysfs_tree;
@@ -329,11 +329,11 @@ fn example_topology(name: &str) -> Topology {
 fn golden_table() {
     for name in ["hgx-h100", "lab", "flat-vm"] {
         let topo = example_topology(name);
-        let text = render_table(&topo, &TopoReport::new(&topo));
+        let text = render_table(&topo, &HostTopoReport::new(&topo));
         insta::assert_snapshot!(format!("table_{name}"), text);
     }
     let topo = Topology::from_record(&synth::example("lab").unwrap().unprivileged_view());
-    let text = render_table(&topo, &TopoReport::new(&topo));
+    let text = render_table(&topo, &HostTopoReport::new(&topo));
     insta::assert_snapshot!("table_lab_non_root", text);
 }
 
@@ -341,7 +341,7 @@ fn golden_table() {
 fn golden_json() {
     for name in ["lab", "flat-vm"] {
         let topo = example_topology(name);
-        insta::assert_json_snapshot!(format!("json_{name}"), TopoReport::new(&topo));
+        insta::assert_json_snapshot!(format!("json_{name}"), HostTopoReport::new(&topo));
     }
 }
 
@@ -351,7 +351,7 @@ fn golden_dot() {
         let topo = example_topology(name);
         insta::assert_snapshot!(
             format!("dot_{name}"),
-            render_dot(&topo, &TopoReport::new(&topo))
+            render_dot(&topo, &HostTopoReport::new(&topo))
         );
     }
 }
@@ -366,7 +366,7 @@ fn dot_output_is_valid_graphviz() {
     );
     for (name, host) in all_fixtures() {
         let topo = Topology::from_record(&host);
-        let text = render_dot(&topo, &TopoReport::new(&topo));
+        let text = render_dot(&topo, &HostTopoReport::new(&topo));
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("topo.dot");
         std::fs::write(&file, &text).unwrap();

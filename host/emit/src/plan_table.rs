@@ -1,12 +1,12 @@
-//! Human-readable rendering of a clique [`Plan`]: a summary that fits a screen by
+//! Human-readable rendering of a clique [`CliquePlan`]: a summary that fits a screen by
 //! default, every pair with the ACS control on its path with `--details`.
 
-use vfio_p2p_decide::plan::{AcsState, Pair, Plan, Verdict};
+use vfio_p2p_decide::clique_plan::{AcsState, CliquePlan, Pair, PairRoute};
 
 /// Cliques, per-GPU assignments, the pairs, then what each verdict means and the warnings.
 /// Without `details`, pairs that cross host bridges or sockets (no clique by default) are
 /// counted, not listed, and the ACS path is left out.
-pub fn table(p: &Plan, details: bool) -> String {
+pub fn table(p: &CliquePlan, details: bool) -> String {
     let mut gpus = vfio_p2p_style::table(vec!["GPU", "clique"]);
     for (g, c) in &p.assignments {
         gpus.add_row(vec![
@@ -39,10 +39,14 @@ const SCREEN_PAIRS: usize = 15;
 
 /// Pairs the summary leaves out: no clique, far apart, nothing to fix.
 fn far_apart(pr: &Pair) -> bool {
-    pr.clique.is_none() && matches!(pr.verdict, Verdict::CrossSocket | Verdict::CrossHostBridge)
+    pr.clique.is_none()
+        && matches!(
+            pr.verdict,
+            PairRoute::CrossSocket | PairRoute::CrossHostBridge
+        )
 }
 
-fn pairs_table(p: &Plan, details: bool) -> String {
+fn pairs_table(p: &CliquePlan, details: bool) -> String {
     let mut header = vec!["GPU a", "GPU b", "path", "clique", "verdict"];
     if details {
         header.push("ACS control on path");
@@ -92,7 +96,7 @@ fn pairs_table(p: &Plan, details: bool) -> String {
         out += &vfio_p2p_style::wrap(&format!(
             "{} pair(s) across switch trees without NVLink not listed: a plan of more than {} GPUs lists only the pairs inside a switch tree and the NVLink pairs",
             p.pairs_left_out,
-            vfio_p2p_decide::plan::PAIR_LIST_MAX_GPUS
+            vfio_p2p_decide::clique_plan::PAIR_LIST_MAX_GPUS
         ), width);
     }
     if hidden > 0 {

@@ -54,11 +54,11 @@ pub struct PlannedDevice {
 
 /// Everything the caller asked for, in BDF order of the named devices.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Plan {
+pub struct BindPlan {
     pub devices: Vec<PlannedDevice>,
 }
 
-impl Plan {
+impl BindPlan {
     pub fn changes(&self) -> impl Iterator<Item = &PlannedDevice> {
         self.devices.iter().filter(|d| !d.unchanged)
     }
@@ -72,7 +72,7 @@ pub struct BindOptions {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PlanError {
+pub enum BindPlanError {
     #[error(
         "{0}: no such PCI device on this host{1}; list the devices with `vfio-p2p topo` or `lspci -D`"
     )]
@@ -115,10 +115,10 @@ fn why_skipped(topo: &Topology, bdf: &Bdf) -> String {
 }
 
 /// A named device must exist and must not be a bridge.
-fn check_named(topo: &Topology, bdf: &Bdf) -> Result<(), PlanError> {
+fn check_named(topo: &Topology, bdf: &Bdf) -> Result<(), BindPlanError> {
     match topo.device(bdf) {
-        None => Err(PlanError::UnknownDevice(*bdf, why_skipped(topo, bdf))),
-        Some(d) if d.bridge_role().is_some() => Err(PlanError::Bridge(*bdf)),
+        None => Err(BindPlanError::UnknownDevice(*bdf, why_skipped(topo, bdf))),
+        Some(d) if d.bridge_role().is_some() => Err(BindPlanError::Bridge(*bdf)),
         Some(_) => Ok(()),
     }
 }
@@ -140,7 +140,7 @@ pub fn plan_bind(
     named: &[Bdf],
     usage: &BTreeMap<Bdf, DeviceUse>,
     opts: &BindOptions,
-) -> Result<Plan, PlanError> {
+) -> Result<BindPlan, BindPlanError> {
     let mut chosen: BTreeMap<Bdf, Reason> = BTreeMap::new();
     for bdf in named {
         check_named(topo, bdf)?;
@@ -155,7 +155,7 @@ pub fn plan_bind(
     }
     for bdf in named {
         if topo.device(bdf).and_then(|d| d.iommu_group).is_none() {
-            return Err(PlanError::NoIommuGroup(*bdf));
+            return Err(BindPlanError::NoIommuGroup(*bdf));
         }
         let outside: Vec<Bdf> = topo
             .group_members(bdf)
@@ -170,7 +170,7 @@ pub fn plan_bind(
                 chosen.insert(m, Reason::GroupMember(*bdf));
             }
         } else {
-            return Err(PlanError::GroupShared {
+            return Err(BindPlanError::GroupShared {
                 group: topo.device(bdf).and_then(|d| d.iommu_group).unwrap_or(0),
                 named: *bdf,
                 others: outside
@@ -190,14 +190,14 @@ pub fn plan_bind(
                     .map(|p| format!("{} (pid {}) holds {}", p.command, p.pid, p.file))
                     .collect();
                 uses.extend(u.display.clone());
-                return Err(PlanError::InUse {
+                return Err(BindPlanError::InUse {
                     bdf: *bdf,
                     uses: uses.join(", "),
                 });
             }
         }
     }
-    Ok(Plan {
+    Ok(BindPlan {
         devices: chosen
             .into_iter()
             .map(|(bdf, reason)| {
@@ -223,7 +223,7 @@ pub fn plan_unbind(
     named: &[Bdf],
     all: bool,
     state: &BindState,
-) -> Result<Plan, PlanError> {
+) -> Result<BindPlan, BindPlanError> {
     let mut chosen: BTreeMap<Bdf, Reason> = BTreeMap::new();
     if all {
         for (bdf, r) in &state.devices {
@@ -247,7 +247,7 @@ pub fn plan_unbind(
                 .or_insert(Reason::BoundWith(r.bound_with));
         }
     }
-    Ok(Plan {
+    Ok(BindPlan {
         devices: chosen
             .into_iter()
             .filter(|(bdf, _)| topo.device(bdf).is_some())

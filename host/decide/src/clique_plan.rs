@@ -50,7 +50,7 @@ pub struct Clique {
 /// Whether PCIe P2P between two GPUs is right in a VM, and how it flows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub enum PairRoute {
     /// NVLink/NVSwitch: the driver uses NVLink, no clique needed.
     Nvlink,
     /// ACS RR+CR on the switch ports: peer TLPs go up to the root complex and the IOMMU.
@@ -69,22 +69,22 @@ pub enum Verdict {
     AcsUnknown,
 }
 
-impl Verdict {
+impl PairRoute {
     pub const fn label(&self) -> &'static str {
         match self {
-            Verdict::Nvlink => "nvlink",
-            Verdict::IommuRouted => "iommu-routed",
-            Verdict::Untranslated => "untranslated",
-            Verdict::DirectTranslated => "direct-translated",
-            Verdict::RootComplex => "root-complex",
-            Verdict::CrossHostBridge => "cross-host-bridge",
-            Verdict::CrossSocket => "cross-socket",
-            Verdict::AcsUnknown => "acs-unknown",
+            PairRoute::Nvlink => "nvlink",
+            PairRoute::IommuRouted => "iommu-routed",
+            PairRoute::Untranslated => "untranslated",
+            PairRoute::DirectTranslated => "direct-translated",
+            PairRoute::RootComplex => "root-complex",
+            PairRoute::CrossHostBridge => "cross-host-bridge",
+            PairRoute::CrossSocket => "cross-socket",
+            PairRoute::AcsUnknown => "acs-unknown",
         }
     }
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for PairRoute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.label())
     }
@@ -117,7 +117,7 @@ pub struct Pair {
     /// PCIe path label (`PIX`, `PXB`, `PHB`, `NODE`, `SYS`).
     pub path: PathKind,
     pub nvlink: Option<u8>,
-    pub verdict: Verdict,
+    pub verdict: PairRoute,
     /// The clique both share, if any.
     pub clique: Option<u8>,
     /// Why, in words, with the consequence.
@@ -128,7 +128,7 @@ pub struct Pair {
 
 /// The cliques of one VM's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Plan {
+pub struct CliquePlan {
     /// Selected P2P level, for reports.
     #[serde(skip)]
     pub p2p_level: PathKind,
@@ -148,7 +148,7 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-impl Plan {
+impl CliquePlan {
     /// The clique to put on `gpu`'s vfio-pci device (`x-nv-gpudirect-clique`), if any.
     pub fn clique_of(&self, gpu: &Bdf) -> Option<u8> {
         self.assignments.get(gpu).copied().flatten()
@@ -193,7 +193,7 @@ pub enum PlanError {
 /// new one. On tree-shaped PCIe paths this is also the fewest cliques. Cliques of a
 /// single GPU are dropped (the GPU gets `None`), and IDs are numbered in BDF order of
 /// each clique's first member, so the same host and selection always give the same IDs.
-pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan, PlanError> {
+pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<CliquePlan, PlanError> {
     let selected = validate_selection(topo, gpus)?;
     let mut warnings = Vec::new();
     let (mut pairs, pairs_left_out) = listed_pairs(topo, &selected);
@@ -216,7 +216,7 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
     if !options.allow_untranslated_p2p {
         // untranslated pairs share a switch tree (PIX/PXB), and those pairs are all listed
         if let Some(p) = pairs.iter().find(|p| {
-            p.verdict == Verdict::Untranslated
+            p.verdict == PairRoute::Untranslated
                 && p.path <= options.p2p_level
                 && is_eligible(&p.a)
                 && is_eligible(&p.b)
@@ -281,7 +281,7 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Plan
         options,
     };
     warnings.extend(pair_warnings(&context));
-    Ok(Plan {
+    Ok(CliquePlan {
         p2p_level: options.p2p_level,
         cliques,
         assignments,
@@ -447,17 +447,17 @@ fn verdict(
     b: &Bdf,
     path: &GpuPath,
     acs: &[BridgeAcs],
-) -> (Verdict, Cow<'static, str>) {
+) -> (PairRoute, Cow<'static, str>) {
     if let Some(n) = path.nvlink {
         return (
-            Verdict::Nvlink,
+            PairRoute::Nvlink,
             // the same words for every NVLink pair: the summary prints one per verdict, and
             // the pair's PCIe path stands in its own column (`NV18 (PIX)`)
             format!("NVLink ×{n}: the driver does P2P over NVLink without a clique").into(),
         );
     }
     match path.kind {
-        PathKind::X => (Verdict::IommuRouted, "same device".into()),
+        PathKind::X => (PairRoute::IommuRouted, "same device".into()),
         PathKind::Pix | PathKind::Pxb => {
             let ports = steering_ports(path, acs);
             if let Some(why) = ports
@@ -465,11 +465,11 @@ fn verdict(
                 .filter(|p| p.state == AcsState::Unknown)
                 .find_map(|p| Some((p.bridge, topo.device(&p.bridge)?.acs_unknown()?)))
             {
-                return (Verdict::AcsUnknown, acs_unknown_explanation(why));
+                return (PairRoute::AcsUnknown, acs_unknown_explanation(why));
             }
             if ports.iter().all(redirects) {
                 return (
-                    Verdict::IommuRouted,
+                    PairRoute::IommuRouted,
                     "ACS RR+CR set on the switch ports: P2P goes up to the root complex and is \
                      translated by the IOMMU; correct in a VM, but slower than bare metal \
                      (higher latency, bandwidth bounded by the root complex)"
@@ -486,7 +486,7 @@ fn verdict(
                 .all(|p| redirects(p) || p.control.is_some_and(|c| c.has(AcsFlags::DT)));
             if ats_on(a) && ats_on(b) && dt {
                 return (
-                    Verdict::DirectTranslated,
+                    PairRoute::DirectTranslated,
                     "ACS RR/CR cleared, but both GPUs use ATS and the ports allow direct \
                      translated P2P (DT): translated requests go peer to peer"
                         .into(),
@@ -498,7 +498,7 @@ fn verdict(
                 _ => String::new(),
             };
             (
-                Verdict::Untranslated,
+                PairRoute::Untranslated,
                 format!(
                     "ACS RR/CR cleared below the switch: the switch routes guest-physical addresses \
                      without IOMMU translation, so P2P is wrong in a VM{shared}"
@@ -507,18 +507,18 @@ fn verdict(
             )
         }
         PathKind::Phb => (
-            Verdict::RootComplex,
+            PairRoute::RootComplex,
             "through the host bridge (root complex): translated by the IOMMU; whether the \
              root complex forwards P2P between its ports is platform-dependent"
                 .into(),
         ),
         PathKind::Node => (
-            Verdict::CrossHostBridge,
+            PairRoute::CrossHostBridge,
             "between host bridges (root complexes) of one NUMA node: P2P is platform-dependent"
                 .into(),
         ),
         PathKind::Sys => (
-            Verdict::CrossSocket,
+            PairRoute::CrossSocket,
             "across sockets (QPI/UPI/xGMI): P2P is unsupported across sockets on Intel and \
              platform-dependent elsewhere"
                 .into(),
@@ -544,7 +544,7 @@ const WARNING_PAIRS: usize = 64;
 impl WarningContext<'_> {
     /// The pairs sharing a clique with verdict `v`, named up to [`WARNING_PAIRS`], then
     /// counted (with those a large plan does not list); `None` when there are none.
-    fn in_clique(&self, v: Verdict) -> Option<String> {
+    fn in_clique(&self, v: PairRoute) -> Option<String> {
         let listed: Vec<String> = self
             .pairs
             .iter()
@@ -552,9 +552,9 @@ impl WarningContext<'_> {
             .map(|p| format!("{}↔{}", p.a, p.b))
             .collect();
         let unlisted = match v {
-            Verdict::RootComplex => self.unlisted_in_cliques(PathKind::Phb),
-            Verdict::CrossHostBridge => self.unlisted_in_cliques(PathKind::Node),
-            Verdict::CrossSocket => self.unlisted_in_cliques(PathKind::Sys),
+            PairRoute::RootComplex => self.unlisted_in_cliques(PathKind::Phb),
+            PairRoute::CrossHostBridge => self.unlisted_in_cliques(PathKind::Node),
+            PairRoute::CrossSocket => self.unlisted_in_cliques(PathKind::Sys),
             _ => 0,
         };
         let more = listed.len().saturating_sub(WARNING_PAIRS) + unlisted;
@@ -600,21 +600,21 @@ impl WarningContext<'_> {
 fn pair_warnings(cx: &WarningContext<'_>) -> Vec<String> {
     let (topo, pairs, options) = (cx.topo, cx.pairs, cx.options);
     let mut out = Vec::new();
-    if let Some(routed) = cx.in_clique(Verdict::IommuRouted) {
+    if let Some(routed) = cx.in_clique(PairRoute::IommuRouted) {
         out.push(format!(
             "P2P is IOMMU-routed through the root complex for {routed}: correct in a VM, slower than bare metal"
         ));
     }
-    if let Some(untranslated) = cx.in_clique(Verdict::Untranslated) {
+    if let Some(untranslated) = cx.in_clique(PairRoute::Untranslated) {
         out.push(format!(
             "--allow-untranslated-p2p: {untranslated} share a clique although their switch routes guest-physical \
              addresses untranslated; this is only right with the IOMMU off or identity-mapped for the VM"
         ));
     }
-    if let Some(unknown) = cx.in_clique(Verdict::AcsUnknown) {
+    if let Some(unknown) = cx.in_clique(PairRoute::AcsUnknown) {
         let corrupt: BTreeSet<String> = pairs
             .iter()
-            .filter(|p| p.clique.is_some() && p.verdict == Verdict::AcsUnknown)
+            .filter(|p| p.clique.is_some() && p.verdict == PairRoute::AcsUnknown)
             .flat_map(|p| &p.acs)
             .filter(|b| {
                 topo.device(&b.bridge)
@@ -637,21 +637,21 @@ fn pair_warnings(cx: &WarningContext<'_>) -> Vec<String> {
             )
         });
     }
-    if let Some(rc) = cx.in_clique(Verdict::RootComplex) {
+    if let Some(rc) = cx.in_clique(PairRoute::RootComplex) {
         out.push(format!(
             "--p2p-level {}: {rc} do P2P through the root complex (PHB), which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
         ));
     }
-    if let Some(node) = cx.in_clique(Verdict::CrossHostBridge) {
+    if let Some(node) = cx.in_clique(PairRoute::CrossHostBridge) {
         out.push(format!(
             "--p2p-level {}: {node} do P2P across root complexes, which is platform-dependent; \
              verify with the guest agent",
             options.p2p_level.label().to_lowercase(),
         ));
     }
-    if let Some(sys) = cx.in_clique(Verdict::CrossSocket) {
+    if let Some(sys) = cx.in_clique(PairRoute::CrossSocket) {
         let intel = topo
             .devices
             .values()
@@ -736,7 +736,7 @@ mod tests {
         assert_eq!(p.clique_of(&gpus[3]), Some(1));
         let inner = p.pair(&gpus[0], &gpus[1]).unwrap();
         assert_eq!(inner.path, PathKind::Pix);
-        assert_eq!(inner.verdict, Verdict::IommuRouted);
+        assert_eq!(inner.verdict, PairRoute::IommuRouted);
         assert_eq!(inner.clique, Some(0));
         assert!(inner.explanation.contains("slower than bare metal"));
         let dsp = inner
@@ -747,7 +747,7 @@ mod tests {
         assert_eq!(dsp.control.unwrap().names(), ["SV", "RR", "CR", "UF"]);
         let across = p.pair(&gpus[1], &gpus[2]).unwrap();
         assert_eq!(across.path, PathKind::Node);
-        assert_eq!(across.verdict, Verdict::CrossHostBridge);
+        assert_eq!(across.verdict, PairRoute::CrossHostBridge);
         assert_eq!(across.clique, None);
         assert!(p.warnings.iter().any(|w| w.contains("IOMMU-routed")));
     }
@@ -785,7 +785,7 @@ mod tests {
         };
         let p = plan(&t, &gpus, &opts).unwrap();
         assert_eq!(p.cliques.len(), 1);
-        assert_eq!(p.pairs[0].verdict, Verdict::Untranslated);
+        assert_eq!(p.pairs[0].verdict, PairRoute::Untranslated);
         assert!(p.warnings.iter().any(|w| w.contains("untranslated")));
     }
 
@@ -807,7 +807,7 @@ mod tests {
                 ..PlanOptions::default()
             };
             let p = plan(&t, &gpus, &opts).unwrap();
-            assert_eq!(p.pairs[0].verdict, Verdict::Untranslated, "{what}");
+            assert_eq!(p.pairs[0].verdict, PairRoute::Untranslated, "{what}");
         }
     }
 
@@ -830,7 +830,7 @@ mod tests {
         };
         let (t, gpus) = with_ats(dt, [true, true]);
         let p = plan(&t, &gpus, &PlanOptions::default()).unwrap();
-        assert_eq!(p.pairs[0].verdict, Verdict::DirectTranslated);
+        assert_eq!(p.pairs[0].verdict, PairRoute::DirectTranslated);
         assert_eq!(p.pairs[0].clique, Some(0));
         assert!(p.pairs[0].explanation.contains("ATS"));
         for (what, acs, ats) in [
@@ -944,7 +944,7 @@ mod tests {
             )
             .unwrap()
         };
-        let sizes = |p: &Plan| p.cliques.iter().map(|c| c.gpus.len()).collect::<Vec<_>>();
+        let sizes = |p: &CliquePlan| p.cliques.iter().map(|c| c.gpus.len()).collect::<Vec<_>>();
         assert_eq!(sizes(&at(PathKind::Pix)), [2, 2, 2, 2]);
         assert_eq!(sizes(&at(PathKind::Pxb)), [4, 4]);
         assert_eq!(sizes(&at(PathKind::Node)), [4, 4]);
@@ -964,7 +964,7 @@ mod tests {
         let p = plan(&t, &gpus, &PlanOptions::default()).unwrap();
         assert!(p.cliques.is_empty());
         assert_eq!(p.assignments[&gpus[0]], None);
-        assert_eq!(p.pairs[0].verdict, Verdict::Nvlink);
+        assert_eq!(p.pairs[0].verdict, PairRoute::Nvlink);
         assert_eq!(p.pairs[0].nvlink, Some(18));
         assert!(p.warnings.is_empty(), "{:?}", p.warnings);
     }
@@ -975,7 +975,7 @@ mod tests {
         let t = topo(&host);
         let p = plan(&t, &all_gpus(&t), &PlanOptions::default()).unwrap();
         assert_eq!(p.cliques.len(), 1);
-        assert_eq!(p.pairs[0].verdict, Verdict::AcsUnknown);
+        assert_eq!(p.pairs[0].verdict, PairRoute::AcsUnknown);
         assert!(p.pairs[0].acs.iter().all(|a| a.state == AcsState::Unknown));
         assert!(p.warnings.iter().any(|w| w.contains("as root")));
     }
