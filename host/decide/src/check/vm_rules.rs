@@ -6,8 +6,8 @@ use pci_config::clique::{placement, PlacementRefused, Placer, OFFSET_FALLBACK, O
 use super::facts::{ConfigSyntax, Vmm, VmmFacts};
 use super::report::{result, CheckResult, Status};
 use crate::clique_offset::qemu_placer;
+use crate::clique_plan::{CliquePlan, PairRoute, PlanError};
 use crate::mmio;
-use crate::plan::{Plan, PlanError, Verdict};
 use vfio_p2p_model::Device;
 
 const GIB: u64 = 1 << 30;
@@ -177,7 +177,7 @@ pub(super) fn check_hidden(vmm: &VmmFacts) -> CheckResult {
     )
 }
 
-pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
+pub(super) fn check_plan(plan: &Result<CliquePlan, PlanError>) -> CheckResult {
     match plan {
         Err(e) => result(
             "p2p-plan",
@@ -190,7 +190,7 @@ pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
             let routed = p
                 .pairs
                 .iter()
-                .filter(|x| x.clique.is_some() && x.verdict == Verdict::IommuRouted)
+                .filter(|x| x.clique.is_some() && x.verdict == PairRoute::IommuRouted)
                 .count();
             let saw = format!(
                 "{} clique(s) for {} GPU(s); {} clique pair(s) IOMMU-routed{}",
@@ -207,11 +207,11 @@ pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
                 x.clique.is_some()
                     && matches!(
                         x.verdict,
-                        Verdict::Untranslated
-                            | Verdict::AcsUnknown
-                            | Verdict::CrossSocket
-                            | Verdict::CrossHostBridge
-                            | Verdict::RootComplex
+                        PairRoute::Untranslated
+                            | PairRoute::AcsUnknown
+                            | PairRoute::CrossSocket
+                            | PairRoute::CrossHostBridge
+                            | PairRoute::RootComplex
                     )
             });
             if serious {
