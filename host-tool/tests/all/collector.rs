@@ -146,6 +146,15 @@ impl Harness {
         let _ = g.write_all(bytes);
     }
 
+    /// Waits until `n` connections have been handled (10 s at most), so that a test's next
+    /// connection is not raced against the last one on a loaded machine.
+    fn wait_handled(&self, n: usize) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while self.handled.lock().unwrap().len() < n && std::time::Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Closes the listener, waits for every worker, returns the outcomes.
     fn finish(&mut self) -> Vec<Handled> {
         self.tx.take();
@@ -210,7 +219,7 @@ fn bandwidth_under_the_floor_of_the_link_type_fails() {
 fn a_spoofed_domain_name_is_filed_under_the_cid_and_fails() {
     let mut h = Harness::new(&[plan("victim", 20), plan("attacker", 21)], quick_limits());
     h.send(20, report("victim", 24.0).to_json().as_bytes());
-    thread::sleep(Duration::from_millis(100));
+    h.wait_handled(1);
     h.send(21, report("victim", 0.0).to_json().as_bytes());
     h.finish();
     let victim = h.store().latest("victim").unwrap().unwrap();
@@ -315,7 +324,7 @@ fn a_guest_that_sends_again_too_soon_is_dropped() {
     };
     let mut h = Harness::new(&[plan("vm", 50)], limits);
     h.send(50, report("vm", 24.0).to_json().as_bytes());
-    thread::sleep(Duration::from_millis(100));
+    h.wait_handled(1);
     h.send(50, report("vm", 0.0).to_json().as_bytes());
     let out = h.finish();
     assert_eq!(out[1], Handled::RateLimited(50), "{out:?}");
@@ -470,7 +479,7 @@ fn a_broken_plan_or_a_shared_cid_leaves_the_other_domains_served() {
     )
     .unwrap();
     h.send(70, report("ok", 24.0).to_json().as_bytes());
-    thread::sleep(Duration::from_millis(100));
+    h.wait_handled(1);
     h.send(71, report("one", 24.0).to_json().as_bytes());
     let out = h.finish();
     assert_eq!(
