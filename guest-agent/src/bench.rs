@@ -1,18 +1,18 @@
 //! `bench`: latency and bandwidth of one ordered GPU pair, the way the reference
 //! probe measures them (CUDA events around a batch, time per item), repeated.
 //!
-//! The first round of each measurement is a warm-up and is dropped.
+//! The first round of each measurement is a warm-up and is dropped (`warmup_rounds`).
 
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, Module, Param, Stream};
+use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, HostGate, Module, Param, Stream};
 use crate::kernels::{chase_next, Kernel, POLLS_PER_CHECK};
 use crate::stats::Stat;
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct BenchPlan {
     /// Kept rounds of each measurement (after one warm-up).
     pub samples: usize,
     /// Kept rounds of the ping-pong (after one warm-up), all with the flags placed
@@ -39,7 +39,21 @@ pub struct Plan {
     pub bw_bytes: usize,
     pub bw_copies: u32,
     pub disabled_copies: u32,
+    /// Bytes of each staged copy with peer access disabled; 0 (reports of earlier
+    /// agents, and FULL) is `bw_bytes`.
+    #[serde(default)]
+    pub disabled_bytes: usize,
     pub disabled_memcpy_copies: u32,
+    /// Both ways at once: both streams wait on one host-memory gate, released once
+    /// every copy is queued, so neither direction starts first (false in reports of
+    /// earlier agents: the reverse stream waited on an event of the source GPU, starting
+    /// some 20 µs late, 1 % of a 3-copy batch).
+    #[serde(default)]
+    pub bidir_gate: bool,
+    /// Rounds run and dropped before each measurement's samples (1 in reports of
+    /// earlier agents).
+    #[serde(default = "one")]
+    pub warmup_rounds: usize,
     /// Adaptive sampling: stop after this many kept rounds once their spread is below
     /// `target_spread_permille` ‰ of the median (up to `samples`). 0 in reports of
     /// earlier agents, which always took `samples`.
@@ -54,7 +68,7 @@ pub struct Plan {
     pub pingpong_min_samples: usize,
 }
 
-impl Plan {
+impl BenchPlan {
     /// The reference probe's buffer sizes, with batches as short as keep every median
     /// where the probe's batches put it (2 × H100 NVLink, 2026-11-25: the probe's 100,000
     /// ping-pongs a round took 2.6 s of the 3.5 s a direction took; see README, Measured).
@@ -62,10 +76,13 @@ impl Plan {
     /// microseconds the events around it cost: a sample's spread inside a process was
     /// 0.02–0.3 % for the bandwidths and the chase at the earlier sizes (2 and 4 × H100,
     /// `tests/fixtures/agent/issue31`), so 3 copies of 256 MiB (2 ms) stand for 10,
-    /// one staged copy (7 ms) for 4, 3,000 remote dependent loads for 10,000
-    /// and 1,000 ping-pongs (1.7 ms) for 5,000; the side-by-side run there compares the
-    /// medians with the earlier sizes' (README, the report beside p2pBandwidthLatencyTest).
-    pub const FULL: Plan = Plan {
+    /// 4 staged copies of 64 MiB (7 ms) for 4 of 256 MiB (one of 256 MiB read 1–2 % high),
+    /// 3,000 remote dependent loads for 10,000 and 1,000 ping-pongs (1.7 ms) for 5,000;
+    /// no round is dropped before the samples (the ping-pong keeps its warm-up round): a
+    /// cold first sample breaks the 1 % agreement and the rule takes 5 samples, whose
+    /// median drops it. The side-by-side runs there compare the medians with the earlier
+    /// sizes' (README, the report beside p2pBandwidthLatencyTest).
+    pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
         pingpong_samples: 9,
         pingpong_positions: 5,
@@ -76,8 +93,11 @@ impl Plan {
         memcpy_copies: 1_000,
         bw_bytes: 256 << 20,
         bw_copies: 3,
-        disabled_copies: DISABLED,
+        disabled_copies: 4,
+        disabled_bytes: 64 << 20,
         disabled_memcpy_copies: 200,
+        bidir_gate: true,
+        warmup_rounds: 0,
         // The 2 × H200 figures agreed to ±0 % over 5 samples (issue 17): 3 within 1 %
         // are as good, and a noisy measurement still gets all 5.
         min_samples: 3,
@@ -90,22 +110,64 @@ impl Plan {
     /// FULL's batches (measured in issue 31) with fewer samples and flag places: never
     /// longer than the full report (its earlier, larger batches made it slower, 2.9–3.0 s
     /// against 2.2 s on 4 × H100).
-    pub const QUICK: Plan = Plan {
+    pub const QUICK: BenchPlan = BenchPlan {
         samples: 3,
         pingpong_samples: 5,
         pingpong_positions: 3,
         min_samples: 3,
         target_spread_permille: 0,
         pingpong_min_samples: 0,
-        ..Plan::FULL
+        ..BenchPlan::FULL
     };
 
     /// Number of progress steps of one pair.
     pub const STEPS: u64 = 8;
+
+    /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
+    /// runs of `bench/issue31.sh` compare batch sizes in one process build):
+    /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
+    /// `bidir=gate|event`.
+    pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        for item in items {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--tune {item:?}: KEY=VALUE expected"))?;
+            let number = || {
+                value
+                    .parse::<u32>()
+                    .map_err(|_| format!("--tune {key}: {value:?} is not a whole number"))
+            };
+            match key {
+                "disabled_copies" => self.disabled_copies = number()?,
+                "disabled_mib" => self.disabled_bytes = (number()? as usize) << 20,
+                "min_samples" => self.min_samples = number()? as usize,
+                "warmup_rounds" => self.warmup_rounds = number()? as usize,
+                "pingpong_positions" => self.pingpong_positions = number()? as usize,
+                "bidir" => {
+                    self.bidir_gate = match value {
+                        "gate" => true,
+                        "event" => false,
+                        _ => return Err(format!("--tune bidir={value}: gate or event")),
+                    }
+                }
+                _ => return Err(format!("--tune {key}: not a bench plan setting")),
+            }
+        }
+        Ok(self)
+    }
+
+    /// Bytes of one staged copy with peer access disabled.
+    pub fn disabled_copy_bytes(&self) -> usize {
+        match self.disabled_bytes {
+            0 => self.bw_bytes,
+            n => n.min(self.bw_bytes),
+        }
+    }
 }
 
-/// Staged copies of 256 MiB per sample with peer access disabled, in [`Plan::FULL`].
-const DISABLED: u32 = 1;
+fn one() -> usize {
+    1
+}
 
 /// Polls of a flag before a ping-pong kernel gives up (seconds, at any link speed).
 const POLL_LIMIT: u64 = 1 << 24;
@@ -120,7 +182,7 @@ const COPY_BLOCK: u32 = 512;
 pub struct PairBench {
     pub src: Bdf,
     pub dst: Bdf,
-    pub plan: Plan,
+    pub plan: BenchPlan,
     /// One-way latency of a flag write, from a ping-pong with the flags placed like
     /// the reference probe's (µs), a sample per round. Needs access both ways.
     pub one_way_latency_us: Option<Stat>,
@@ -209,7 +271,7 @@ pub fn flag_offset(place: usize) -> usize {
 /// Whether the kept samples `v` are enough under `plan`'s stopping rule: all
 /// `plan.samples` of them, or at least `plan.min_samples` whose spread (max − min) is
 /// below `plan.target_spread_permille` ‰ of their median.
-pub fn enough(v: &[f64], plan: &Plan) -> bool {
+pub fn enough(v: &[f64], plan: &BenchPlan) -> bool {
     if v.len() >= plan.samples.max(1) {
         return true;
     }
@@ -220,12 +282,15 @@ pub fn enough(v: &[f64], plan: &Plan) -> bool {
         .is_some_and(|s| s.spread_pct * 10.0 < f64::from(plan.target_spread_permille))
 }
 
-/// Runs timed rounds (after a warm-up), each returning one sample, until [`enough`].
+/// Runs timed rounds (after `plan.warmup_rounds` dropped ones), each returning one sample,
+/// until [`enough`].
 fn sampled(
-    plan: &Plan,
+    plan: &BenchPlan,
     mut round: impl FnMut() -> Result<f64, CudaError>,
 ) -> Result<Stat, CudaError> {
-    round()?;
+    for _ in 0..plan.warmup_rounds {
+        round()?;
+    }
     let mut v = Vec::with_capacity(plan.samples);
     while !enough(&v, plan) {
         v.push(round()?);
@@ -260,7 +325,7 @@ impl<'s> Laps<'s> {
         Laps {
             step,
             last,
-            laps: Vec::with_capacity(Plan::STEPS as usize),
+            laps: Vec::with_capacity(BenchPlan::STEPS as usize),
         }
     }
 
@@ -282,7 +347,7 @@ pub fn bench_pair(
     (dst, dst_mod): Side<'_, '_>,
     (flag_src, flag_dst): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
     both_ways: bool,
-    plan: &Plan,
+    plan: &BenchPlan,
     step: &(dyn Fn(&str) + Sync),
 ) -> Result<PairBench, CudaError> {
     let mut laps = Laps::start(step);
@@ -322,9 +387,9 @@ pub fn bench_pair(
         DeviceBuffer::new(src, bytes)?,
         DeviceBuffer::new(dst, bytes)?,
     );
-    let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, plan.bw_copies)?;
+    let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, (plan.bw_copies, plan.bw_bytes))?;
     laps.done("copy-engine bandwidth");
-    let ce_bidir_bandwidth_gbps = pair.bidir_bandwidth(&s_src, &d_dst)?;
+    let (ce_bidir_bandwidth_gbps, gated) = pair.bidir_bandwidth(&s_src, &d_dst)?;
     laps.done("bidirectional bandwidth");
     let sm_copy_bandwidth_gbps = pair.sm_copy_bandwidth(&s_src, &d_dst)?;
     laps.done("SM copy bandwidth");
@@ -334,7 +399,10 @@ pub fn bench_pair(
     Ok(PairBench {
         src: src.bus_id,
         dst: dst.bus_id,
-        plan: *plan,
+        plan: BenchPlan {
+            bidir_gate: gated,
+            ..*plan
+        },
         one_way_latency_us: pp.reference,
         pingpong_flag_addresses: pp.flag_addresses,
         pingpong_position_spread: pp.positions,
@@ -375,7 +443,7 @@ struct PairRun<'a, 'g> {
     dst: &'g Gpu,
     sa: &'a Stream<'g>,
     sb: &'a Stream<'g>,
-    plan: &'a Plan,
+    plan: &'a BenchPlan,
 }
 
 fn gbps(ms: f64, total: f64) -> f64 {
@@ -441,9 +509,8 @@ impl PairRun<'_, '_> {
         &self,
         s_src: &DeviceBuffer<'_>,
         d_dst: &DeviceBuffer<'_>,
-        copies: u32,
+        (copies, bytes): (u32, usize),
     ) -> Result<Stat, CudaError> {
-        let bytes = self.plan.bw_bytes;
         sampled(self.plan, || {
             let ms = timed(self.sa, || {
                 (0..copies).try_for_each(|_| self.sa.copy_peer(d_dst, s_src, bytes))
@@ -452,30 +519,62 @@ impl PairRun<'_, '_> {
         })
     }
 
-    /// Copy-engine copies both ways at once, one stream each (GB/s, both directions).
+    /// Copy-engine copies both ways at once, one stream each (GB/s, both directions), and
+    /// whether the streams started at a host gate (else the reverse stream waits on an
+    /// event of the source GPU: a driver without stream memory operations).
     fn bidir_bandwidth(
         &self,
         s_src: &DeviceBuffer<'_>,
         d_dst: &DeviceBuffer<'_>,
-    ) -> Result<Stat, CudaError> {
+    ) -> Result<(Stat, bool), CudaError> {
         let (plan, bytes) = (self.plan, self.plan.bw_bytes);
         let s_dst = DeviceBuffer::new(self.dst, bytes)?;
         let d_src = DeviceBuffer::new(self.src, bytes)?;
-        sampled(plan, || {
+        let gate = if plan.bidir_gate {
+            self.start_gate()
+        } else {
+            None
+        };
+        let stat = sampled(plan, || {
             let back_done = Event::new(self.dst)?;
+            if let Some(g) = &gate {
+                g.close();
+                g.hold(self.sa)?;
+                g.hold(self.sb)?;
+            }
             let ms = timed(self.sa, || {
-                let start = Event::new(self.src)?;
-                start.record(self.sa)?;
-                self.sb.wait(&start)?;
+                if gate.is_none() {
+                    let start = Event::new(self.src)?;
+                    start.record(self.sa)?;
+                    self.sb.wait(&start)?;
+                }
                 for _ in 0..plan.bw_copies {
                     self.sa.copy_peer(d_dst, s_src, bytes)?;
                     self.sb.copy_peer(&d_src, &s_dst, bytes)?;
                 }
                 back_done.record(self.sb)?;
-                self.sa.wait(&back_done)
+                self.sa.wait(&back_done)?;
+                if let Some(g) = &gate {
+                    g.open();
+                }
+                Ok(())
             })?;
             Ok(gbps(ms, 2.0 * plan.bw_copies as f64 * bytes as f64))
-        })
+        })?;
+        Ok((stat, gate.is_some()))
+    }
+
+    /// An open gate both streams have passed once, or none where the driver refuses
+    /// stream memory operations (`cuStreamWaitValue32`).
+    fn start_gate(&self) -> Option<HostGate> {
+        let gate = HostGate::new(self.src).ok()?;
+        gate.open();
+        let tried = gate
+            .hold(self.sa)
+            .and_then(|()| gate.hold(self.sb))
+            .and_then(|()| self.sa.synchronize())
+            .and_then(|()| self.sb.synchronize());
+        tried.ok().map(|()| gate)
     }
 
     /// A copy kernel on the source's SMs writing into the peer (GB/s).
@@ -524,7 +623,8 @@ impl PairRun<'_, '_> {
         peers::disable(src, dst)?;
         peers::disable(dst, src)?;
         let disabled = (|| -> Result<(Stat, Stat), CudaError> {
-            let bw = self.ce_bandwidth(s_src, d_dst, plan.disabled_copies)?;
+            let batch = (plan.disabled_copies, plan.disabled_copy_bytes());
+            let bw = self.ce_bandwidth(s_src, d_dst, batch)?;
             let lat = self.memcpy_latency(tiny, plan.disabled_memcpy_copies)?;
             Ok((bw, lat))
         })();
@@ -576,7 +676,7 @@ impl PingPong<'_, '_> {
     fn run(
         &self,
         (flag_a, flag_b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
-        plan: &Plan,
+        plan: &BenchPlan,
     ) -> Result<PingPongResult, CudaError> {
         let mut out = PingPongResult {
             flag_addresses: Some([flag_a.ptr(), flag_b.ptr()].map(|p| format!("{p:#x}"))),
@@ -586,7 +686,7 @@ impl PingPong<'_, '_> {
         // Round 0 is the warm-up; then rounds until `pingpong_samples`, or fewer once
         // `pingpong_min_samples` agree within the plan's spread (batches sized by the
         // spread measured, as the other measurements are).
-        let steady = Plan {
+        let steady = BenchPlan {
             samples: plan.pingpong_samples,
             min_samples: plan.pingpong_min_samples,
             ..*plan
@@ -673,8 +773,8 @@ mod tests {
     /// FULL's (its earlier batches, 10,000 ping-pongs a round, made it the slower one).
     #[test]
     fn quick_measures_no_more_than_full() {
-        let (q, f) = (Plan::QUICK, Plan::FULL);
-        let counts = |p: &Plan| {
+        let (q, f) = (BenchPlan::QUICK, BenchPlan::FULL);
+        let counts = |p: &BenchPlan| {
             [
                 p.samples as u64,
                 p.pingpong_samples as u64,
@@ -684,7 +784,8 @@ mod tests {
                 p.local_chase_steps as u64,
                 p.memcpy_copies as u64,
                 p.bw_bytes as u64 * p.bw_copies as u64,
-                p.bw_bytes as u64 * p.disabled_copies as u64,
+                p.disabled_copy_bytes() as u64 * p.disabled_copies as u64,
+                p.warmup_rounds as u64,
                 p.disabled_memcpy_copies as u64,
             ]
         };
@@ -695,7 +796,7 @@ mod tests {
 
     #[test]
     fn adaptive_sampling_stops_when_steady() {
-        let full = Plan::FULL;
+        let full = BenchPlan::FULL;
         assert!(!enough(&[], &full));
         assert!(!enough(&[394.0, 394.1], &full));
         // Three within 1 % (0.05 %): enough.
@@ -705,12 +806,12 @@ mod tests {
         assert!(!enough(&[394.0, 402.0, 394.1, 390.0], &full));
         assert!(enough(&[394.0, 402.0, 394.1, 390.0, 395.0], &full));
         // QUICK keeps its fixed count; a report of an earlier agent (0s) too.
-        assert!(!enough(&[1.0, 1.0], &Plan::QUICK));
-        assert!(enough(&[1.0, 1.0, 1.0], &Plan::QUICK));
-        let old = Plan {
+        assert!(!enough(&[1.0, 1.0], &BenchPlan::QUICK));
+        assert!(enough(&[1.0, 1.0, 1.0], &BenchPlan::QUICK));
+        let old = BenchPlan {
             min_samples: 0,
             target_spread_permille: 0,
-            ..Plan::FULL
+            ..BenchPlan::FULL
         };
         assert!(!enough(&[1.0; 4], &old));
         assert!(enough(&[1.0; 5], &old));
@@ -724,7 +825,7 @@ mod tests {
         PairBench {
             src: "0000:00:06.0".parse().unwrap(),
             dst: "0000:00:07.0".parse().unwrap(),
-            plan: Plan::QUICK,
+            plan: BenchPlan::QUICK,
             one_way_latency_us: Some(stat(&[0.614, 0.613, 0.614])),
             pingpong_flag_addresses: Some(["0x7f0000000000".into(), "0x7f0000200000".into()]),
             pingpong_position_spread: Some(PositionSpread {
@@ -774,7 +875,7 @@ mod tests {
 
     #[test]
     fn other_flag_places_move_both_line_and_high_address_bits() {
-        let places: Vec<usize> = (0..Plan::FULL.pingpong_positions)
+        let places: Vec<usize> = (0..BenchPlan::FULL.pingpong_positions)
             .map(flag_offset)
             .collect();
         assert_eq!(places[0], 0);

@@ -41,9 +41,10 @@ pub fn run(command: &Command) -> Result<u8, CannotRun> {
             serial,
             only,
             hold_s,
+            ctx_create,
         } => {
             let hold = std::time::Duration::from_secs(*hold_s);
-            let t = vfio_p2p_agent::setup_probe::run(!*serial, *only, hold)?;
+            let t = vfio_p2p_agent::setup_probe::run((!*serial, *ctx_create), *only, hold)?;
             println!(
                 "{}",
                 serde_json::to_string(&t).map_err(anyhow::Error::from)?

@@ -192,6 +192,10 @@ pub enum Command {
         /// Keep the contexts this many seconds after (keeps the driver warm for others).
         #[arg(long, default_value_t = 0)]
         hold_s: u64,
+        /// First create and destroy a plain context (`cuCtxCreate`) on each GPU, one after
+        /// the other, timed: against the primary contexts that follow.
+        #[arg(long)]
+        ctx_create: bool,
     },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
@@ -223,5 +227,10 @@ pub enum Command {
         /// Also print the time of each phase on stderr as it ends.
         #[arg(short, long)]
         verbose: bool,
+        /// A bench aid (`bench/issue31.sh`): KEY=VALUE overrides of the bench plan
+        /// (`BenchPlan::tuned`), and `exit=reset` (each GPU's context reset, a thread per
+        /// GPU, before the process ends) to compare ideas in one build.
+        #[arg(long, hide = true, value_delimiter = ',')]
+        tune: Vec<String>,
     },
 }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Serialize;
 
-use vfio_p2p_agent::bench::{self, PingPongFlags, Plan};
+use vfio_p2p_agent::bench::{self, BenchPlan, PingPongFlags};
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format, SendArgs, SysfsArgs};
 use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::HandleKind;
@@ -36,6 +36,7 @@ impl<E: Into<anyhow::Error>> From<E> for CannotRun {
 }
 
 fn main() -> ExitCode {
+    mark("main");
     vfio_p2p_style::init_logging("RUST_LOG", "warn");
     let cli = Cli::parse();
     match run(&cli) {
@@ -122,11 +123,16 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             serial,
             verbose,
         } => {
-            let plan = if *quick { Plan::QUICK } else { Plan::FULL };
+            let plan = if *quick {
+                BenchPlan::QUICK
+            } else {
+                BenchPlan::FULL
+            };
             if let Some(n) = simulate {
                 let verbose = cli.verbose || *verbose;
                 return run_simulated(f, usize::from(*n), (!*serial, verbose), &plan);
             }
+            cuda::prefer_one_work_queue();
             let gpus = open_gpus()?;
             let pairs = peers::probe(&gpus, None)?;
             let flags = PingPongFlags::allocate(&gpus)?;
@@ -152,8 +158,28 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
             send,
             inject,
             verbose,
+            tune,
         } => {
             let words = if *quick { 2 << 20 } else { 16 << 20 };
+            let (exit_tune, plan_tune): (Vec<&str>, Vec<&str>) = tune
+                .iter()
+                .map(String::as_str)
+                .partition(|t| t.starts_with("exit="));
+            let base = if *quick {
+                BenchPlan::QUICK
+            } else {
+                BenchPlan::FULL
+            };
+            let plan = base.tuned(plan_tune).map_err(anyhow::Error::msg)?;
+            let exit = match exit_tune.last().copied() {
+                None | Some("exit=now") => Exit::Now,
+                Some("exit=reset") => Exit::ResetContexts,
+                Some(other) => {
+                    return Err(CannotRun(anyhow::anyhow!(
+                        "--tune {other}: exit=now or exit=reset"
+                    )))
+                }
+            };
             let inject = parse_inject(inject, words)?;
             let baseline = baseline
                 .as_deref()
@@ -165,8 +191,8 @@ fn run(cli: &Cli) -> Result<u8, CannotRun> {
                     f,
                     sysfs,
                     expect,
-                    (*quick, cli.verbose || *verbose, *cross_process),
-                    (baseline.as_ref(), &inject),
+                    ((&plan, *quick), cli.verbose || *verbose, *cross_process),
+                    (baseline.as_ref(), &inject, exit),
                     send,
                 ),
             }
@@ -330,11 +356,12 @@ fn run_report(
     f: Format,
     sysfs: &SysfsArgs,
     expect: &ExpectArgs,
-    (quick, verbose, across): (bool, bool, bool),
-    (baseline, inject): (Option<&Report>, &Injection),
+    ((plan, quick), verbose, across): ((&BenchPlan, bool), bool, bool),
+    (baseline, inject, exit): (Option<&Report>, &Injection, Exit),
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
+    cuda::prefer_one_work_queue();
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
     let mut phases = report::Phases {
         verbose,
@@ -375,9 +402,8 @@ fn run_report(
     let verify_walls =
         measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     phases.lap("verify (one-way writes checked)", started);
-    let plan = if quick { Plan::QUICK } else { Plan::FULL };
     let ran = (rounds.as_slice(), Some(verify_walls.as_slice()));
-    let round_records = measure::bench_by_rounds(sides, &flags, &mut reports, &plan, ran)?;
+    let round_records = measure::bench_by_rounds(sides, &flags, &mut reports, plan, ran)?;
     phases.lap("bench (latency, bandwidth)", started);
     let cross = if across {
         let exe = std::env::current_exe().context("finding this program to start its children")?;
@@ -425,7 +451,31 @@ fn run_report(
     // one after the other on the way out; the driver frees them as the process exits.
     use std::io::Write;
     let _ = std::io::stdout().flush();
+    if exit == Exit::ResetContexts {
+        cuda::reset_contexts(&gpus);
+    }
+    mark("exit");
     std::process::exit(code.into())
+}
+
+/// How `report` ends once everything is printed (`--tune exit=…`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// The process ends; the driver tears the contexts down.
+    Now,
+    /// Each GPU's context reset first, a thread per GPU.
+    ResetContexts,
+}
+
+/// With `VFIO_P2P_AGENT_MARKS` set (a bench aid: `bench/issue31.sh` takes the process's
+/// start and end around it), `mark WHAT UNIX_NS` on stderr.
+fn mark(what: &str) {
+    if std::env::var_os("VFIO_P2P_AGENT_MARKS").is_some() {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        eprintln!("mark {what} {ns}");
+    }
 }
 
 /// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
@@ -583,7 +633,7 @@ fn run_simulated(
     f: Format,
     n: usize,
     (concurrent, verbose): (bool, bool),
-    plan: &Plan,
+    plan: &BenchPlan,
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
     let mut phases = report::Phases {

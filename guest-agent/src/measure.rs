@@ -11,7 +11,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
-use crate::bench::{self, PairBench, PingPongFlags, Plan};
+use crate::bench::{self, BenchPlan, PairBench, PingPongFlags};
 use crate::cuda::{Gpu, Module};
 use crate::report::PairReport;
 use crate::schedule::{self, RoundPlan};
@@ -190,12 +190,12 @@ pub fn bench_by_rounds(
     (gpus, modules): (&[Gpu], &[Module<'_>]),
     flags: &PingPongFlags<'_>,
     reports: &mut [PairReport],
-    plan: &Plan,
+    plan: &BenchPlan,
     (rounds, verify_walls): (&[RoundPlan], Option<&[f64]>),
 ) -> Result<Vec<RoundRecord>> {
     let enabled = Enabled::of(gpus, reports);
     let ordered: usize = reports.iter().filter(|r| r.peer.enabled).count();
-    let pb = progress(ordered as u64 * Plan::STEPS);
+    let pb = progress(ordered as u64 * BenchPlan::STEPS);
     let labels = labels(reports);
     let runs = schedule::execute(rounds, &|a, b| {
         let ways = enabled.both_ways(a, b);
@@ -262,12 +262,12 @@ pub fn simulate(
     (gpus, modules): (&[Gpu], &[Module<'_>]),
     simulated: usize,
     concurrent: bool,
-    plan: &Plan,
+    plan: &BenchPlan,
 ) -> Result<SimulatedRun> {
     let started = Instant::now();
     let real = |v: usize| v % gpus.len();
     let flags = PingPongFlags::allocate((0..simulated).map(|v| &gpus[real(v)]))?;
-    let plan = Plan {
+    let plan = BenchPlan {
         disabled_copies: 0,
         disabled_memcpy_copies: 0,
         ..*plan

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::Args;
+use vfio_p2p_vsock::VsockListener;
 
 use crate::cli::GlobalArgs;
 use crate::collector::store::{Store, DEFAULT_STATE_DIR};
-use crate::collector::transport::{UnixCidListener, VsockListener};
+use crate::collector::transport::UnixCidListener;
 use crate::collector::{serve, Collector, Handled, Limits};
 use crate::decide::fleet_verdict::{BandwidthFloors, Outcome};
 
