@@ -11,7 +11,8 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
-use crate::bench::{self, BenchPlan, PairBench, PingPongFlags};
+use crate::bench::pingpong::PingPongFlags;
+use crate::bench::{self, BenchPlan, PairBench};
 use crate::cuda::{Gpu, Module};
 use crate::report::PairReport;
 use crate::schedule::{self, RoundPlan};
