@@ -257,7 +257,8 @@ pub struct SimulatedRun {
 /// Runs the N-GPU schedule on `gpus`: simulated GPU i is GPU i mod count (with one GPU
 /// every pair is that GPU with itself: within the GPU, not P2P). Each simulated GPU has
 /// its own ping-pong flag; nothing is measured with peer access disabled (pairs that
-/// share a GPU would turn it off under each other). The rounds run as on an NVSwitch
+/// share a GPU would turn it off under each other), and both ways at once start by an
+/// event, not at a host gate. The rounds run as on an NVSwitch
 /// fabric (`concurrent`), or one pair at a time, to compare.
 pub fn simulate(
     (gpus, modules): (&[Gpu], &[Module<'_>]),
@@ -268,9 +269,13 @@ pub fn simulate(
     let started = Instant::now();
     let real = |v: usize| v % gpus.len();
     let flags = PingPongFlags::allocate((0..simulated).map(|v| &gpus[real(v)]))?;
+    // No host gate for both ways at once either: a pair's buffer freed on a GPU another
+    // pair shares waits for that pair's streams, which wait at its gate for a thread the
+    // driver holds back (a simulated 4-GPU run on 2 H100s hung, issue 31).
     let plan = BenchPlan {
         disabled_copies: 0,
         disabled_memcpy_copies: 0,
+        bidir_gate: false,
         ..*plan
     };
     let why = if concurrent {

@@ -169,6 +169,11 @@ impl BenchPlan {
     }
 }
 
+/// Host gates of finished both-ways measurements, for the next pair: a gate is pinned host
+/// memory, and freeing it waits for the device, where other pairs' streams may be waiting
+/// at their own gates for threads the driver holds back.
+static GATES: std::sync::Mutex<Vec<HostGate>> = std::sync::Mutex::new(Vec::new());
+
 fn one() -> usize {
     1
 }
@@ -510,14 +515,24 @@ impl PairRun<'_, '_> {
                 Ok(())
             })?;
             Ok(gbps(ms, 2.0 * plan.bw_copies as f64 * bytes as f64))
-        })?;
-        Ok((stat, gate.is_some()))
+        });
+        let gated = gate.is_some();
+        if let Some(g) = gate {
+            g.open();
+            GATES.lock().unwrap_or_else(|p| p.into_inner()).push(g);
+        }
+        Ok((stat?, gated))
     }
 
     /// An open gate both streams have passed once, or none where the driver refuses
-    /// stream memory operations (`cuStreamWaitValue32`).
+    /// stream memory operations (`cuStreamWaitValue32`). Gates come from [`GATES`] and go
+    /// back there: never freed while pairs run (`cuMemFreeHost` waits for the device).
     fn start_gate(&self) -> Option<HostGate> {
-        let gate = HostGate::new(self.src).ok()?;
+        let pooled = GATES.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let gate = match pooled {
+            Some(g) => g,
+            None => HostGate::new(self.src).ok()?,
+        };
         gate.open();
         let tried = gate
             .hold(self.sa)
