@@ -103,22 +103,7 @@ pub enum Command {
         inject: Vec<String>,
     },
     /// Latency and bandwidth of every pair, with P2P and with it disabled.
-    Bench {
-        /// A short run (seconds), smaller buffers and fewer samples.
-        #[arg(long)]
-        quick: bool,
-        /// Run the schedule of N GPUs on the GPUs at hand (simulated GPU i is GPU i mod
-        /// count; with one GPU every pair is that GPU with itself, not P2P): rounds of
-        /// disjoint pairs at once, as on an NVSwitch fabric.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..=64))]
-        simulate: Option<u16>,
-        /// With --simulate: one pair at a time, to compare.
-        #[arg(long, requires = "simulate")]
-        serial: bool,
-        /// With --simulate: also print the time of each phase on stderr as it ends.
-        #[arg(short, long)]
-        verbose: bool,
-    },
+    Bench(BenchArgs),
     /// Check the NCCL topology file (default: $NCCL_TOPO_FILE) against the GPUs this
     /// guest sees: every GPU and NVLink in it, and what NCCL would get wrong (no CUDA needed).
     NcclTopo {
@@ -192,36 +177,68 @@ pub enum Command {
         /// Keep the contexts this many seconds after (keeps the driver warm for others).
         #[arg(long, default_value_t = 0)]
         hold_s: u64,
+        /// First create and destroy a plain context (`cuCtxCreate`) on each GPU, one after
+        /// the other, timed: against the primary contexts that follow.
+        #[arg(long)]
+        ctx_create: bool,
     },
     /// Everything: scan, expectation, peers, verify and bench, with a verdict per pair
     /// (and the NCCL topology file when NCCL_TOPO_FILE is set).
-    Report {
-        #[command(flatten)]
-        sysfs: SysfsArgs,
-        #[command(flatten)]
-        expect: ExpectArgs,
-        /// A short bench part (seconds): smaller buffers and fewer samples, as `bench --quick`.
-        #[arg(long)]
-        quick: bool,
-        /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.
-        #[arg(long)]
-        baseline: Option<PathBuf>,
-        /// Also check peer access across processes (`cross-process`, both handle kinds).
-        #[arg(long)]
-        cross_process: bool,
-        /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
-        #[arg(long, conflicts_with_all = ["quick", "expect", "send", "inject"])]
-        from: Option<PathBuf>,
-        /// A test aid (self-test): after the writes land, corrupt word WORD on the
-        /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
-        /// pair; the check must report exactly the destination's words. Comma-separated or
-        /// repeated.
-        #[arg(long, value_name = "dst:WORD|src:WORD")]
-        inject: Vec<String>,
-        #[command(flatten)]
-        send: SendArgs,
-        /// Also print the time of each phase on stderr as it ends.
-        #[arg(short, long)]
-        verbose: bool,
-    },
+    Report(ReportArgs),
+}
+
+/// `bench`'s arguments.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A short run (seconds), smaller buffers and fewer samples.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run the schedule of N GPUs on the GPUs at hand (simulated GPU i is GPU i mod
+    /// count; with one GPU every pair is that GPU with itself, not P2P): rounds of
+    /// disjoint pairs at once, as on an NVSwitch fabric.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..=64))]
+    pub simulate: Option<u16>,
+    /// With --simulate: one pair at a time, to compare.
+    #[arg(long, requires = "simulate")]
+    pub serial: bool,
+    /// With --simulate: also print the time of each phase on stderr as it ends.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// `report`'s arguments.
+#[derive(Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub sysfs: SysfsArgs,
+    #[command(flatten)]
+    pub expect: ExpectArgs,
+    /// A short bench part (seconds): smaller buffers and fewer samples, as `bench --quick`.
+    #[arg(long)]
+    pub quick: bool,
+    /// A previous report (JSON) of the same GPUs on bare metal: adds VM/bare-metal ratios.
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+    /// Also check peer access across processes (`cross-process`, both handle kinds).
+    #[arg(long)]
+    pub cross_process: bool,
+    /// Judge and print a saved report (JSON) instead of measuring (no GPU needed).
+    #[arg(long, conflicts_with_all = ["quick", "expect", "send", "inject"])]
+    pub from: Option<PathBuf>,
+    /// A test aid (self-test): after the writes land, corrupt word WORD on the
+    /// destination (`dst:WORD`) or in the source's copy of the data (`src:WORD`), every
+    /// pair; the check must report exactly the destination's words. Comma-separated or
+    /// repeated.
+    #[arg(long, value_name = "dst:WORD|src:WORD")]
+    pub inject: Vec<String>,
+    #[command(flatten)]
+    pub send: SendArgs,
+    /// Also print the time of each phase on stderr as it ends.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// A bench aid (`bench/issue31.sh`): KEY=VALUE overrides of the bench plan
+    /// (`BenchPlan::tuned`), and `exit=reset` (each GPU's context reset, a thread per
+    /// GPU, before the process ends) to compare ideas in one build.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub tune: Vec<String>,
 }

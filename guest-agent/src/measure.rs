@@ -11,7 +11,8 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
-use crate::bench::{self, PairBench, PingPongFlags, Plan};
+use crate::bench::pingpong::PingPongFlags;
+use crate::bench::{self, BenchPlan, PairBench};
 use crate::cuda::{Gpu, Module};
 use crate::report::PairReport;
 use crate::schedule::{self, RoundPlan};
@@ -190,12 +191,12 @@ pub fn bench_by_rounds(
     (gpus, modules): (&[Gpu], &[Module<'_>]),
     flags: &PingPongFlags<'_>,
     reports: &mut [PairReport],
-    plan: &Plan,
+    plan: &BenchPlan,
     (rounds, verify_walls): (&[RoundPlan], Option<&[f64]>),
 ) -> Result<Vec<RoundRecord>> {
     let enabled = Enabled::of(gpus, reports);
     let ordered: usize = reports.iter().filter(|r| r.peer.enabled).count();
-    let pb = progress(ordered as u64 * Plan::STEPS);
+    let pb = progress(ordered as u64 * BenchPlan::STEPS);
     let labels = labels(reports);
     let runs = schedule::execute(rounds, &|a, b| {
         let ways = enabled.both_ways(a, b);
@@ -256,20 +257,25 @@ pub struct SimulatedRun {
 /// Runs the N-GPU schedule on `gpus`: simulated GPU i is GPU i mod count (with one GPU
 /// every pair is that GPU with itself: within the GPU, not P2P). Each simulated GPU has
 /// its own ping-pong flag; nothing is measured with peer access disabled (pairs that
-/// share a GPU would turn it off under each other). The rounds run as on an NVSwitch
+/// share a GPU would turn it off under each other), and both ways at once start by an
+/// event, not at a host gate. The rounds run as on an NVSwitch
 /// fabric (`concurrent`), or one pair at a time, to compare.
 pub fn simulate(
     (gpus, modules): (&[Gpu], &[Module<'_>]),
     simulated: usize,
     concurrent: bool,
-    plan: &Plan,
+    plan: &BenchPlan,
 ) -> Result<SimulatedRun> {
     let started = Instant::now();
     let real = |v: usize| v % gpus.len();
     let flags = PingPongFlags::allocate((0..simulated).map(|v| &gpus[real(v)]))?;
-    let plan = Plan {
+    // No host gate for both ways at once either: a pair's buffer freed on a GPU another
+    // pair shares waits for that pair's streams, which wait at its gate for a thread the
+    // driver holds back (a simulated 4-GPU run on 2 H100s hung, issue 31).
+    let plan = BenchPlan {
         disabled_copies: 0,
         disabled_memcpy_copies: 0,
+        bidir_gate: false,
         ..*plan
     };
     let why = if concurrent {

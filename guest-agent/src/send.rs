@@ -3,13 +3,14 @@
 //! needs no configuration), and as Prometheus text (`--format prometheus`).
 
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use vfio_p2p_contract::prometheus::{pair_metrics, Exposition};
 use vfio_p2p_contract::{
     GuestReport, ReportChannel, ReportedGpu, ReportedPair, GUEST_REPORT_VERSION, HOST_CID,
 };
+
+use vfio_p2p_vsock::VsockStream;
 
 use crate::report::Report;
 use crate::sysfs_scan::Scan;
@@ -124,56 +125,10 @@ pub fn prometheus(r: &GuestReport) -> String {
     x.render()
 }
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// Sends `r` to the host's collector (CID 2, the channel's port) and closes the connection.
 pub fn send(channel: &ReportChannel, r: &GuestReport) -> io::Result<()> {
-    send_to(HOST_CID, channel.vsock_port, r.to_json().as_bytes())
-}
-
-fn send_to(cid: u32, port: u32, bytes: &[u8]) -> io::Result<()> {
-    // SAFETY: socket(2) with constant arguments; the result is checked before use.
-    let raw =
-        check(unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let tv = libc::timeval {
-        tv_sec: SEND_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
-    // SAFETY: `tv` is a valid timeval for SO_SNDTIMEO and outlives the call.
-    check(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    })?;
-    // SAFETY: sockaddr_vm is plain data; all-zero is valid before the fields are set.
-    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
-    addr.svm_cid = cid;
-    addr.svm_port = port;
-    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
-    // SAFETY: `addr` is a valid sockaddr_vm of `len` bytes that outlives the call.
-    check(unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_vm).cast(),
-            len,
-        )
-    })?;
-    let mut stream = std::fs::File::from(fd);
-    stream.write_all(bytes)?;
-    // SAFETY: shutdown(2) on a descriptor we own: tells the host the report is complete.
-    check(unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_WR) })?;
-    Ok(())
+    let mut stream = VsockStream::connect(HOST_CID, channel.vsock_port, Some(SEND_TIMEOUT))?;
+    stream.write_all(r.to_json().as_bytes())?;
+    // tells the host the report is complete
+    stream.shutdown_write()
 }

@@ -46,11 +46,19 @@ pub struct SetupTimeline {
     pub contexts_s: f64,
     pub modules_s: f64,
     pub total_s: f64,
+    /// `--ctx-create`: each GPU's plain context (`cuCtxCreate`), created and destroyed
+    /// one after the other before the primary ones: (GPU, create s, destroy s).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plain_contexts: Vec<(Bdf, f64, f64)>,
 }
 
 /// Runs the setup of `only` (one GPU) or every GPU, `threads` or one after the other,
 /// then holds the contexts for `hold` (a process that keeps the driver warm).
-pub fn run(threads: bool, only: Option<Bdf>, hold: Duration) -> Result<SetupTimeline, CudaError> {
+pub fn run(
+    (threads, plain): (bool, bool),
+    only: Option<Bdf>,
+    hold: Duration,
+) -> Result<SetupTimeline, CudaError> {
     let t0 = Instant::now();
     let s = Instant::now();
     cuda::init()?;
@@ -59,6 +67,13 @@ pub fn run(threads: bool, only: Option<Bdf>, hold: Duration) -> Result<SetupTime
         Some(b) => vec![b],
         None => Gpu::bus_ids()?,
     };
+    let mut plain_contexts = Vec::new();
+    if plain {
+        for &b in &bdfs {
+            let (create, destroy) = cuda::time_plain_context(b)?;
+            plain_contexts.push((b, create, destroy));
+        }
+    }
     let open = |b: Bdf| {
         let s = Instant::now();
         Gpu::open_at(b).map(|g| (g, Span::since(t0, s)))
@@ -122,6 +137,7 @@ pub fn run(threads: bool, only: Option<Bdf>, hold: Duration) -> Result<SetupTime
             .map(|((_, s), g)| (g.bus_id, *s))
             .collect(),
         total_s,
+        plain_contexts,
     };
     std::thread::sleep(hold);
     Ok(timeline)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use assert_cmd::Command;
 use serde_json::Value;
-use vfio_p2p_agent::bench::{PairBench, Plan};
+use vfio_p2p_agent::bench::{BenchPlan, PairBench};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -31,7 +31,7 @@ fn benches(report: &Value) -> Vec<PairBench> {
 
 /// The full plan as recorded here, issue 17's: before the ping-pong's adaptive stop and
 /// the shorter batches of issue 31 (`tests/fixtures/agent/issue31` has the runs with them).
-const ISSUE17_PLAN: Plan = Plan {
+const ISSUE17_PLAN: BenchPlan = BenchPlan {
     samples: 5,
     pingpong_samples: 9,
     pingpong_positions: 5,
@@ -43,7 +43,10 @@ const ISSUE17_PLAN: Plan = Plan {
     bw_bytes: 256 << 20,
     bw_copies: 10,
     disabled_copies: 4,
+    disabled_bytes: 0,
     disabled_memcpy_copies: 500,
+    bidir_gate: false,
+    warmup_rounds: 1,
     min_samples: 3,
     target_spread_permille: 10,
     pingpong_min_samples: 0,
@@ -62,7 +65,7 @@ fn recorded_report_is_the_full_plan_within_the_time_and_judges_ok() {
     for b in benches(&report) {
         assert_eq!(
             b.plan, ISSUE17_PLAN,
-            "re-record the fixture after changing Plan::FULL"
+            "re-record the fixture after changing BenchPlan::FULL"
         );
         let ce = b.ce_bandwidth_gbps.median;
         assert!((ce - 396.0).abs() < 396.0 * 0.02, "CE {ce} GB/s");

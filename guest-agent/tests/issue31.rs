@@ -1,16 +1,31 @@
 //! The runs of `guest-agent/bench/issue31.sh` on 2 and 4 NVLink H100s behind NVSwitch
 //! (`nvidia-h100-x2`, `nvidia-h100-x4`, 2026-11-26), replayed: the full report beside
 //! p2pBandwidthLatencyTest and the reference probe, cross-process with a child per GPU,
-//! the `--inject` self-test, and the fabric check (issue 30) passing and failing.
+//! the `--inject` self-test, and the fabric check (issue 30) passing and failing. `*-one-queue`:
+//! the same script's runs of the build with one hardware queue a context, the staged
+//! copies 4 × 64 MiB, no dropped warm-up round and the both-ways copies started at a gate
+//! (5 processes of each side by side, `ideas/` the alternatives measured before).
 
 use std::path::PathBuf;
 
 use assert_cmd::Command;
 use serde_json::Value;
+use vfio_p2p_agent::bench::BenchPlan;
 use vfio_p2p_agent::expect::{ExpectReport, Expectation};
 use vfio_p2p_agent::fabric;
 
-const MACHINES: [(&str, usize); 2] = [("h100x2", 2), ("h100x4", 4)];
+const MACHINES: [(&str, usize); 4] = [
+    ("h100x2", 2),
+    ("h100x4", 4),
+    ("h100x2-one-queue", 2),
+    ("h100x4-one-queue", 4),
+];
+
+/// The first recordings (3 processes of each side by side): issue 31's short batches.
+const SHORT_BATCHES: [(&str, usize); 2] = [("h100x2", 2), ("h100x4", 4)];
+
+/// The recordings of the build with one hardware queue a context (5 processes of each).
+const ONE_QUEUE: [(&str, usize); 2] = [("h100x2-one-queue", 2), ("h100x4-one-queue", 4)];
 
 fn fixture(machine: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -200,10 +215,19 @@ fn the_fabric_check_passes_as_planned_and_fails_on_a_swapped_module_id() {
     }
 }
 
-/// Median over the processes `side-by-side/{who}-1..3.json` of each pair's median of
+/// The processes recorded side by side of each build: 3, or 5 in the one-queue runs.
+fn runs(machine: &str) -> usize {
+    if machine.ends_with("one-queue") {
+        5
+    } else {
+        3
+    }
+}
+
+/// Median over the processes `side-by-side/{who}-N.json` of each pair's median of
 /// `metric`, by "src->dst".
 fn medians(machine: &str, who: &str, metric: &str) -> Vec<(String, f64)> {
-    let runs: Vec<Value> = (1..=3)
+    let runs: Vec<Value> = (1..=runs(machine))
         .map(|i| json(machine, &format!("side-by-side/{who}-{i}.json")))
         .collect();
     let pairs = runs[0]["pairs"].as_array().unwrap();
@@ -215,7 +239,7 @@ fn medians(machine: &str, who: &str, metric: &str) -> Vec<(String, f64)> {
                 .collect();
             v.sort_by(f64::total_cmp);
             let pair = &runs[0]["pairs"][p];
-            (format!("{}->{}", pair["src"], pair["dst"]), v[1])
+            (format!("{}->{}", pair["src"], pair["dst"]), v[v.len() / 2])
         })
         .collect()
 }
@@ -236,7 +260,7 @@ fn largest_shift(machine: &str, metric: &str) -> f64 {
 
 #[test]
 fn the_short_batches_keep_the_medians_of_the_previous_build() {
-    for (m, _) in MACHINES {
+    for (m, _) in SHORT_BATCHES {
         let plan = &json(m, "report.json")["pairs"][0]["bench"]["plan"];
         assert_eq!(
             (plan["bw_copies"].as_u64(), plan["disabled_copies"].as_u64()),
@@ -272,21 +296,7 @@ fn the_short_batches_keep_the_medians_of_the_previous_build() {
 
 #[test]
 fn four_gpus_report_within_p2p_bandwidth_latency_tests_wall_and_8_gpus_under_5_s() {
-    let median = |name: &str| {
-        let mut v: Vec<f64> = (1..=3)
-            .map(|i| {
-                wall(
-                    "h100x4",
-                    &format!(
-                        "{name}-{i}.{}",
-                        if name == "p2pblt" { "txt" } else { "json" }
-                    ),
-                )
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[1]
-    };
+    let median = |name: &str| median_wall("h100x4", name);
     assert!(
         median("report") <= median("p2pblt"),
         "{} {}",
@@ -298,5 +308,82 @@ fn four_gpus_report_within_p2p_bandwidth_latency_tests_wall_and_8_gpus_under_5_s
             .as_f64()
             .unwrap();
         assert!(est <= 5.0, "{m}: 8-GPU estimate {est} s");
+    }
+}
+
+/// The median of the recorded walls of `name`-1..N (p2pBandwidthLatencyTest's `.txt`).
+fn median_wall(m: &str, name: &str) -> f64 {
+    let mut v: Vec<f64> = (1..=runs(m))
+        .map(|i| {
+            let ext = if name == "p2pblt" { "txt" } else { "json" };
+            wall(m, &format!("{name}-{i}.{ext}"))
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+fn one_queue_report_is_within_p2p_bandwidth_latency_tests_wall_on_2_and_4_gpus() {
+    for (m, _) in ONE_QUEUE {
+        let (report, p2pblt) = (median_wall(m, "report"), median_wall(m, "p2pblt"));
+        assert!(
+            report <= p2pblt,
+            "{m}: report {report} s, p2pblt {p2pblt} s"
+        );
+        let plan: BenchPlan =
+            serde_json::from_value(json(m, "report.json")["pairs"][0]["bench"]["plan"].clone())
+                .unwrap();
+        assert_eq!(
+            plan,
+            BenchPlan::FULL,
+            "{m}: re-record the fixture after changing BenchPlan::FULL"
+        );
+        let summary = text(m, "summary.txt");
+        assert!(
+            summary.contains("report / p2pBandwidthLatencyTest: 0."),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn one_queue_keeps_the_medians_of_the_earlier_batches() {
+    for (m, n) in ONE_QUEUE {
+        // Within 1 % of the build before issue 31's batches (side by side, 5 processes
+        // each): both bandwidths of the copy engines, the SM copy and both pointer chases.
+        for metric in [
+            "ce_bandwidth_gbps",
+            "ce_bidir_bandwidth_gbps",
+            "sm_copy_bandwidth_gbps",
+            "remote_read_latency_us",
+            "local_read_latency_us",
+        ] {
+            let d = largest_shift(m, metric);
+            assert!(d < 1.0, "{m}: {metric} moved {d:.2} %");
+        }
+        let disabled = largest_shift(m, "disabled_bandwidth_gbps");
+        if n == 2 {
+            assert!(disabled < 1.0, "{m}: peer-disabled moved {disabled:.2} %");
+        } else {
+            // On 4 GPUs two pairs run at once and their staged copies share the host: the
+            // earlier build read 35.6–38.0 GB/s over the pairs, this one 37.3–38.1.
+            let spread = |who: &str| {
+                let v: Vec<f64> = medians(m, who, "disabled_bandwidth_gbps")
+                    .into_iter()
+                    .map(|(_, x)| x)
+                    .collect();
+                let (lo, hi) = v
+                    .iter()
+                    .fold((f64::MAX, 0f64), |(l, h), x| (l.min(*x), h.max(*x)));
+                (hi - lo) / hi * 100.0
+            };
+            assert!(
+                spread("report") < spread("base") && disabled < 5.0,
+                "{m}: peer-disabled moved {disabled:.2} %, spread {:.2} % against {:.2} %",
+                spread("report"),
+                spread("base")
+            );
+        }
     }
 }

@@ -205,6 +205,49 @@ impl Gpu {
     }
 }
 
+/// Resets every GPU's primary context, a thread per GPU (what the driver does at the
+/// process's end, but side by side): for a process that ends right after. Nothing of
+/// these GPUs may be used afterwards.
+pub fn reset_contexts(gpus: &[Gpu]) {
+    std::thread::scope(|s| {
+        for g in gpus {
+            // SAFETY: dev is a valid device; the caller ends the process without using
+            // any handle of this context again (process::exit runs no destructors).
+            s.spawn(move || unsafe { sys::cuDevicePrimaryCtxReset_v2(g.dev) });
+        }
+    });
+}
+
+/// Seconds to create and destroy a plain context (`cuCtxCreate`, not the primary one) on
+/// the GPU at `bdf` (`setup-probe --ctx-create`): whether the primary context costs more.
+pub fn time_plain_context(bdf: Bdf) -> Result<(f64, f64), CudaError> {
+    let n = device_count()?;
+    for ordinal in 0..n {
+        let (dev, b) = Gpu::bus_id_of(ordinal)?;
+        if b != bdf {
+            continue;
+        }
+        let at = bdf.to_string();
+        let t = std::time::Instant::now();
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: ctx is a valid out pointer, dev a valid device; destroyed below.
+        check(
+            unsafe { sys::cuCtxCreate_v2(&mut ctx, 0, dev) },
+            "cuCtxCreate",
+            &at,
+        )?;
+        let created = t.elapsed().as_secs_f64();
+        // SAFETY: ctx was created above and is not used again.
+        check(unsafe { sys::cuCtxDestroy_v2(ctx) }, "cuCtxDestroy", &at)?;
+        return Ok((created, t.elapsed().as_secs_f64() - created));
+    }
+    Err(CudaError::Call {
+        what: "cuDeviceGetPCIBusId",
+        gpu: bdf.to_string(),
+        error: "CUDA does not see this GPU".into(),
+    })
+}
+
 impl Drop for Gpu {
     fn drop(&mut self) {
         if CURRENT.with(Cell::get) == self.ctx {

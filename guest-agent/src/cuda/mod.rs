@@ -3,6 +3,7 @@
 //! buffers, streams, events, the PTX module and peer access.
 
 mod driver;
+mod gate;
 mod gpu;
 pub mod ipc;
 mod memory;
@@ -10,8 +11,9 @@ mod module;
 pub mod peers;
 mod stream;
 
-pub use driver::{driver_version, init, CudaError};
-pub use gpu::{parse_bus_id, Gpu};
+pub use driver::{driver_version, init, prefer_one_work_queue, CudaError};
+pub use gate::HostGate;
+pub use gpu::{parse_bus_id, reset_contexts, time_plain_context, Gpu};
 pub use memory::DeviceBuffer;
 pub use module::{Module, Param};
 pub use stream::{Event, Stream};

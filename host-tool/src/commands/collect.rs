@@ -8,10 +8,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::Args;
+use vfio_p2p_vsock::VsockListener;
 
 use crate::cli::GlobalArgs;
 use vfio_p2p_collector::store::{Store, DEFAULT_STATE_DIR};
-use vfio_p2p_collector::transport::{UnixCidListener, VsockListener};
+use vfio_p2p_collector::transport::UnixCidListener;
 use vfio_p2p_collector::{serve, Collector, Handled, Limits};
 use vfio_p2p_decide::fleet_verdict::{BandwidthFloors, Outcome};
 

@@ -5,6 +5,8 @@
 //! and `deadline`, and a fixed pool of workers with a bounded queue does the reading, so
 //! the accept loop never waits on a guest: when all are busy a new connection is closed.
 
+#![forbid(unsafe_code)]
+
 pub mod store;
 pub mod transport;
 

@@ -18,6 +18,12 @@ impl ReportStream for std::os::unix::net::UnixStream {
     }
 }
 
+impl ReportStream for vfio_p2p_vsock::VsockStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        vfio_p2p_vsock::VsockStream::set_read_timeout(self, t)
+    }
+}
+
 /// Why a connection did not give a report.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadReportError {

@@ -1,18 +1,22 @@
 //! `bench`: latency and bandwidth of one ordered GPU pair, the way the reference
 //! probe measures them (CUDA events around a batch, time per item), repeated.
 //!
-//! The first round of each measurement is a warm-up and is dropped.
+//! The first round of each measurement is a warm-up and is dropped (`warmup_rounds`).
 
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, Module, Param, Stream};
-use crate::kernels::{chase_next, Kernel, POLLS_PER_CHECK};
+use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, HostGate, Module, Param, Stream};
+use crate::kernels::{chase_next, Kernel};
 use crate::stats::Stat;
+
+pub mod pingpong;
+
+use pingpong::{PingPong, PingPongResult, PositionSpread};
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct BenchPlan {
     /// Kept rounds of each measurement (after one warm-up).
     pub samples: usize,
     /// Kept rounds of the ping-pong (after one warm-up), all with the flags placed
@@ -39,7 +43,21 @@ pub struct Plan {
     pub bw_bytes: usize,
     pub bw_copies: u32,
     pub disabled_copies: u32,
+    /// Bytes of each staged copy with peer access disabled; 0 (reports of earlier
+    /// agents, and FULL) is `bw_bytes`.
+    #[serde(default)]
+    pub disabled_bytes: usize,
     pub disabled_memcpy_copies: u32,
+    /// Both ways at once: both streams wait on one host-memory gate, released once
+    /// every copy is queued, so neither direction starts first (false in reports of
+    /// earlier agents: the reverse stream waited on an event of the source GPU, starting
+    /// some 20 µs late, 1 % of a 3-copy batch).
+    #[serde(default)]
+    pub bidir_gate: bool,
+    /// Rounds run and dropped before each measurement's samples (1 in reports of
+    /// earlier agents).
+    #[serde(default = "one")]
+    pub warmup_rounds: usize,
     /// Adaptive sampling: stop after this many kept rounds once their spread is below
     /// `target_spread_permille` ‰ of the median (up to `samples`). 0 in reports of
     /// earlier agents, which always took `samples`.
@@ -54,7 +72,7 @@ pub struct Plan {
     pub pingpong_min_samples: usize,
 }
 
-impl Plan {
+impl BenchPlan {
     /// The reference probe's buffer sizes, with batches as short as keep every median
     /// where the probe's batches put it (2 × H100 NVLink, 2026-11-25: the probe's 100,000
     /// ping-pongs a round took 2.6 s of the 3.5 s a direction took; see README, Measured).
@@ -62,10 +80,13 @@ impl Plan {
     /// microseconds the events around it cost: a sample's spread inside a process was
     /// 0.02–0.3 % for the bandwidths and the chase at the earlier sizes (2 and 4 × H100,
     /// `tests/fixtures/agent/issue31`), so 3 copies of 256 MiB (2 ms) stand for 10,
-    /// one staged copy (7 ms) for 4, 3,000 remote dependent loads for 10,000
-    /// and 1,000 ping-pongs (1.7 ms) for 5,000; the side-by-side run there compares the
-    /// medians with the earlier sizes' (README, the report beside p2pBandwidthLatencyTest).
-    pub const FULL: Plan = Plan {
+    /// 4 staged copies of 64 MiB (7 ms) for 4 of 256 MiB (one of 256 MiB read 1–2 % high),
+    /// 3,000 remote dependent loads for 10,000 and 1,000 ping-pongs (1.7 ms) for 5,000;
+    /// no round is dropped before the samples (the ping-pong keeps its warm-up round): a
+    /// cold first sample breaks the 1 % agreement and the rule takes 5 samples, whose
+    /// median drops it. The side-by-side runs there compare the medians with the earlier
+    /// sizes' (README, the report beside p2pBandwidthLatencyTest).
+    pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
         pingpong_samples: 9,
         pingpong_positions: 5,
@@ -76,8 +97,11 @@ impl Plan {
         memcpy_copies: 1_000,
         bw_bytes: 256 << 20,
         bw_copies: 3,
-        disabled_copies: DISABLED,
+        disabled_copies: 4,
+        disabled_bytes: 64 << 20,
         disabled_memcpy_copies: 200,
+        bidir_gate: true,
+        warmup_rounds: 0,
         // The 2 × H200 figures agreed to ±0 % over 5 samples (issue 17): 3 within 1 %
         // are as good, and a noisy measurement still gets all 5.
         min_samples: 3,
@@ -90,29 +114,70 @@ impl Plan {
     /// FULL's batches (measured in issue 31) with fewer samples and flag places: never
     /// longer than the full report (its earlier, larger batches made it slower, 2.9–3.0 s
     /// against 2.2 s on 4 × H100).
-    pub const QUICK: Plan = Plan {
+    pub const QUICK: BenchPlan = BenchPlan {
         samples: 3,
         pingpong_samples: 5,
         pingpong_positions: 3,
         min_samples: 3,
         target_spread_permille: 0,
         pingpong_min_samples: 0,
-        ..Plan::FULL
+        ..BenchPlan::FULL
     };
 
     /// Number of progress steps of one pair.
     pub const STEPS: u64 = 8;
+
+    /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
+    /// runs of `bench/issue31.sh` compare batch sizes in one process build):
+    /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
+    /// `bidir=gate|event`.
+    pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        for item in items {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--tune {item:?}: KEY=VALUE expected"))?;
+            let number = || {
+                value
+                    .parse::<u32>()
+                    .map_err(|_| format!("--tune {key}: {value:?} is not a whole number"))
+            };
+            match key {
+                "disabled_copies" => self.disabled_copies = number()?,
+                "disabled_mib" => self.disabled_bytes = (number()? as usize) << 20,
+                "min_samples" => self.min_samples = number()? as usize,
+                "warmup_rounds" => self.warmup_rounds = number()? as usize,
+                "pingpong_positions" => self.pingpong_positions = number()? as usize,
+                "bidir" => {
+                    self.bidir_gate = match value {
+                        "gate" => true,
+                        "event" => false,
+                        _ => return Err(format!("--tune bidir={value}: gate or event")),
+                    }
+                }
+                _ => return Err(format!("--tune {key}: not a bench plan setting")),
+            }
+        }
+        Ok(self)
+    }
+
+    /// Bytes of one staged copy with peer access disabled.
+    pub fn disabled_copy_bytes(&self) -> usize {
+        match self.disabled_bytes {
+            0 => self.bw_bytes,
+            n => n.min(self.bw_bytes),
+        }
+    }
 }
 
-/// Staged copies of 256 MiB per sample with peer access disabled, in [`Plan::FULL`].
-const DISABLED: u32 = 1;
+/// Host gates of finished both-ways measurements, for the next pair: a gate is pinned host
+/// memory, and freeing it waits for the device, where other pairs' streams may be waiting
+/// at their own gates for threads the driver holds back.
+static GATES: std::sync::Mutex<Vec<HostGate>> = std::sync::Mutex::new(Vec::new());
 
-/// Polls of a flag before a ping-pong kernel gives up (seconds, at any link speed).
-const POLL_LIMIT: u64 = 1 << 24;
-/// Distance between the other flag places sampled after the reference rounds: a
-/// 128 KiB step plus one 128-byte line, so that both the low and the high address
-/// bits that pick an L2 slice change from place to place.
-const FLAG_STRIDE: usize = (128 << 10) + 128;
+fn one() -> usize {
+    1
+}
+
 const COPY_BLOCK: u32 = 512;
 
 /// Everything measured for `src` → `dst`.
@@ -120,7 +185,7 @@ const COPY_BLOCK: u32 = 512;
 pub struct PairBench {
     pub src: Bdf,
     pub dst: Bdf,
-    pub plan: Plan,
+    pub plan: BenchPlan,
     /// One-way latency of a flag write, from a ping-pong with the flags placed like
     /// the reference probe's (µs), a sample per round. Needs access both ways.
     pub one_way_latency_us: Option<Stat>,
@@ -155,61 +220,13 @@ pub struct PairBench {
     pub measure_s: Vec<(String, f64)>,
 }
 
-/// One-way latency with the ping-pong flags at other places than the reference's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PositionSpread {
-    /// Byte offset of each place's flags (the same on both GPUs) in a pair of buffers
-    /// allocated after the reference flags and the other buffers of earlier pairs.
-    pub offsets: Vec<u64>,
-    /// One round at each place, in the order of `offsets` (µs).
-    pub one_way_latency_us: Stat,
-}
-
 /// A GPU with its module, as the benchmark needs them.
 pub type Side<'a, 'g> = (&'g Gpu, &'a Module<'g>);
-
-/// The ping-pong flags, placed like the reference probe's: each GPU's flag is a
-/// 4-byte allocation of its own, the first of its context.
-///
-/// The ping-pong latency depends on where the flags lie (most likely on which L2 slice,
-/// near or far from the polling SM, holds their line): flags at other places of the
-/// same two H200s measured 0.58–0.77 µs, each place steady to 0.1 %, where the probe's
-/// flags gave 0.613–0.614 µs in every process. The probe enables peer access, then
-/// takes `cudaMalloc(4)` on each GPU before anything else (its kernels load lazily, at
-/// their first launch), so the agent does the same: this is made right after peer
-/// access is enabled and before the module is loaded or any other buffer is allocated.
-/// Every ordered pair uses the flags of its two GPUs, as the probe does in both
-/// directions.
-pub struct PingPongFlags<'g> {
-    flags: Vec<DeviceBuffer<'g>>,
-}
-
-impl<'g> PingPongFlags<'g> {
-    /// One zeroed 4-byte flag per entry of `gpus` (a GPU listed twice, as a simulated
-    /// schedule lists it, gets a flag per entry); call before anything else allocates there.
-    pub fn allocate(gpus: impl IntoIterator<Item = &'g Gpu>) -> Result<Self, CudaError> {
-        let flags = gpus
-            .into_iter()
-            .map(|g| DeviceBuffer::words(g, 1, 0))
-            .collect::<Result<_, _>>()?;
-        Ok(PingPongFlags { flags })
-    }
-
-    /// The flag of the `i`-th GPU given to [`PingPongFlags::allocate`].
-    pub fn at(&self, i: usize) -> &DeviceBuffer<'g> {
-        &self.flags[i]
-    }
-}
-
-/// Byte offset of the `place`-th other flag place (see [`PositionSpread`]).
-pub fn flag_offset(place: usize) -> usize {
-    place * FLAG_STRIDE
-}
 
 /// Whether the kept samples `v` are enough under `plan`'s stopping rule: all
 /// `plan.samples` of them, or at least `plan.min_samples` whose spread (max − min) is
 /// below `plan.target_spread_permille` ‰ of their median.
-pub fn enough(v: &[f64], plan: &Plan) -> bool {
+pub fn enough(v: &[f64], plan: &BenchPlan) -> bool {
     if v.len() >= plan.samples.max(1) {
         return true;
     }
@@ -220,12 +237,15 @@ pub fn enough(v: &[f64], plan: &Plan) -> bool {
         .is_some_and(|s| s.spread_pct * 10.0 < f64::from(plan.target_spread_permille))
 }
 
-/// Runs timed rounds (after a warm-up), each returning one sample, until [`enough`].
+/// Runs timed rounds (after `plan.warmup_rounds` dropped ones), each returning one sample,
+/// until [`enough`].
 fn sampled(
-    plan: &Plan,
+    plan: &BenchPlan,
     mut round: impl FnMut() -> Result<f64, CudaError>,
 ) -> Result<Stat, CudaError> {
-    round()?;
+    for _ in 0..plan.warmup_rounds {
+        round()?;
+    }
     let mut v = Vec::with_capacity(plan.samples);
     while !enough(&v, plan) {
         v.push(round()?);
@@ -234,7 +254,7 @@ fn sampled(
 }
 
 /// Milliseconds taken by what `enqueue` puts on `stream`.
-fn timed(
+pub(super) fn timed(
     stream: &Stream<'_>,
     enqueue: impl FnOnce() -> Result<(), CudaError>,
 ) -> Result<f64, CudaError> {
@@ -260,7 +280,7 @@ impl<'s> Laps<'s> {
         Laps {
             step,
             last,
-            laps: Vec::with_capacity(Plan::STEPS as usize),
+            laps: Vec::with_capacity(BenchPlan::STEPS as usize),
         }
     }
 
@@ -282,7 +302,7 @@ pub fn bench_pair(
     (dst, dst_mod): Side<'_, '_>,
     (flag_src, flag_dst): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
     both_ways: bool,
-    plan: &Plan,
+    plan: &BenchPlan,
     step: &(dyn Fn(&str) + Sync),
 ) -> Result<PairBench, CudaError> {
     let mut laps = Laps::start(step);
@@ -322,9 +342,9 @@ pub fn bench_pair(
         DeviceBuffer::new(src, bytes)?,
         DeviceBuffer::new(dst, bytes)?,
     );
-    let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, plan.bw_copies)?;
+    let ce_bandwidth_gbps = pair.ce_bandwidth(&s_src, &d_dst, (plan.bw_copies, plan.bw_bytes))?;
     laps.done("copy-engine bandwidth");
-    let ce_bidir_bandwidth_gbps = pair.bidir_bandwidth(&s_src, &d_dst)?;
+    let (ce_bidir_bandwidth_gbps, gated) = pair.bidir_bandwidth(&s_src, &d_dst)?;
     laps.done("bidirectional bandwidth");
     let sm_copy_bandwidth_gbps = pair.sm_copy_bandwidth(&s_src, &d_dst)?;
     laps.done("SM copy bandwidth");
@@ -334,7 +354,10 @@ pub fn bench_pair(
     Ok(PairBench {
         src: src.bus_id,
         dst: dst.bus_id,
-        plan: *plan,
+        plan: BenchPlan {
+            bidir_gate: gated,
+            ..*plan
+        },
         one_way_latency_us: pp.reference,
         pingpong_flag_addresses: pp.flag_addresses,
         pingpong_position_spread: pp.positions,
@@ -375,7 +398,7 @@ struct PairRun<'a, 'g> {
     dst: &'g Gpu,
     sa: &'a Stream<'g>,
     sb: &'a Stream<'g>,
-    plan: &'a Plan,
+    plan: &'a BenchPlan,
 }
 
 fn gbps(ms: f64, total: f64) -> f64 {
@@ -441,9 +464,8 @@ impl PairRun<'_, '_> {
         &self,
         s_src: &DeviceBuffer<'_>,
         d_dst: &DeviceBuffer<'_>,
-        copies: u32,
+        (copies, bytes): (u32, usize),
     ) -> Result<Stat, CudaError> {
-        let bytes = self.plan.bw_bytes;
         sampled(self.plan, || {
             let ms = timed(self.sa, || {
                 (0..copies).try_for_each(|_| self.sa.copy_peer(d_dst, s_src, bytes))
@@ -452,30 +474,72 @@ impl PairRun<'_, '_> {
         })
     }
 
-    /// Copy-engine copies both ways at once, one stream each (GB/s, both directions).
+    /// Copy-engine copies both ways at once, one stream each (GB/s, both directions), and
+    /// whether the streams started at a host gate (else the reverse stream waits on an
+    /// event of the source GPU: a driver without stream memory operations).
     fn bidir_bandwidth(
         &self,
         s_src: &DeviceBuffer<'_>,
         d_dst: &DeviceBuffer<'_>,
-    ) -> Result<Stat, CudaError> {
+    ) -> Result<(Stat, bool), CudaError> {
         let (plan, bytes) = (self.plan, self.plan.bw_bytes);
         let s_dst = DeviceBuffer::new(self.dst, bytes)?;
         let d_src = DeviceBuffer::new(self.src, bytes)?;
-        sampled(plan, || {
+        let gate = if plan.bidir_gate {
+            self.start_gate()
+        } else {
+            None
+        };
+        let stat = sampled(plan, || {
             let back_done = Event::new(self.dst)?;
+            if let Some(g) = &gate {
+                g.close();
+                g.hold(self.sa)?;
+                g.hold(self.sb)?;
+            }
             let ms = timed(self.sa, || {
-                let start = Event::new(self.src)?;
-                start.record(self.sa)?;
-                self.sb.wait(&start)?;
+                if gate.is_none() {
+                    let start = Event::new(self.src)?;
+                    start.record(self.sa)?;
+                    self.sb.wait(&start)?;
+                }
                 for _ in 0..plan.bw_copies {
                     self.sa.copy_peer(d_dst, s_src, bytes)?;
                     self.sb.copy_peer(&d_src, &s_dst, bytes)?;
                 }
                 back_done.record(self.sb)?;
-                self.sa.wait(&back_done)
+                self.sa.wait(&back_done)?;
+                if let Some(g) = &gate {
+                    g.open();
+                }
+                Ok(())
             })?;
             Ok(gbps(ms, 2.0 * plan.bw_copies as f64 * bytes as f64))
-        })
+        });
+        let gated = gate.is_some();
+        if let Some(g) = gate {
+            g.open();
+            GATES.lock().unwrap_or_else(|p| p.into_inner()).push(g);
+        }
+        Ok((stat?, gated))
+    }
+
+    /// An open gate both streams have passed once, or none where the driver refuses
+    /// stream memory operations (`cuStreamWaitValue32`). Gates come from [`GATES`] and go
+    /// back there: never freed while pairs run (`cuMemFreeHost` waits for the device).
+    fn start_gate(&self) -> Option<HostGate> {
+        let pooled = GATES.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let gate = match pooled {
+            Some(g) => g,
+            None => HostGate::new(self.src).ok()?,
+        };
+        gate.open();
+        let tried = gate
+            .hold(self.sa)
+            .and_then(|()| gate.hold(self.sb))
+            .and_then(|()| self.sa.synchronize())
+            .and_then(|()| self.sb.synchronize());
+        tried.ok().map(|()| gate)
     }
 
     /// A copy kernel on the source's SMs writing into the peer (GB/s).
@@ -524,7 +588,8 @@ impl PairRun<'_, '_> {
         peers::disable(src, dst)?;
         peers::disable(dst, src)?;
         let disabled = (|| -> Result<(Stat, Stat), CudaError> {
-            let bw = self.ce_bandwidth(s_src, d_dst, plan.disabled_copies)?;
+            let batch = (plan.disabled_copies, plan.disabled_copy_bytes());
+            let bw = self.ce_bandwidth(s_src, d_dst, batch)?;
             let lat = self.memcpy_latency(tiny, plan.disabled_memcpy_copies)?;
             Ok((bw, lat))
         })();
@@ -548,133 +613,17 @@ impl PairRun<'_, '_> {
     }
 }
 
-/// Flag ping-pong between a kernel on each GPU; each polls its own memory and
-/// writes the other's, so one round trip is two one-way writes. Timed like the
-/// reference probe: CUDA events on `src`'s stream around the ping kernel, the pong
-/// kernel already queued on `dst`.
-struct PingPong<'a, 'g> {
-    src: (&'g Gpu, &'a Module<'g>, &'a Stream<'g>),
-    dst: (&'g Gpu, &'a Module<'g>, &'a Stream<'g>),
-    /// Set by a kernel that gave up waiting for its flag.
-    stop_a: DeviceBuffer<'g>,
-    stop_b: DeviceBuffer<'g>,
-    iters: u32,
-}
-
-#[derive(Default)]
-struct PingPongResult {
-    reference: Option<Stat>,
-    flag_addresses: Option<[String; 2]>,
-    positions: Option<PositionSpread>,
-    timed_out: bool,
-}
-
-impl PingPong<'_, '_> {
-    /// A warm-up and `plan.pingpong_samples` rounds with the reference flags, then one
-    /// round at each of `plan.pingpong_positions` other places. Stops at the first
-    /// round that timed out.
-    fn run(
-        &self,
-        (flag_a, flag_b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
-        plan: &Plan,
-    ) -> Result<PingPongResult, CudaError> {
-        let mut out = PingPongResult {
-            flag_addresses: Some([flag_a.ptr(), flag_b.ptr()].map(|p| format!("{p:#x}"))),
-            ..PingPongResult::default()
-        };
-        let mut samples = Vec::with_capacity(plan.pingpong_samples);
-        // Round 0 is the warm-up; then rounds until `pingpong_samples`, or fewer once
-        // `pingpong_min_samples` agree within the plan's spread (batches sized by the
-        // spread measured, as the other measurements are).
-        let steady = Plan {
-            samples: plan.pingpong_samples,
-            min_samples: plan.pingpong_min_samples,
-            ..*plan
-        };
-        let mut round = 0;
-        while round == 0 || !enough(&samples, &steady) {
-            let Some(us) = self.round((flag_a, flag_b), 0)? else {
-                out.reference = Stat::of(samples);
-                out.timed_out = true;
-                return Ok(out);
-            };
-            if round > 0 {
-                samples.push(us);
-            }
-            round += 1;
-        }
-        out.reference = Stat::of(samples);
-        if plan.pingpong_positions == 0 {
-            return Ok(out);
-        }
-        let bytes = flag_offset(plan.pingpong_positions - 1) + 4;
-        let places_a = DeviceBuffer::new(self.src.0, bytes)?;
-        let places_b = DeviceBuffer::new(self.dst.0, bytes)?;
-        let offsets: Vec<u64> = (0..plan.pingpong_positions)
-            .map(|p| flag_offset(p) as u64)
-            .collect();
-        let mut at_places = Vec::with_capacity(offsets.len());
-        for &at in &offsets {
-            match self.round((&places_a, &places_b), at)? {
-                Some(us) => at_places.push(us),
-                None => {
-                    out.timed_out = true;
-                    break;
-                }
-            }
-        }
-        out.positions = Stat::of(at_places).map(|one_way_latency_us| PositionSpread {
-            offsets: offsets[..one_way_latency_us.samples.len()].to_vec(),
-            one_way_latency_us,
-        });
-        Ok(out)
-    }
-
-    /// One round with the flags `at` bytes into `a` (on src) and `b` (on dst), which
-    /// are zeroed first: the one-way latency (µs), or `None` if a kernel gave up.
-    fn round(
-        &self,
-        (a, b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
-        at: u64,
-    ) -> Result<Option<f64>, CudaError> {
-        let (src_mod, sa) = (self.src.1, self.src.2);
-        let (dst_mod, sb) = (self.dst.1, self.dst.2);
-        a.fill_u32(0)?;
-        b.fill_u32(0)?;
-        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>, stop: &DeviceBuffer<'_>| {
-            [
-                Param::U64(my.ptr() + at),
-                Param::U64(peer.ptr() + at),
-                Param::U32(self.iters),
-                Param::U64(POLL_LIMIT / POLLS_PER_CHECK),
-                Param::U64(stop.ptr()),
-            ]
-        };
-        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(b, a, &self.stop_b))?;
-        let ms = timed(sa, || {
-            src_mod.launch(Kernel::Ping, 1, 1, sa, &args(a, b, &self.stop_a))
-        })?;
-        sb.synchronize()?;
-        let (mut x, mut y) = ([0u32], [0u32]);
-        self.stop_a.download(&mut x)?;
-        self.stop_b.download(&mut y)?;
-        if x[0] != 0 || y[0] != 0 {
-            return Ok(None);
-        }
-        Ok(Some(ms * 1e3 / self.iters as f64 / 2.0))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::pingpong::{flag_offset, FLAG_STRIDE};
     use super::*;
 
     /// `--quick` never measures more than the full report: every batch and count at most
     /// FULL's (its earlier batches, 10,000 ping-pongs a round, made it the slower one).
     #[test]
     fn quick_measures_no_more_than_full() {
-        let (q, f) = (Plan::QUICK, Plan::FULL);
-        let counts = |p: &Plan| {
+        let (q, f) = (BenchPlan::QUICK, BenchPlan::FULL);
+        let counts = |p: &BenchPlan| {
             [
                 p.samples as u64,
                 p.pingpong_samples as u64,
@@ -684,7 +633,8 @@ mod tests {
                 p.local_chase_steps as u64,
                 p.memcpy_copies as u64,
                 p.bw_bytes as u64 * p.bw_copies as u64,
-                p.bw_bytes as u64 * p.disabled_copies as u64,
+                p.disabled_copy_bytes() as u64 * p.disabled_copies as u64,
+                p.warmup_rounds as u64,
                 p.disabled_memcpy_copies as u64,
             ]
         };
@@ -694,8 +644,63 @@ mod tests {
     }
 
     #[test]
+    fn tune_overrides_only_the_named_settings_and_refuses_the_rest() {
+        let t = BenchPlan::FULL
+            .tuned([
+                "disabled_copies=1",
+                "disabled_mib=256",
+                "bidir=event",
+                "warmup_rounds=1",
+            ])
+            .unwrap();
+        assert_eq!((t.disabled_copies, t.disabled_copy_bytes()), (1, 256 << 20));
+        assert!(!t.bidir_gate);
+        assert_eq!(t.warmup_rounds, 1);
+        assert_eq!(
+            BenchPlan {
+                disabled_copies: 4,
+                disabled_bytes: 64 << 20,
+                bidir_gate: true,
+                warmup_rounds: 0,
+                ..t
+            },
+            BenchPlan::FULL
+        );
+        // 0 bytes (reports of earlier agents) is a copy of bw_bytes; never more than it.
+        let old = BenchPlan {
+            disabled_bytes: 0,
+            ..BenchPlan::FULL
+        };
+        assert_eq!(old.disabled_copy_bytes(), 256 << 20);
+        assert_eq!(
+            BenchPlan::FULL
+                .tuned(["disabled_mib=1024"])
+                .unwrap()
+                .disabled_copy_bytes(),
+            256 << 20
+        );
+        for bad in ["disabled_copies", "bidir=maybe", "samples=x", "chase=3"] {
+            assert!(BenchPlan::FULL.tuned([bad]).is_err(), "{bad}");
+        }
+    }
+
+    /// Reports of earlier agents (no gate, one warm-up round) load as what they measured.
+    #[test]
+    fn plans_of_earlier_agents_load_with_their_warm_up_and_no_gate() {
+        let mut v = serde_json::to_value(BenchPlan::FULL).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in ["bidir_gate", "warmup_rounds", "disabled_bytes"] {
+            o.remove(k);
+        }
+        let p: BenchPlan = serde_json::from_value(v).unwrap();
+        assert!(!p.bidir_gate);
+        assert_eq!(p.warmup_rounds, 1);
+        assert_eq!(p.disabled_copy_bytes(), p.bw_bytes);
+    }
+
+    #[test]
     fn adaptive_sampling_stops_when_steady() {
-        let full = Plan::FULL;
+        let full = BenchPlan::FULL;
         assert!(!enough(&[], &full));
         assert!(!enough(&[394.0, 394.1], &full));
         // Three within 1 % (0.05 %): enough.
@@ -705,12 +710,12 @@ mod tests {
         assert!(!enough(&[394.0, 402.0, 394.1, 390.0], &full));
         assert!(enough(&[394.0, 402.0, 394.1, 390.0, 395.0], &full));
         // QUICK keeps its fixed count; a report of an earlier agent (0s) too.
-        assert!(!enough(&[1.0, 1.0], &Plan::QUICK));
-        assert!(enough(&[1.0, 1.0, 1.0], &Plan::QUICK));
-        let old = Plan {
+        assert!(!enough(&[1.0, 1.0], &BenchPlan::QUICK));
+        assert!(enough(&[1.0, 1.0, 1.0], &BenchPlan::QUICK));
+        let old = BenchPlan {
             min_samples: 0,
             target_spread_permille: 0,
-            ..Plan::FULL
+            ..BenchPlan::FULL
         };
         assert!(!enough(&[1.0; 4], &old));
         assert!(enough(&[1.0; 5], &old));
@@ -724,7 +729,7 @@ mod tests {
         PairBench {
             src: "0000:00:06.0".parse().unwrap(),
             dst: "0000:00:07.0".parse().unwrap(),
-            plan: Plan::QUICK,
+            plan: BenchPlan::QUICK,
             one_way_latency_us: Some(stat(&[0.614, 0.613, 0.614])),
             pingpong_flag_addresses: Some(["0x7f0000000000".into(), "0x7f0000200000".into()]),
             pingpong_position_spread: Some(PositionSpread {
@@ -774,7 +779,7 @@ mod tests {
 
     #[test]
     fn other_flag_places_move_both_line_and_high_address_bits() {
-        let places: Vec<usize> = (0..Plan::FULL.pingpong_positions)
+        let places: Vec<usize> = (0..BenchPlan::FULL.pingpong_positions)
             .map(flag_offset)
             .collect();
         assert_eq!(places[0], 0);

@@ -9,7 +9,7 @@ use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::{self, HandleKind};
 use vfio_p2p_agent::{cuda, render};
 
-use crate::{emit, CannotRun};
+use super::{emit, CannotRun, CROSS_PROCESS_LIMIT};
 
 /// Runs one of the hidden child commands.
 pub fn run(command: &Command) -> Result<u8, CannotRun> {
@@ -41,9 +41,10 @@ pub fn run(command: &Command) -> Result<u8, CannotRun> {
             serial,
             only,
             hold_s,
+            ctx_create,
         } => {
             let hold = std::time::Duration::from_secs(*hold_s);
-            let t = vfio_p2p_agent::setup_probe::run(!*serial, *only, hold)?;
+            let t = vfio_p2p_agent::setup_probe::run((!*serial, *ctx_create), *only, hold)?;
             println!(
                 "{}",
                 serde_json::to_string(&t).map_err(anyhow::Error::from)?
@@ -81,9 +82,6 @@ pub fn run_cross_process(
     emit(f, &results, |r| render::cross_process(r))?;
     Ok(u8::from(!results.iter().all(|r| r.ok())))
 }
-
-/// How long `cross-process` with a child per GPU may take in all.
-pub const CROSS_PROCESS_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The PCI addresses of the GPUs CUDA sees, sorted, without creating any context (the
 /// children create their own).

@@ -1,0 +1,62 @@
+//! `expect`: the GPUs and cliques against the host's expectation.
+
+use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
+use vfio_p2p_agent::nvml::Nvml;
+use vfio_p2p_agent::{expect, fabric, render, send, sysfs_scan};
+
+use super::{deliver, emit, CannotRun};
+
+/// `expect`: the GPUs and cliques against the host's expectation.
+pub(super) fn run(
+    f: Format,
+    sysfs: &SysfsArgs,
+    expect: &ExpectArgs,
+    send: &SendArgs,
+) -> Result<u8, CannotRun> {
+    let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let mut r = expect::compare(&e, &source, &scan);
+    if fabric::planned(&e) {
+        match Nvml::open() {
+            Some(nvml) => {
+                let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
+                r.fabric = Some(fabric::judge(&fabric::read(&nvml, &bdfs), Some(&e)));
+            }
+            None => {
+                r.fabric_unchecked = Some(
+                    "the expectation plans an NVSwitch fabric (module ids, FM partition) but \
+                     NVML (libnvidia-ml.so.1) cannot be loaded: install the NVIDIA driver in \
+                     the guest"
+                        .into(),
+                )
+            }
+        }
+    }
+    emit(f, &r, render::expect)?;
+    let code = match (r.mismatches(), r.unchecked()) {
+        (0, 0) => 0,
+        (0, _) => 2,
+        _ => 1,
+    };
+    deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
+    if r.mismatches() > 0 {
+        Ok(1)
+    } else if let Some(why) = &r.fabric_unchecked {
+        Err(CannotRun(anyhow::anyhow!("{why}")))
+    } else if r.unchecked() > 0 {
+        let unread: Vec<String> = scan
+            .gpus
+            .iter()
+            .filter(|g| !g.caps_readable)
+            .map(|g| g.bdf.to_string())
+            .collect();
+        Err(CannotRun(anyhow::anyhow!(
+            "the clique of {} GPU(s) ({}) could not be read: only the first 64 bytes of their \
+             config space are readable; run as root",
+            r.unchecked(),
+            unread.join(", ")
+        )))
+    } else {
+        Ok(0)
+    }
+}
