@@ -302,8 +302,46 @@ fn incus_clique_form(saved: Option<&Path>) -> anyhow::Result<CliqueForm> {
     Ok(CliqueForm::RawQemuConf)
 }
 
+/// vm.yaml's disks, looked for: on this host a missing image is an error naming it, its
+/// line and the fix; generated from an example or a snapshot (for another machine) it is
+/// a warning. A complete VM (qemu, libvirt, cloud-hypervisor) without disks is warned of.
+fn check_disks(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
+    let whole_vm = matches!(
+        args.target,
+        GenTarget::Qemu | GenTarget::Libvirt | GenTarget::CloudHypervisor
+    );
+    if whole_vm && config.devices.disks.is_empty() {
+        tracing::warn!(
+            "{} has no disks: the VM has nothing to boot from; add `disks: [{{path: /var/lib/images/{}.qcow2}}]` to its vm.yaml (docs/gen.md)",
+            config.name,
+            config.name
+        );
+    }
+    let here = global.example.is_none() && global.sysfs_root == Path::new("/");
+    for d in &config.devices.disks {
+        let Some(why) = crate::read::disk_image::unusable(&d.path) else {
+            continue;
+        };
+        let at = match (&args.config, d.at) {
+            (Some(p), Some(at)) => format!("{}:{}:{}: ", p.display(), at.line(), at.column()),
+            _ => String::new(),
+        };
+        let path = d.path.display();
+        let text = format!(
+            "{at}disks: {path} {why}: create it (`qemu-img create -f {} {path} 64G`) or copy the guest's image there",
+            d.format.as_str()
+        );
+        if here {
+            bail!("{text}");
+        }
+        tracing::warn!("{text} (generating from an example or snapshot: it must exist on the machine that runs the VM)");
+    }
+    Ok(())
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
+    check_disks(global, &args, &config)?;
     let ctx = Context::load(
         global,
         &args.planning.options.host,
@@ -402,6 +440,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
         GenTarget::Incus => {
+            for w in incus::guest_io_warnings(&vm) {
+                tracing::warn!("{w}");
+            }
             let form = incus_clique_form(args.incus_server.as_deref())?;
             match args.incus_output.unwrap_or_default() {
                 IncusOutput::Profile => incus::profile(&vm, form),

@@ -2,6 +2,7 @@
 
 pub mod host;
 pub mod vm;
+pub mod vm_devices;
 
 use std::path::{Path, PathBuf};
 

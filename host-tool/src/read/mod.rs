@@ -7,6 +7,7 @@
 pub mod attr;
 pub mod binding;
 pub mod cpuinfo;
+pub mod disk_image;
 pub mod domain_facts;
 pub mod domain_xml;
 pub mod fabric_facts;
