@@ -275,13 +275,9 @@ impl VmConfig {
         check_path(&file.ovmf_code, "ovmf_code")?;
         check_path(&file.ovmf_vars, "ovmf_vars")?;
         let report = vsock_report(&file, path)?;
-        let devices = vm_devices::devices(
-            file.disks,
-            file.network,
-            file.console,
-            file.console_socket,
-        )
-        .map_err(field)?;
+        let devices =
+            vm_devices::devices(file.disks, file.network, file.console, file.console_socket)
+                .map_err(field)?;
         Ok(VmConfig {
             name,
             gpus,

@@ -204,10 +204,17 @@ fn disk_list(files: Vec<DiskFile>) -> Result<Vec<Disk>, FieldError> {
                 )
             })?,
         };
+        let bus = f.bus.unwrap_or_default();
+        if f.readonly && bus == DiskBus::Sata {
+            return Err(FieldError::new(
+                &at,
+                "disks: a SATA disk cannot be read-only (QEMU's ide-hd and libvirt refuse it): use `bus: virtio` for this one".into(),
+            ));
+        }
         disks.push(Disk {
             path,
             format,
-            bus: f.bus.unwrap_or_default(),
+            bus,
             readonly: f.readonly,
             at: Some(at),
         });
@@ -331,10 +338,12 @@ fn console_of(
 ) -> Result<Console, FieldError> {
     let kind = kind.map(|k| k.value).unwrap_or_default();
     match (kind, socket) {
-        (ConsoleKind::Socket, Some(p)) => match super::config_path_error("console_socket", &p.value) {
-            Some(e) => Err(FieldError::new(&p.referenced, e)),
-            None => Ok(Console::Socket(Some(p.value))),
-        },
+        (ConsoleKind::Socket, Some(p)) => {
+            match super::config_path_error("console_socket", &p.value) {
+                Some(e) => Err(FieldError::new(&p.referenced, e)),
+                None => Ok(Console::Socket(Some(p.value))),
+            }
+        }
         (ConsoleKind::Socket, None) => Ok(Console::Socket(None)),
         (_, Some(p)) => Err(FieldError::new(
             &p.referenced,
@@ -342,5 +351,128 @@ fn console_of(
         )),
         (ConsoleKind::Serial, None) => Ok(Console::Serial),
         (ConsoleKind::None, None) => Ok(Console::None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::vm::VmConfig;
+    use super::*;
+
+    fn parse(text: &str) -> Result<GuestDevices, String> {
+        VmConfig::parse(text, Path::new("vm.yaml"))
+            .map(|c| c.devices)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_a_serial_console_and_nothing_else() {
+        let d = parse("name: a\n").unwrap();
+        assert_eq!(d, GuestDevices::default());
+        assert_eq!(d.console, Console::Serial);
+    }
+
+    #[test]
+    fn disks_take_their_format_from_the_name_or_the_key() {
+        let d = parse(
+            "name: a\ndisks:\n  - path: /i/a.qcow2\n  - path: /i/b.img\n    bus: sata\n  - path: /dev/vdb\n    readonly: true\n  - path: /i/c.vhd\n    format: raw\n",
+        )
+        .unwrap();
+        let got: Vec<(DiskFormat, DiskBus, bool)> = d
+            .disks
+            .iter()
+            .map(|d| (d.format, d.bus, d.readonly))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (DiskFormat::Qcow2, DiskBus::Virtio, false),
+                (DiskFormat::Raw, DiskBus::Sata, false),
+                (DiskFormat::Raw, DiskBus::Virtio, true),
+                (DiskFormat::Raw, DiskBus::Virtio, false),
+            ]
+        );
+        assert!(d.disks[2].is_block_device() && !d.disks[0].is_block_device());
+    }
+
+    #[test]
+    fn network_modes() {
+        let d = parse("name: a\nnetwork:\n  bridge: br0\n  mac: 52:54:00:AB:cd:01\n").unwrap();
+        assert_eq!(
+            d.network,
+            Some(Network::Bridge {
+                bridge: "br0".into(),
+                mac: Some("52:54:00:ab:cd:01".into())
+            })
+        );
+        let d = parse("name: a\nnetwork: {mode: user}\n").unwrap();
+        assert_eq!(d.network, Some(Network::User { mac: None }));
+        assert_eq!(
+            parse("name: a\nnetwork: {mode: none}\n").unwrap().network,
+            None
+        );
+    }
+
+    #[test]
+    fn console_socket_defaults_to_the_vm_name() {
+        let d = parse("name: a\nconsole: socket\n").unwrap();
+        assert_eq!(
+            d.console.socket_path("a"),
+            Some(PathBuf::from("/run/vfio-p2p/console/a.sock"))
+        );
+        let d = parse("name: a\nconsole: socket\nconsole_socket: /run/x.sock\n").unwrap();
+        assert_eq!(d.console, Console::Socket(Some("/run/x.sock".into())));
+        assert_eq!(
+            parse("name: a\nconsole: none\n").unwrap().console,
+            Console::None
+        );
+    }
+
+    /// Each rule, with the line and column it points at.
+    #[test]
+    fn errors_name_the_line_and_the_fix() {
+        let five_virtio: String = (0..5).map(|i| format!("  - path: /i/{i}.raw\n")).collect();
+        let seven_sata: String = (0..7)
+            .map(|i| format!("  - path: /i/{i}.raw\n    bus: sata\n"))
+            .collect();
+        let cases = [
+            ("name: a\ndisks:\n  - path: i.qcow2\n", "vm.yaml:3:11: disks: path: \"i.qcow2\" must be an absolute path"),
+            ("name: a\ndisks:\n  - path: /i/a.vhd\n", "vm.yaml:3:11: disks: cannot tell the format of /i/a.vhd from its name: add `format: qcow2`"),
+            ("name: a\ndisks:\n  - path: /i/a.raw\n  - path: /i/a.raw\n", "vm.yaml:4:11: disks: /i/a.raw is listed twice"),
+            ("name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n    readonly: true\n", "vm.yaml:3:11: disks: a SATA disk cannot be read-only"),
+            ("name: a\ndisks:\n  - path: /i/a.raw\n    size: 4G\n", "vm.yaml:4:5: unknown field `size`"),
+            ("name: a\ndisks:\n  - path: /i/a.raw\n    bus: ide\n", "vm.yaml:4:10: unknown variant `ide`"),
+            ("name: a\nnetwork: {}\n", "vm.yaml:2:10: network: give `mode: user`"),
+            ("name: a\nnetwork:\n  mode: bridge\n", "vm.yaml:3:3: network: mode bridge needs `bridge: NAME`"),
+            ("name: a\nnetwork:\n  mode: user\n  bridge: br0\n", "vm.yaml:4:11: network: bridge is only used with `mode: bridge`"),
+            ("name: a\nnetwork:\n  bridge: br0/x\n", "vm.yaml:3:11: network: bridge \"br0/x\" is not an interface name"),
+            ("name: a\nnetwork:\n  bridge: a-bridge-too-long\n", "vm.yaml:3:11: network: bridge \"a-bridge-too-long\" is not an interface name"),
+            ("name: a\nnetwork:\n  bridge: br0\n  mac: 52:54:00:12:34\n", "vm.yaml:4:8: network: mac \"52:54:00:12:34\" is not a MAC address"),
+            ("name: a\nnetwork:\n  bridge: br0\n  mac: 01:00:5e:00:00:01\n", "vm.yaml:4:8: network: mac \"01:00:5e:00:00:01\" is a multicast address"),
+            ("name: a\nnetwork:\n  bridge: br0\n  mac: 00:00:00:00:00:00\n", "vm.yaml:4:8: network: mac \"00:00:00:00:00:00\" is all zeros"),
+            ("name: a\nnetwork:\n  mode: none\n  mac: 52:54:00:12:34:56\n", "vm.yaml:3:3: network: mac is not used with `mode: none`"),
+            ("name: a\nconsole_socket: /run/c.sock\n", "vm.yaml:2:17: console_socket is only used with 'console: socket'"),
+            ("name: a\nconsole: socket\nconsole_socket: c.sock\n", "vm.yaml:3:17: console_socket: \"c.sock\" must be an absolute path"),
+            ("name: a\nconsole: tty\n", "vm.yaml:2:10: unknown variant `tty`"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err();
+            // serde's own errors repeat the position after it
+            let (at, message) = want.split_at(want.find(": ").unwrap() + 2);
+            assert!(
+                e.starts_with(at) && e.contains(message),
+                "{text:?}: got {e}"
+            );
+        }
+        let e = parse(&format!("name: a\ndisks:\n{five_virtio}")).unwrap_err();
+        assert!(
+            e.starts_with("vm.yaml:7:11: disks: at most 4 on bus virtio"),
+            "{e}"
+        );
+        let e = parse(&format!("name: a\ndisks:\n{seven_sata}")).unwrap_err();
+        assert!(
+            e.starts_with("vm.yaml:15:11: disks: at most 4 on bus virtio and 6 on bus sata"),
+            "{e}"
+        );
     }
 }

@@ -9,9 +9,7 @@ use std::fmt::Write;
 use pci_config::Bdf;
 use quick_xml::escape::escape;
 
-use super::vm::{
-    cpulist, disk_places, VmDefinition, FIRST_DISK_SLOT, IOMMUFD_OBJECT_ID, NIC_SLOT,
-};
+use super::vm::{cpulist, disk_places, VmDefinition, FIRST_DISK_SLOT, IOMMUFD_OBJECT_ID, NIC_SLOT};
 use crate::config::vm::{Firmware, IommuBackend};
 use crate::config::vm_devices::{Console, DiskBus, Network};
 use crate::decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
@@ -166,7 +164,10 @@ fn write_guest_io(w: &mut String, vm: &VmDefinition) {
         if d.readonly {
             let _ = writeln!(w, "      <readonly/>");
         }
-        let _ = writeln!(w, "      <alias name='ua-disk{i}'/>\n      {address}\n    </disk>");
+        let _ = writeln!(
+            w,
+            "      <alias name='ua-disk{i}'/>\n      {address}\n    </disk>"
+        );
     }
     if let Some(n) = &c.devices.network {
         match n {
