@@ -146,9 +146,10 @@ fn documented_example_commands_print_what_the_docs_show() {
         if !c.args.iter().any(|a| a == "--example") {
             continue; // needs a real host
         }
-        // a wide terminal, as the docs' blocks are
+        // a wide terminal, as the docs' blocks are, in the source tree's root (configs/…)
         let out = Command::cargo_bin("vfio-p2p")
             .unwrap()
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .env("COLUMNS", "200")
             .args(&c.args)
             .output()
