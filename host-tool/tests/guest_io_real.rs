@@ -50,8 +50,12 @@ fn libvirt_takes_them_at_the_slots_gen_qemu_gives() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // the bridged NIC only against the schema: libvirt's argv generator opens /dev/net/tun
+    // the bridged NIC and a block device only against the schema: libvirt's argv generator
+    // opens /dev/net/tun
     let cfg = config(dir.path(), "network:\n  bridge: br0\n");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    let yaml = yaml.replace("disks:\n", "disks:\n  - path: /dev/vdz\n");
+    std::fs::write(&cfg, yaml).unwrap();
     let xml = vfio_p2p(
         &[
             "--example",
@@ -72,6 +76,15 @@ fn libvirt_takes_them_at_the_slots_gen_qemu_gives() {
         xml.contains("<interface type='bridge'>\n      <source bridge='br0'/>"),
         "{xml}"
     );
+    assert!(
+        xml.contains("<disk type='block' device='disk'>\n      <driver name='qemu' type='raw'/>\n      <source dev='/dev/vdz'/>"),
+        "{xml}"
+    );
+    let image = format!(
+        "<disk type='file' device='disk'>\n      <driver name='qemu' type='raw'/>\n      <source file='{}/boot.raw'/>",
+        dir.path().display()
+    );
+    assert!(xml.contains(&image), "{xml}");
     for (network, console) in [
         (
             "network:\n  mode: user\n  mac: 52:54:00:12:34:56\n",
