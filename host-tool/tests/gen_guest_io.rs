@@ -192,3 +192,28 @@ fn proxmox_and_incus_write_what_their_stacks_take() {
         "{err}"
     );
 }
+
+/// gen's warnings wrap to the width like the rest of the output (`$COLUMNS` here; the
+/// terminal's when stderr is one), each a `warning: ` line with indented continuations.
+#[test]
+fn warnings_wrap_to_the_width() {
+    for width in [80usize, 120] {
+        let out = Command::cargo_bin("vfio-p2p")
+            .unwrap()
+            .env("COLUMNS", width.to_string())
+            .args(["--example", "flat-vm", "gen", "qemu"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.starts_with("warning: vm0 has no disks"), "{err}");
+        assert!(err.lines().count() > 1, "{err}");
+        for line in err.lines() {
+            assert!(line.chars().count() <= width, "{width}: {line:?}");
+            assert!(
+                line.starts_with("warning: ") || line.starts_with("  "),
+                "{line:?}"
+            );
+        }
+    }
+}
