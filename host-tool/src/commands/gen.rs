@@ -49,7 +49,8 @@ pub enum GenTarget {
 pub struct GenArgs {
     #[arg(value_enum)]
     pub target: GenTarget,
-    /// VM description (name, GPUs, p2p level, guest topology, memory, firmware); examples in
+    /// VM description (name, GPUs, p2p level, guest topology, memory, firmware, disks, network,
+    /// console); examples in
     /// /usr/share/doc/vfio-p2p/examples/ (configs/ in the source).
     #[arg(long, value_name = "vm.yaml")]
     pub config: Option<PathBuf>,
