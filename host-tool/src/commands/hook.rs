@@ -11,20 +11,21 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{
-    FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
-};
 use crate::context::{ChangeRoot, Context};
-use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
-use crate::emit;
-use crate::fm_api::FmSession;
-use crate::partition_activation::guest::{self as guest_fabric, FabricStep};
-use crate::partition_activation::{activate, deactivate, ActivationError, ActivationRecord};
-use crate::read::domain_xml::read_domain_xml_stream;
-use crate::read::read_host;
-use crate::vfio_bind::{
+use vfio_p2p_bind::partition_activation::guest::{self as guest_fabric, FabricStep};
+use vfio_p2p_bind::partition_activation::{
+    activate, deactivate, ActivationError, ActivationRecord,
+};
+use vfio_p2p_bind::{
     self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
 };
+use vfio_p2p_config::host::{
+    FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
+};
+use vfio_p2p_decide::check::{domain_checks, reserved_hostdevs, CheckResult};
+use vfio_p2p_read::domain_xml::read_domain_xml_stream;
+use vfio_p2p_read::fm_api::FmSession;
+use vfio_p2p_read::read_host;
 
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
@@ -340,14 +341,14 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .collect();
     let mut sysfs = writer()?;
     if !unmanaged.is_empty() {
-        match vfio_bind::bind(
+        match vfio_p2p_bind::bind(
             root,
             &mut sysfs,
             &unmanaged,
             &BindOptions::default(),
             &session(guest, dry_run),
         ) {
-            Ok(report) if dry_run => print!("{}", emit::binding::report_text(&report)),
+            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
             Ok(_) => {}
             Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
         }
@@ -478,7 +479,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         }
         return Ok(ExitCode::SUCCESS);
     }
-    match vfio_bind::unbind(
+    match vfio_p2p_bind::unbind(
         root,
         &mut writer()?,
         &UnbindSelection::Guest(guest.to_string()),
@@ -486,7 +487,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     ) {
         Ok(report) => {
             if dry_run {
-                print!("{}", emit::binding::report_text(&report));
+                print!("{}", vfio_p2p_bind::text::report_text(&report));
             }
             Ok(ExitCode::SUCCESS)
         }

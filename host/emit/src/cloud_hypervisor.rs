@@ -1,0 +1,167 @@
+//! Cloud Hypervisor command line: one `--device path=/sys/bus/pci/devices/BDF/` per GPU
+//! function, with `x_nv_gpudirect_clique` on the GPU where the plan gives one.
+//!
+//! Cloud Hypervisor always writes the capability at 0xD4 and checks nothing, so a GPU
+//! with a capability already starting there would get a corrupt capability list: that
+//! is refused here. Cloud Hypervisor has no emulated switches or expander buses; every
+//! device lands on PCI segment 0, whose 64-bit aperture covers all of the guest's
+//! physical address space above RAM, so no `--platform`/`--pci-segment` knob is needed
+//! for one segment; `max_phys_bits` must cover RAM plus the BARs.
+
+use pci_config::clique::OFFSET_FALLBACK;
+
+use super::vm::VmDefinition;
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
+use vfio_p2p_model::Topology;
+
+pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CloudHypervisorError {
+    #[error("{gpu}: a capability already starts at {offset:#x}, where Cloud Hypervisor puts the clique; it would corrupt the GPU's capability list. Use QEMU >= 8.1 (it moves the clique) or leave this GPU without a clique (no --p2p-level for it)")]
+    CapabilityTaken { gpu: pci_config::Bdf, offset: u8 },
+    #[error("Cloud Hypervisor under iommufd cannot map peer BARs (it pins them with IOMMU_IOAS_MAP; the dma-buf path is cloud-hypervisor issue #8895): with vfio_p2p_dma=on the VM does not boot, with it off the {cliques} P2P clique(s) would be advertised and fault. Use --iommu-backend legacy for this VM, or leave it without cliques")]
+    IommufdCliques { cliques: usize },
+    #[error("Cloud Hypervisor has only virtio disks: {path} has `bus: sata`; use `bus: virtio` (the guest needs virtio-blk, which every Linux has)")]
+    SataDisk { path: String },
+    #[error("Cloud Hypervisor cannot take a path with a comma in its options: {path}; rename the file or link it from a path without one")]
+    CommaInPath { path: String },
+    #[error("Cloud Hypervisor has no user-mode networking: use `network: {{bridge: br0}}` (a tap in a host bridge) or `mode: none`")]
+    UserNetwork,
+}
+
+/// The command line, program first, and warnings for GPUs whose config space could not be checked.
+pub fn argv(
+    vm: &VmDefinition,
+    topo: &Topology,
+) -> Result<(Vec<String>, Vec<String>), CloudHypervisorError> {
+    let c = vm.config;
+    let mut warnings = Vec::new();
+    let mut a: Vec<String> = vec![CLOUD_HYPERVISOR_BINARY.into()];
+    // Guest physical space must hold RAM (below and above 4 GiB) and the 64-bit window.
+    let needed = (c.memory_mib << 20) + vm.hole64 + (4 << 30);
+    let phys_bits = (64 - needed.leading_zeros()).max(40);
+    a.push("--cpus".into());
+    a.push(format!("boot={},max_phys_bits={phys_bits}", c.vcpus));
+    a.push("--memory".into());
+    a.push(format!("size={}M", c.memory_mib));
+    if vm.iommu_backend == IommuBackend::Iommufd {
+        let ids: std::collections::BTreeSet<u8> =
+            vm.layout.gpus.iter().filter_map(|g| g.clique).collect();
+        let cliques = ids.len();
+        if cliques > 0 {
+            return Err(CloudHypervisorError::IommufdCliques { cliques });
+        }
+        // without cliques no peer DMA is promised, and BAR mapping (which fails) is off
+        a.push("--platform".into());
+        a.push("iommufd=on,vfio_p2p_dma=off".into());
+    }
+    for g in vm.layout.passed() {
+        if let Some(clique) = g.clique {
+            match topo.device(&g.host) {
+                Some(d) if d.config_complete() => {
+                    if d.config().capability_starts_at(OFFSET_FALLBACK) {
+                        return Err(CloudHypervisorError::CapabilityTaken {
+                            gpu: g.host,
+                            offset: OFFSET_FALLBACK,
+                        });
+                    }
+                }
+                _ => warnings.push(format!(
+                    "{}: config space not readable (run as root): could not check that {OFFSET_FALLBACK:#x} is free for clique {clique}",
+                    g.host
+                )),
+            }
+        }
+        let mut functions = vec![(g.host, g.id.clone(), g.clique)];
+        functions.extend(
+            g.other_functions
+                .iter()
+                .map(|f| (f.host, f.id.clone(), None)),
+        );
+        functions.sort_by_key(|f| f.0);
+        for (host, id, clique) in functions {
+            let mut d = format!("path=/sys/bus/pci/devices/{host}/,id={id}");
+            if let Some(c) = clique {
+                d.push_str(&format!(",x_nv_gpudirect_clique={c}"));
+            }
+            a.push("--device".into());
+            a.push(d);
+        }
+    }
+    guest_io(vm, &mut a, &mut warnings)?;
+    if let Some(r) = c.report {
+        // hybrid vsock: the guest's connections to CID 2 port P arrive at SOCKET_P on the host
+        a.push("--vsock".into());
+        a.push(format!(
+            "cid={},socket={VSOCK_SOCKET_DIR}/{}.sock",
+            r.cid, c.name
+        ));
+    }
+    Ok((a, warnings))
+}
+
+/// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.
+pub fn tap_name(vm: &str) -> String {
+    format!("tap-{vm}").chars().take(15).collect()
+}
+
+/// A path for an option value: Cloud Hypervisor splits them at commas.
+fn ch_path(p: &std::path::Path) -> Result<String, CloudHypervisorError> {
+    let path = p.display().to_string();
+    if path.contains(',') {
+        return Err(CloudHypervisorError::CommaInPath { path });
+    }
+    Ok(path)
+}
+
+/// vm.yaml's disks (Cloud Hypervisor boots the first and reads its format itself), the
+/// NIC (a tap it creates; adding it to the bridge is the operator's) and the serial console.
+fn guest_io(
+    vm: &VmDefinition,
+    a: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(), CloudHypervisorError> {
+    let c = vm.config;
+    for d in &c.devices.disks {
+        if d.bus == DiskBus::Sata {
+            return Err(CloudHypervisorError::SataDisk {
+                path: d.path.display().to_string(),
+            });
+        }
+        let ro = if d.readonly { ",readonly=on" } else { "" };
+        a.push("--disk".into());
+        a.push(format!("path={}{ro}", ch_path(&d.path)?));
+    }
+    match &c.devices.network {
+        None => {}
+        Some(Network::User { .. }) => return Err(CloudHypervisorError::UserNetwork),
+        Some(n @ Network::Bridge { bridge, .. }) => {
+            let tap = tap_name(&c.name);
+            let mut v = format!("tap={tap}");
+            if let Some(mac) = n.mac() {
+                v.push_str(&format!(",mac={mac}"));
+            }
+            a.push("--net".into());
+            a.push(v);
+            warnings.push(format!(
+                "Cloud Hypervisor creates tap {tap} but adds it to no bridge: once the VM runs, `ip link set {tap} master {bridge} up`"
+            ));
+        }
+    }
+    let serial = match &c.devices.console {
+        Console::None => return Ok(()),
+        Console::Serial => "tty".to_string(),
+        Console::Socket(_) => format!(
+            "socket={}",
+            ch_path(&c.devices.console.socket_path(&c.name).unwrap_or_default())?
+        ),
+    };
+    // the guest's ttyS0; the virtio console would take the terminal too
+    a.extend(["--serial".into(), serial, "--console".into(), "off".into()]);
+    Ok(())
+}
+
+/// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.
+pub const VSOCK_SOCKET_DIR: &str = "/run/vfio-p2p/vsock";
