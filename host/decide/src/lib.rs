@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod clique_plan;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;
@@ -16,5 +17,4 @@ pub mod nic_affinity;
 pub mod nvlink;
 pub mod pair_links;
 pub mod placement;
-pub mod plan;
 pub mod plan_reach;

@@ -20,7 +20,7 @@ pub use report::{CheckReport, CheckResult, Status};
 
 use pci_config::Bdf;
 
-use crate::plan::{Plan, PlanError};
+use crate::clique_plan::{CliquePlan, PlanError};
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::{Device, Topology};
 
@@ -30,7 +30,7 @@ pub fn run_checks(
     gpus: &[Bdf],
     host: &HostFacts,
     vmm: &VmmFacts,
-    plan: &Result<Plan, PlanError>,
+    plan: &Result<CliquePlan, PlanError>,
 ) -> CheckReport {
     let mut out = Vec::new();
     out.extend(host_rules::check_iommu(topo));
