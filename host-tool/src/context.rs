@@ -14,6 +14,7 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
+use pci_config::PathKind;
 use source::{HostConfigFrom, HostSource};
 use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
@@ -22,7 +23,7 @@ use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::{FabricState, FmConfigFile};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
-use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_model::Topology;
 use vfio_p2p_read::fabric_manager::read_fabric_manager;
 use vfio_p2p_read::fm_api::{FmFailure, FmSession};
 use vfio_p2p_read::synth;

@@ -182,6 +182,32 @@ pub fn wrap(text: &str, width: u16) -> String {
     out
 }
 
+/// The width log lines (`warning: …`) wrap to: stderr's terminal, else `$COLUMNS`; `None`
+/// when neither, so a log file or a pipe keeps each warning on one line.
+pub fn stderr_width() -> Option<u16> {
+    if std::io::stderr().is_terminal() {
+        if let Some((terminal_size::Width(w), _)) =
+            terminal_size::terminal_size_of(std::io::stderr())
+        {
+            return Some(w);
+        }
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<u16>().ok())
+        .filter(|w| *w >= 40)
+}
+
+/// A log record as printed: `label: message`, wrapped to `width` like the rest of the output
+/// (continuation lines indented, backquoted commands whole) or on one line without one.
+pub fn log_line(label: &str, message: &str, width: Option<u16>) -> String {
+    let line = format!("{label}: {message}");
+    match width {
+        Some(w) => wrap(&line, w),
+        None => line + "\n",
+    }
+}
+
 /// An error and its causes on one line, `outer: cause: cause`, leaving out a cause whose
 /// text the line already holds (errors that print their source themselves would otherwise
 /// say it twice: "No such file or directory (os error 2): No such file or directory …").
@@ -199,7 +225,8 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// Log records as `warning: message` (level word, colon, the message and its fields).
+/// Log records as `warning: message` (level word, colon, the message and its fields), wrapped
+/// to [`stderr_width`]: the one way every warning of both binaries is printed.
 struct PlainLines;
 
 impl<S, N> FormatEvent<S, N> for PlainLines
@@ -220,9 +247,10 @@ where
             Level::DEBUG => "debug",
             Level::TRACE => "trace",
         };
-        write!(writer, "{label}: ")?;
-        ctx.field_format().format_fields(writer.by_ref(), event)?;
-        writeln!(writer)
+        let mut message = String::new();
+        ctx.field_format()
+            .format_fields(Writer::new(&mut message), event)?;
+        writer.write_str(&log_line(label, &message, stderr_width()))
     }
 }
 
@@ -241,6 +269,26 @@ pub fn init_logging(env: &str, default: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gen's 190-character warnings (issue 29) at 80 and 120 columns, and whole without a width.
+    #[test]
+    fn log_lines_wrap_to_the_width_and_keep_commands_whole() {
+        let message = "the CPU of /sys is unknown (no proc/cpuinfo there): the NCCL file's <cpu> has no arch, vendor, familyid, modelid; generate it from a root that has proc/cpuinfo (`vfio-p2p snapshot --output DIR`)";
+        for width in [80u16, 120] {
+            let text = log_line("warning", message, Some(width));
+            assert!(text.starts_with("warning: the CPU"), "{text}");
+            assert!(text.lines().count() > 1, "{text}");
+            assert!(
+                text.lines()
+                    .all(|l| l.chars().count() <= usize::from(width)),
+                "{text}"
+            );
+            assert!(text.lines().skip(1).all(|l| l.starts_with("  ")), "{text}");
+            assert!(text.contains("`vfio-p2p snapshot --output DIR`"), "{text}");
+        }
+        let whole = log_line("warning", message, None);
+        assert_eq!(whole, format!("warning: {message}\n"));
+    }
 
     #[test]
     fn tables_wrap_to_the_width() {

@@ -313,6 +313,10 @@ stage_check() {
 vm_yaml() {
     printf 'name: lab-b\nmemory_mib: %s\nvcpus: %s\nguest_topology: %s\nfirmware: bios\n' "$MEM_B" "$VCPUS_B" "$GUEST_TOPOLOGY"
     printf 'verify: vsock\nvsock_cid: %s\n' "$FLEET_CID"
+    # level B boots from -kernel; its disk (gen on this host refuses a missing one) and console
+    # are vm.yaml's all the same: QEMU opens the disk at gen's slot and the console is gen's
+    head -c 1048576 /dev/zero > /out/lab-b-disk.raw
+    printf 'disks:\n  - path: %s/lab-b-disk.raw\nconsole: serial\n' "$O"
 }
 
 # fleet (docs/fleet.md): the collector's state directory inside the chroot, and seen from here
@@ -388,6 +392,13 @@ stage_gen() {
     jqr -e --arg d "vhost-vsock-pci,guest-cid=$FLEET_CID,id=vsock0" 'index($d) != null' < /out/gen.json > /dev/null ||
         fail "no -device vhost-vsock-pci with guest-cid $FLEET_CID"
     jqr -e '.report.vsock_port == 7389' < /out/expect.json > /dev/null || fail "expect.json has no report port"
+    # vm.yaml's disk (virtio at pcie.0 slot 3, booting), no NIC, the console on stdio
+    jqr -e --arg f "file=$O/lab-b-disk.raw,format=raw,if=none,id=disk0" 'index($f) != null' < /out/gen.json > /dev/null ||
+        fail "no -drive for vm.yaml's disk"
+    jqr -e '[.[] | select(startswith("{")) | fromjson | select(.driver == "virtio-blk-pci" and .addr == "0x3" and .bootindex == 1)] | length == 1' \
+        < /out/gen.json > /dev/null || fail "no booting virtio-blk-pci at pcie.0 slot 3"
+    jqr -e '(index("-serial") as $i | .[$i + 1] == "mon:stdio") and (index("-nic") as $i | .[$i + 1] == "none")' \
+        < /out/gen.json > /dev/null || fail "no -serial mon:stdio or -nic none"
     jqr -e --argjson c $FLEET_CID '.cid == $c and .expectation.vm == "lab-b"' < $FLEET_A/plans/lab-b.json > /dev/null ||
         fail "gen --state-dir did not register lab-b with CID $FLEET_CID"
     for f in argv shell; do
@@ -514,7 +525,7 @@ run_b() {
     local limit=$1
     shift
     # shellcheck disable=SC2046 # p2p_dma_device prints words for QEMU's argv, or nothing
-    C timeout -k 5 "$limit" "$@" $(p2p_dma_device) -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    C timeout -k 5 "$limit" "$@" $(p2p_dma_device) -nodefaults -monitor none -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         -fw_cfg name=opt/vfio-p2p-lab/wrong-expect.json,file=$O/expect-wrong.json \
         < /dev/null > /out/level-b.log 2>&1
@@ -575,7 +586,7 @@ run_b_wrapped() { # ACCEL LIMIT: level B through the wrapper; console and wrappe
     eval "set -- $(cat /out/b-wrap-args-$accel.sh)"
     shift  # the program: the wrapper runs the real QEMU
     C timeout -k 5 "$limit" "$VFIO_P2P" qemu-wrap $GEN_OPTS --qemu /usr/bin/qemu-system-x86_64 -- "$@" \
-        -nodefaults -display none -monitor none -serial stdio -no-reboot \
+        -nodefaults -monitor none -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         < /dev/null > /out/level-b-wrap.log 2>&1
     echo "level B (wrapped) QEMU exit $?"
@@ -793,7 +804,7 @@ topo_b_boot() { # ACCEL LIMIT: one boot; console to /out/level-b-topo.log
     eval "set -- $2 $(cat /out/b-topo-args-$1.sh)"
     local limit=$1
     shift
-    C timeout -k 5 "$limit" "$@" -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    C timeout -k 5 "$limit" "$@" -nodefaults -monitor none -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1 lab_b=topo" \
         -fw_cfg name=opt/vfio-p2p-lab/nccl-topo.xml,file=$O/nccl-topo.xml \
         < /dev/null > /out/level-b-topo.log 2>&1
@@ -1036,7 +1047,7 @@ run_b_iommufd() { # ACCEL LIMIT: level B; console in /out/level-b-iommufd.log, Q
     local limit=$1
     shift
     # shellcheck disable=SC2046 # p2p_dma_device prints words for QEMU's argv, or nothing
-    C timeout -k 5 "$limit" "$@" $(p2p_dma_device "$(iommufd_object_id)") $IOMMUFD_TRACE -nodefaults -display none -monitor none -serial stdio -no-reboot \
+    C timeout -k 5 "$limit" "$@" $(p2p_dma_device "$(iommufd_object_id)") $IOMMUFD_TRACE -nodefaults -monitor none -no-reboot \
         -kernel "$KERNEL" -initrd "$INITRD_B" -append "console=ttyS0 quiet panic=-1" \
         < /dev/null > /out/level-b-iommufd.log 2> /out/level-b-iommufd.qemu.log
     echo "level B QEMU exit $?"

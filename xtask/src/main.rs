@@ -126,9 +126,14 @@ fn dist() -> Result<()> {
     let host_gen = target.join("release/gen/vfio-p2p");
     manpages::write(host_command(), &host_gen)?;
     let host_deb = dist.join(format!("vfio-p2p_{VERSION}_amd64.deb"));
+    // Built as the README's `cargo run --release -p vfio-p2p` builds it: cargo-deb would build
+    // the whole workspace (its assets under target/release are globs), whose unified features
+    // (clap's, nix's, rustix's) differ from the host tool's own, and `cargo run` would then
+    // compile those crates again.
+    cargo.run(&["build", "--release", "--locked", "-p", "vfio-p2p"])?;
     cargo.run(&[
         "deb",
-        "--locked",
+        "--no-build",
         "-p",
         "vfio-p2p",
         "-o",

@@ -122,7 +122,7 @@ pub(crate) fn deliver(
             )
         }),
         None => {
-            eprintln!("warning: the host's expectation names no report channel (vm.yaml verify: vsock); nothing sent");
+            tracing::warn!("the host's expectation names no report channel (vm.yaml verify: vsock); nothing sent");
             Ok(())
         }
     }

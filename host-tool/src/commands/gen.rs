@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use vfio_p2p_contract::ReportChannel;
 
 use crate::cli::GlobalArgs;
+use crate::context::source::HostSource;
 use crate::context::{Context, Needs, PlanningArgs};
 use vfio_p2p_collector::store::Store;
 use vfio_p2p_config::vm::GuestTopology;
@@ -51,7 +52,8 @@ pub enum GenTarget {
 pub struct GenArgs {
     #[arg(value_enum)]
     pub target: GenTarget,
-    /// VM description (name, GPUs, p2p level, guest topology, memory, firmware); examples in
+    /// VM description (name, GPUs, p2p level, guest topology, memory, firmware, disks, network,
+    /// console); examples in
     /// /usr/share/doc/vfio-p2p/examples/ (configs/ in the source).
     #[arg(long, value_name = "vm.yaml")]
     pub config: Option<PathBuf>,
@@ -312,8 +314,47 @@ fn incus_clique_form(server: Result<IncusServer, String>) -> CliqueForm {
     CliqueForm::RawQemuConf
 }
 
+/// vm.yaml's disks, looked for: on this host a missing image is an error naming it, its
+/// line and the fix; generated from an example or a snapshot (for another machine) it is
+/// a warning. A complete VM (qemu, libvirt, cloud-hypervisor) without disks is warned of.
+fn check_disks(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
+    let whole_vm = matches!(
+        args.target,
+        GenTarget::Qemu | GenTarget::Libvirt | GenTarget::CloudHypervisor
+    );
+    if whole_vm && config.devices.disks.is_empty() {
+        tracing::warn!(
+            "{} has no disks: the VM has nothing to boot from; add `disks: [{{path: /var/lib/images/{}.qcow2}}]` to its vm.yaml (docs/gen.md)",
+            config.name,
+            config.name
+        );
+    }
+    // a missing image is this host's problem only when the run reads this host
+    let here = HostSource::of(global) == HostSource::Root("/".into());
+    for d in &config.devices.disks {
+        let Some(why) = vfio_p2p_read::disk_image::unusable(&d.path) else {
+            continue;
+        };
+        let at = match (&args.config, d.at) {
+            (Some(p), Some(at)) => format!("{}:{}:{}: ", p.display(), at.line(), at.column()),
+            _ => String::new(),
+        };
+        let path = d.path.display();
+        let text = format!(
+            "{at}disks: {path} {why}: create it (`qemu-img create -f {} {path} 64G`) or copy the guest's image there",
+            d.format.as_str()
+        );
+        if here {
+            bail!("{text}");
+        }
+        tracing::warn!("{text} (generating from an example or snapshot: it must exist on the machine that runs the VM)");
+    }
+    Ok(())
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
+    check_disks(global, &args, &config)?;
     let ctx = Context::load(global, &args.planning.options.host, &needs(&args, &config))?;
     // Incus's API extensions, asked before planning like every other probe.
     let incus = match args.target {
@@ -407,11 +448,18 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");
             }
-            qemu::render(&cloud_hypervisor::argv(&vm)?, format)
+            let (argv, warnings) = cloud_hypervisor::argv(&vm)?;
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            qemu::render(&argv, format)
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
         GenTarget::Incus => {
+            for w in incus::guest_io_warnings(&vm) {
+                tracing::warn!("{w}");
+            }
             let form = incus_clique_form(incus.unwrap_or_else(|| Err("not asked".into())));
             match args.incus_output.unwrap_or_default() {
                 IncusOutput::Profile => incus::profile(&vm, form),

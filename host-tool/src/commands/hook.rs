@@ -268,7 +268,7 @@ fn unreadable(guest: &str, policy: HookPolicy, what: &str) -> anyhow::Result<Exi
     match policy {
         HookPolicy::Deny => refuse(guest, &format!("{what} (hook_policy: deny)")),
         HookPolicy::Warn => {
-            eprintln!("vfio-p2p hook: {guest}: warning: {what}; nothing checked or bound (hook_policy: warn)");
+            tracing::warn!("hook: {guest}: {what}; nothing checked or bound (hook_policy: warn)");
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -372,7 +372,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         }
     }
     for p in &warnings {
-        eprintln!("vfio-p2p hook: {guest}: warning: {p}");
+        tracing::warn!("hook: {guest}: {p}");
     }
     if problems.is_empty() && notes.is_empty() && unmanaged.is_empty() && !activates {
         dry_run_says(dry_run, guest, "all well: the cliques are as planned, and every hostdev is managed='yes' (nothing to bind)");
@@ -465,7 +465,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     if !partitions.is_empty() {
         // After the guest stopped and before its GPUs go back to the host (FM's sequence).
         if let Some(w) = deactivate_for(root, &partitions, dry_run) {
-            eprintln!("vfio-p2p hook: {guest}: warning: {w}");
+            tracing::warn!("hook: {guest}: {w}");
         }
     }
     if !recorded

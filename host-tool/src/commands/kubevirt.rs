@@ -70,7 +70,7 @@ pub fn run(global: &GlobalArgs, args: KubevirtArgs) -> anyhow::Result<ExitCode> 
                 ),
                 HookPolicy::Warn => {
                     tracing::warn!(
-                        "kubevirt onDefineDomain: {why}; the domain is left as it was, without cliques (hook_policy: warn)"
+                        "kubevirt: onDefineDomain: {why}; the domain is left as it was, without cliques (hook_policy: warn)"
                     );
                     let mut out = std::io::stdout().lock();
                     out.write_all(a.domain.as_bytes())
@@ -150,7 +150,7 @@ fn patched_domain(
     };
     let patched = libvirt_patch::apply(domain, &facts, &cliques, 0, a.libvirt_version)?;
     for w in &patched.warnings {
-        tracing::warn!("{}: {w}", vmi.name);
+        tracing::warn!("kubevirt: {}: {w}", vmi.name);
     }
     for (bdf, alias) in &patched.aliases {
         if let Some(Some(k)) = cliques.get(bdf) {

@@ -46,7 +46,7 @@ pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
     let no_gpus = report.gpus.is_empty() && source.example().is_none();
     // The table says it has no GPUs itself; with data on stdout, stderr says it once.
     if no_gpus && !matches!(args.format, TopoFormat::Table) {
-        eprintln!("warning: no GPUs in {}; {hint}", report.source);
+        tracing::warn!("no GPUs in {}; {hint}", report.source);
     }
     let text = match args.format {
         TopoFormat::Table if no_gpus => format!(

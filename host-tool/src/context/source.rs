@@ -148,7 +148,7 @@ mod tests {
         let defaults = source
             .host_config(None, HostConfigFrom::FlagOrDefaults)
             .unwrap();
-        assert_eq!(installed.p2p_level, vfio_p2p_model::PathKind::Sys);
+        assert_eq!(installed.p2p_level, pci_config::PathKind::Sys);
         assert_eq!(defaults.p2p_level, HostConfig::default().p2p_level);
         assert_ne!(installed.p2p_level, defaults.p2p_level);
     }

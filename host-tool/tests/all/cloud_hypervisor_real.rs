@@ -15,9 +15,15 @@ fn block(cmd: &str) -> String {
 
 #[test]
 fn todays_argv_is_the_one_cloud_hypervisor_took() {
+    // the recording ran without a console of ours (it passed --serial off --console off)
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vm.yaml");
+    std::fs::write(&config, "name: vm0\nconsole: none\n").unwrap();
     let out = crate::cli::vfio_p2p()
         .args(["--example", "dual-socket-pcie", "gen", "cloud-hypervisor"])
         .args(["--gpus", "05:00.0,06:00.0,09:00.0", "--format", "argv"])
+        .arg("--config")
+        .arg(&config)
         .output()
         .unwrap();
     assert!(out.status.success());

@@ -144,8 +144,9 @@ fn documented_example_commands_print_what_the_docs_show() {
         if !c.args.iter().any(|a| a == "--example") {
             continue; // needs a real host
         }
-        // a wide terminal, as the docs' blocks are
+        // a wide terminal, as the docs' blocks are, in the source tree's root (configs/…)
         let out = crate::cli::vfio_p2p()
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .env("COLUMNS", "200")
             .args(&c.args)
             .output()

@@ -152,7 +152,7 @@ fn an_unreachable_fm_warns_and_starts_or_denies_naming_the_fix() {
     h.hook("prepare", "begin", &domain(&[0x05, 0x06]))
         .success()
         .stderr(predicate::str::contains(
-            "vfio-p2p hook: vm1: warning: Fabric Manager at 127.0.0.1:6666: fmConnect failed with FM_ST_CONNECTION_NOT_VALID (-9)",
+            "warning: hook: vm1: Fabric Manager at 127.0.0.1:6666: fmConnect failed with FM_ST_CONNECTION_NOT_VALID (-9)",
         ))
         .stderr(predicate::str::contains("systemctl start nvidia-fabricmanager"))
         .stderr(predicate::str::contains("the guest starts without NVLink (hook_policy: warn)"));
@@ -218,7 +218,7 @@ fn gpus_that_are_not_a_partition_are_a_finding() {
     h.hook("prepare", "begin", &domain(&[0x05, 0x09]))
         .success()
         .stderr(predicate::str::contains(
-            "warning: GPUs 0000:05:00.0, 0000:09:00.0 are not one of Fabric Manager's partitions (partitions holding them all: 0 (",
+            "warning: hook: vm1: GPUs 0000:05:00.0, 0000:09:00.0 are not one of Fabric Manager's partitions (partitions holding them all: 0 (",
         ));
     assert!(!h.calls().iter().any(|c| c.starts_with("activate")));
     let h = Host::new(SHARED_DENY, &board());
@@ -448,7 +448,7 @@ fn release_warns_when_fm_is_gone_and_still_gives_the_gpus_back() {
     h.hook("release", "end", "")
         .success()
         .stderr(predicate::str::starts_with(
-            "vfio-p2p hook: vm1: warning: deactivating Fabric Manager partition 1: Fabric Manager at 127.0.0.1:6666: fmConnect failed",
+            "warning: hook: vm1: deactivating Fabric Manager partition 1: Fabric Manager at 127.0.0.1:6666: fmConnect failed",
         ))
         .stderr(predicate::str::contains("systemctl start nvidia-fabricmanager"));
     let bound = fs::read_to_string(h.root().join("run/vfio-p2p/state.json")).unwrap();

@@ -129,7 +129,7 @@ fn a_missing_clique_warns_by_default_and_denies_on_request() {
         .success()
         .stdout("")
         .stderr(predicate::str::contains(
-            "vfio-p2p hook: vm1: warning: 0000:06:00.0 has no x-nv-gpudirect-clique but reaches 0000:05:00.0 over PCIe P2P (plan: clique 0)",
+            "warning: hook: vm1: 0000:06:00.0 has no x-nv-gpudirect-clique but reaches 0000:05:00.0 over PCIe P2P (plan: clique 0)",
         ))
         .stderr(predicate::str::contains("vfio-p2p libvirt patch"));
     set_policy(t.path(), "hook_policy: deny\n");
@@ -220,7 +220,7 @@ fn bad_input_is_a_clear_error() {
     hook(t.path(), "prepare", "begin", "<domain")
         .success()
         .stderr(predicate::str::contains(
-            "warning: the domain XML on stdin: not well-formed XML",
+            "warning: hook: vm1: the domain XML on stdin: not well-formed XML",
         ));
     set_policy(t.path(), "hook_policy: deny\n");
     hook(t.path(), "prepare", "begin", "<domain").code(1);
@@ -627,7 +627,7 @@ fn gpus_of_one_planned_clique_split_across_cliques_are_a_finding() {
         .success()
         .stdout("")
         .stderr(predicate::str::contains(format!(
-            "vfio-p2p hook: vm1: warning: {said}"
+            "warning: hook: vm1: {said}"
         )));
     set_policy(t.path(), "hook_policy: deny\n");
     hook(t.path(), "prepare", "begin", &xml)

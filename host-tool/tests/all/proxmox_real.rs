@@ -13,9 +13,15 @@ fn block(cmd: &str) -> String {
 }
 
 fn gen_proxmox() -> String {
+    // recorded before vm.yaml had a console: the file without one
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vm.yaml");
+    std::fs::write(&config, "name: vm0\nconsole: none\n").unwrap();
     let out = crate::cli::vfio_p2p()
         .args(["--example", "dual-socket-pcie", "gen", "proxmox"])
         .args(["--gpus", "05:00.0,06:00.0,09:00.0"])
+        .arg("--config")
+        .arg(&config)
         .output()
         .unwrap();
     assert!(out.status.success());

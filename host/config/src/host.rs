@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
+use pci_config::PathKind;
 use vfio_p2p_files::InputFileError;
-use vfio_p2p_model::PathKind;
 
 /// What the libvirt hook does when a VM's preflight check fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -13,8 +13,10 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
+use super::vm_devices::{self, ConsoleKind, DiskFile, GuestDevices, NetworkFile};
 use super::ConfigError;
-use vfio_p2p_model::{NicRef, PathKind};
+use pci_config::PathKind;
+use vfio_p2p_model::NicRef;
 
 /// How the guest's PCIe tree is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
@@ -135,6 +137,18 @@ pub struct VmConfigFile {
     /// The host port the agent reports to (default 7389).
     #[serde(default)]
     pub report_port: Option<Spanned<u32>>,
+    /// Disk images, the first one boots.
+    #[serde(default)]
+    pub disks: Vec<DiskFile>,
+    /// The VM's virtio-net NIC: `mode: user` or `bridge: NAME` (default: none).
+    #[serde(default)]
+    pub network: Option<Spanned<NetworkFile>>,
+    /// serial (default), socket or none.
+    #[serde(default)]
+    pub console: Option<Spanned<ConsoleKind>>,
+    /// The UNIX socket of `console: socket`.
+    #[serde(default)]
+    pub console_socket: Option<Spanned<PathBuf>>,
 }
 
 /// A validated VM description.
@@ -155,6 +169,8 @@ pub struct VmConfig {
     pub ovmf_vars: Option<PathBuf>,
     /// Set by `verify: vsock`.
     pub report: Option<VsockReport>,
+    /// Disks, NIC and serial console (`disks:`, `network:`, `console:`).
+    pub devices: GuestDevices,
 }
 
 pub const DEFAULT_NAME: &str = "vm0";
@@ -184,6 +200,7 @@ impl Default for VmConfig {
             ovmf_code: PathBuf::from(DEFAULT_OVMF_CODE),
             ovmf_vars: None,
             report: None,
+            devices: GuestDevices::default(),
         }
     }
 }
@@ -259,6 +276,9 @@ impl VmConfig {
         check_path(&file.ovmf_code, "ovmf_code")?;
         check_path(&file.ovmf_vars, "ovmf_vars")?;
         let report = vsock_report(&file, path)?;
+        let devices =
+            vm_devices::devices(file.disks, file.network, file.console, file.console_socket)
+                .map_err(field)?;
         Ok(VmConfig {
             name,
             gpus,
@@ -276,6 +296,7 @@ impl VmConfig {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_OVMF_CODE)),
             ovmf_vars: file.ovmf_vars.map(|p| p.value),
             report,
+            devices,
         })
     }
 }

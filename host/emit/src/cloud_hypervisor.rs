@@ -10,6 +10,7 @@
 
 use super::vm::VmDefinition;
 use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 
 pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 
@@ -17,11 +18,19 @@ pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 pub enum CloudHypervisorError {
     #[error("Cloud Hypervisor under iommufd cannot map peer BARs (it pins them with IOMMU_IOAS_MAP; the dma-buf path is cloud-hypervisor issue #8895): with vfio_p2p_dma=on the VM does not boot, with it off the {cliques} P2P clique(s) would be advertised and fault. Use --iommu-backend legacy for this VM, or leave it without cliques")]
     IommufdCliques { cliques: usize },
+    #[error("Cloud Hypervisor has only virtio disks: {path} has `bus: sata`; use `bus: virtio` (the guest needs virtio-blk, which every Linux has)")]
+    SataDisk { path: String },
+    #[error("Cloud Hypervisor cannot take a path with a comma in its options: {path}; rename the file or link it from a path without one")]
+    CommaInPath { path: String },
+    #[error("Cloud Hypervisor has no user-mode networking: use `network: {{bridge: br0}}` (a tap in a host bridge) or `mode: none`")]
+    UserNetwork,
 }
 
-/// The command line, program first (the clique offsets decided, `decide::clique_offset`).
-pub fn argv(vm: &VmDefinition) -> Result<Vec<String>, CloudHypervisorError> {
+/// The command line, program first (the clique offsets decided, `decide::clique_offset`),
+/// and warnings about what the operator must add (the NIC's tap to its bridge).
+pub fn argv(vm: &VmDefinition) -> Result<(Vec<String>, Vec<String>), CloudHypervisorError> {
     let c = vm.config;
+    let mut warnings = Vec::new();
     let mut a: Vec<String> = vec![CLOUD_HYPERVISOR_BINARY.into()];
     // Guest physical space must hold RAM (below and above 4 GiB) and the 64-bit window.
     let needed = (c.memory_mib << 20) + vm.hole64 + (4 << 30);
@@ -58,6 +67,7 @@ pub fn argv(vm: &VmDefinition) -> Result<Vec<String>, CloudHypervisorError> {
             a.push(d);
         }
     }
+    guest_io(vm, &mut a, &mut warnings)?;
     if let Some(r) = c.report {
         // hybrid vsock: the guest's connections to CID 2 port P arrive at SOCKET_P on the host
         a.push("--vsock".into());
@@ -66,7 +76,68 @@ pub fn argv(vm: &VmDefinition) -> Result<Vec<String>, CloudHypervisorError> {
             r.cid, c.name
         ));
     }
-    Ok(a)
+    Ok((a, warnings))
+}
+
+/// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.
+pub fn tap_name(vm: &str) -> String {
+    format!("tap-{vm}").chars().take(15).collect()
+}
+
+/// A path for an option value: Cloud Hypervisor splits them at commas.
+fn ch_path(p: &std::path::Path) -> Result<String, CloudHypervisorError> {
+    let path = p.display().to_string();
+    if path.contains(',') {
+        return Err(CloudHypervisorError::CommaInPath { path });
+    }
+    Ok(path)
+}
+
+/// vm.yaml's disks (Cloud Hypervisor boots the first and reads its format itself), the
+/// NIC (a tap it creates; adding it to the bridge is the operator's) and the serial console.
+fn guest_io(
+    vm: &VmDefinition,
+    a: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(), CloudHypervisorError> {
+    let c = vm.config;
+    for d in &c.devices.disks {
+        if d.bus == DiskBus::Sata {
+            return Err(CloudHypervisorError::SataDisk {
+                path: d.path.display().to_string(),
+            });
+        }
+        let ro = if d.readonly { ",readonly=on" } else { "" };
+        a.push("--disk".into());
+        a.push(format!("path={}{ro}", ch_path(&d.path)?));
+    }
+    match &c.devices.network {
+        None => {}
+        Some(Network::User { .. }) => return Err(CloudHypervisorError::UserNetwork),
+        Some(n @ Network::Bridge { bridge, .. }) => {
+            let tap = tap_name(&c.name);
+            let mut v = format!("tap={tap}");
+            if let Some(mac) = n.mac() {
+                v.push_str(&format!(",mac={mac}"));
+            }
+            a.push("--net".into());
+            a.push(v);
+            warnings.push(format!(
+                "Cloud Hypervisor creates tap {tap} but adds it to no bridge: once the VM runs, `ip link set {tap} master {bridge} up`"
+            ));
+        }
+    }
+    let serial = match &c.devices.console {
+        Console::None => return Ok(()),
+        Console::Serial => "tty".to_string(),
+        Console::Socket(_) => format!(
+            "socket={}",
+            ch_path(&c.devices.console.socket_path(&c.name).unwrap_or_default())?
+        ),
+    };
+    // the guest's ttyS0; the virtio console would take the terminal too
+    a.extend(["--serial".into(), serial, "--console".into(), "off".into()]);
+    Ok(())
 }
 
 /// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.

@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 
 use super::vm::VmDefinition;
+use vfio_p2p_config::vm_devices::Network;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::guest_layout::GuestDevice;
 use vfio_p2p_decide::mmio;
@@ -75,12 +76,46 @@ fn devices(vm: &VmDefinition, form: CliqueForm) -> Vec<Device> {
         name: n.id.clone(),
         keys: vec![("type", "pci".to_string()), ("address", n.host.to_string())],
     };
-    vm.layout
+    let mut list: Vec<Device> = vm
+        .layout
         .gpus
         .iter()
         .map(gpu)
         .chain(vm.layout.nics.iter().map(nic))
-        .collect()
+        .collect();
+    // vm.yaml's network: a bridged NIC named like the default profile's, which it replaces
+    if let Some(n @ Network::Bridge { bridge, .. }) = &vm.config.devices.network {
+        let mut keys = vec![
+            ("type", "nic".to_string()),
+            ("nictype", "bridged".to_string()),
+            ("parent", bridge.clone()),
+        ];
+        if let Some(mac) = n.mac() {
+            keys.push(("hwaddr", mac.to_string()));
+        }
+        list.push(Device {
+            name: "eth0".into(),
+            keys,
+        });
+    }
+    list
+}
+
+/// What vm.yaml asks that a profile cannot give: Incus boots the instance's root disk from
+/// its storage pool, has no user-mode networking, and its console is `incus console`.
+pub fn guest_io_warnings(vm: &VmDefinition) -> Vec<String> {
+    let c = vm.config;
+    let mut w = Vec::new();
+    if let Some(d) = c.devices.disks.first() {
+        w.push(format!(
+            "gen incus writes no disks: Incus boots the instance's root disk from its storage pool; bring {} in with `incus-migrate` (or `incus import`), then add this profile",
+            d.path.display()
+        ));
+    }
+    if let Some(Network::User { .. }) = c.devices.network {
+        w.push("Incus has no user-mode networking: the VM keeps the NIC its other profiles give (the default profile's eth0 on incusbr0); use `network: {bridge: NAME}` for a host bridge".into());
+    }
+    w
 }
 
 /// Instance keys: vCPUs, memory, host NUMA nodes, the 64-bit window, and the cliques'

@@ -9,8 +9,9 @@ use std::fmt::Write;
 use pci_config::Bdf;
 use quick_xml::escape::escape;
 
-use super::vm::{cpulist, VmDefinition, IOMMUFD_OBJECT_ID};
+use super::vm::{cpulist, disk_places, VmDefinition, FIRST_DISK_SLOT, IOMMUFD_OBJECT_ID, NIC_SLOT};
 use vfio_p2p_config::vm::{Firmware, IommuBackend};
+use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 
 use vfio_p2p_contract::CLIQUE_PROPERTY;
@@ -117,11 +118,101 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
             pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
         );
     }
+    write_guest_io(w, vm);
     let _ = writeln!(w, "    <memballoon model='none'/>");
     let _ = writeln!(w, "  </devices>");
     write_qemu_elements(w, vm, version);
     let _ = writeln!(w, "</domain>");
     x
+}
+
+/// The disks (the first with boot order 1), the NIC and the serial console of vm.yaml;
+/// virtio devices at fixed pcie.0 slots below the layout's, as libvirt would otherwise add a
+/// root port for each.
+fn write_guest_io(w: &mut String, vm: &VmDefinition) {
+    let c = vm.config;
+    for (i, (d, at, boots)) in disk_places(&c.devices.disks).into_iter().enumerate() {
+        let path = escape(d.path.to_str().unwrap_or_default()).into_owned();
+        let (kind, source) = if d.is_block_device() {
+            ("block", format!("<source dev='{path}'/>"))
+        } else {
+            ("file", format!("<source file='{path}'/>"))
+        };
+        let _ = writeln!(
+            w,
+            "    <disk type='{kind}' device='disk'>\n      <driver name='qemu' type='{}'/>\n      {source}",
+            d.format.as_str()
+        );
+        let (target, address) = match d.bus {
+            DiskBus::Virtio => (
+                format!(
+                    "<target dev='vd{}' bus='virtio'/>",
+                    char::from(b'a' + at - FIRST_DISK_SLOT)
+                ),
+                pci_address(&Bdf::new(0, 0, at, 0), Some(0), ""),
+            ),
+            DiskBus::Sata => (
+                format!("<target dev='sd{}' bus='sata'/>", char::from(b'a' + at)),
+                format!("<address type='drive' controller='0' bus='0' target='0' unit='{at}'/>"),
+            ),
+        };
+        let _ = writeln!(w, "      {target}");
+        if boots {
+            let _ = writeln!(w, "      <boot order='1'/>");
+        }
+        if d.readonly {
+            let _ = writeln!(w, "      <readonly/>");
+        }
+        let _ = writeln!(
+            w,
+            "      <alias name='ua-disk{i}'/>\n      {address}\n    </disk>"
+        );
+    }
+    if let Some(n) = &c.devices.network {
+        match n {
+            Network::User { .. } => {
+                let _ = writeln!(w, "    <interface type='user'>");
+            }
+            Network::Bridge { bridge, .. } => {
+                let _ = writeln!(
+                    w,
+                    "    <interface type='bridge'>\n      <source bridge='{}'/>",
+                    escape(bridge.as_str())
+                );
+            }
+        }
+        if let Some(mac) = n.mac() {
+            let _ = writeln!(w, "      <mac address='{mac}'/>");
+        }
+        let _ = writeln!(
+            w,
+            "      <model type='virtio'/>\n      <alias name='ua-nic0'/>\n      {}\n    </interface>",
+            pci_address(&Bdf::new(0, 0, NIC_SLOT, 0), Some(0), "")
+        );
+    }
+    let (kind, source) = match &c.devices.console {
+        Console::None => return,
+        Console::Serial => ("pty", String::new()),
+        Console::Socket(_) => {
+            let path = c.devices.console.socket_path(&c.name).unwrap_or_default();
+            (
+                "unix",
+                format!(
+                    "\n      <source mode='bind' path='{}'/>",
+                    escape(path.to_str().unwrap_or_default())
+                ),
+            )
+        }
+    };
+    // `virsh console NAME` reaches the guest's ttyS0
+    let _ = writeln!(
+        w,
+        "    <serial type='{kind}'>{source}\n      <target type='isa-serial' port='0'>\n        <model name='isa-serial'/>\n      </target>\n    </serial>"
+    );
+    let _ = writeln!(
+        w,
+        "    <console type='{kind}'>{source}\n      <target type='serial' port='0'/>\n    </console>"
+    );
 }
 
 /// Name, memory, vCPUs, firmware and features.

@@ -18,6 +18,7 @@
 use super::qemu::shell_quote;
 use super::vm::VmDefinition;
 use vfio_p2p_config::vm::Firmware;
+use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::mmio;
 
@@ -72,5 +73,50 @@ pub fn config(vm: &VmDefinition) -> Result<String, String> {
     }
     let line: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
     out.push_str(&format!("args: {}\n", line.join(" ")));
+    guest_io(vm, &mut out)?;
     Ok(out)
+}
+
+/// vm.yaml's disks (by absolute path, which qemu-server takes from root; the first boots),
+/// the NIC (`net0`: a bridge, or Proxmox's user-mode NAT without one) and the serial console
+/// (`qm terminal VMID`; qemu-server picks the socket's path).
+fn guest_io(vm: &VmDefinition, out: &mut String) -> Result<(), String> {
+    let c = vm.config;
+    let (mut virtio, mut sata) = (0, 0);
+    let mut boot = None;
+    for d in &c.devices.disks {
+        let path = d.path.display().to_string();
+        if path.contains(',') || path.contains('=') {
+            return Err(format!("Proxmox cannot take a disk path with ',' or '=': {path}; rename the file or link it from a path without them"));
+        }
+        let key = match d.bus {
+            DiskBus::Virtio => format!("virtio{virtio}"),
+            DiskBus::Sata => format!("sata{sata}"),
+        };
+        match d.bus {
+            DiskBus::Virtio => virtio += 1,
+            DiskBus::Sata => sata += 1,
+        }
+        let ro = if d.readonly { ",ro=1" } else { "" };
+        out.push_str(&format!("{key}: {path},format={}{ro}\n", d.format.as_str()));
+        boot.get_or_insert(key);
+    }
+    if let Some(key) = boot {
+        out.push_str(&format!("boot: order={key}\n"));
+    }
+    if let Some(n) = &c.devices.network {
+        let mut line = String::from("net0: model=virtio");
+        if let Network::Bridge { bridge, .. } = n {
+            line.push_str(&format!(",bridge={bridge}"));
+        }
+        if let Some(mac) = n.mac() {
+            line.push_str(&format!(",macaddr={}", mac.to_ascii_uppercase()));
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if c.devices.console != Console::None {
+        out.push_str("serial0: socket\n");
+    }
+    Ok(())
 }

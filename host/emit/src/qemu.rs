@@ -7,10 +7,11 @@
 use clap::ValueEnum;
 use serde_json::{json, Value};
 
-use super::vm::{cpulist, VmDefinition, IOMMUFD_OBJECT_ID};
+use super::vm::{cpulist, disk_places, VmDefinition, IOMMUFD_OBJECT_ID, NIC_SLOT};
 use vfio_p2p_config::vm::{Firmware, IommuBackend};
+use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
-use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu};
+use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
 
@@ -196,6 +197,9 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
             opt("-device", d.to_string());
         }
     }
+    for (k, v) in guest_io(vm) {
+        opt(k, v);
+    }
     opt("-fw_cfg", vm.fw_cfg_expectation());
     if let Some(r) = c.report {
         // last, so QEMU's automatic slot on pcie.0 cannot take one the layout names
@@ -203,6 +207,94 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
             "-device",
             format!("vhost-vsock-pci,guest-cid={},id=vsock0", r.cid),
         );
+    }
+    a
+}
+
+/// A path inside a QemuOpts value (`file=`, `path=`): commas doubled.
+fn opts_path(p: &std::path::Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+/// The disks (the first with bootindex 1), the NIC and the serial console of vm.yaml, as
+/// option/value pairs; `network: none` is `-nic none`, so QEMU adds no NIC of its own.
+pub fn guest_io(vm: &VmDefinition) -> Vec<(&'static str, String)> {
+    let c = vm.config;
+    let mut a: Vec<(&'static str, String)> = Vec::new();
+    for (i, (d, at, boots)) in disk_places(&c.devices.disks).into_iter().enumerate() {
+        let ro = if d.readonly { ",readonly=on" } else { "" };
+        a.push((
+            "-drive",
+            format!(
+                "file={},format={},if=none,id=disk{i}{ro}",
+                opts_path(&d.path),
+                d.format.as_str()
+            ),
+        ));
+        let mut m = DeviceJson::default();
+        match d.bus {
+            DiskBus::Virtio => {
+                m.insert("driver", json!("virtio-blk-pci"));
+                m.insert("drive", json!(format!("disk{i}")));
+                m.insert("id", json!(format!("disk{i}-dev")));
+                m.insert("bus", json!(ROOT_BUS));
+                m.insert("addr", json!(format!("{at:#x}")));
+            }
+            DiskBus::Sata => {
+                m.insert("driver", json!("ide-hd"));
+                m.insert("drive", json!(format!("disk{i}")));
+                m.insert("id", json!(format!("disk{i}-dev")));
+                // the q35 chipset's AHCI controller: one bus per port
+                m.insert("bus", json!(format!("ide.{at}")));
+            }
+        }
+        if boots {
+            m.insert("bootindex", json!(1));
+        }
+        a.push(("-device", m.to_string()));
+    }
+    match &c.devices.network {
+        None => a.push(("-nic", "none".into())),
+        Some(n) => {
+            a.push((
+                "-netdev",
+                match n {
+                    Network::User { .. } => "user,id=net0".to_string(),
+                    // qemu-bridge-helper adds the tap to the bridge (/etc/qemu/bridge.conf: allow BRIDGE)
+                    Network::Bridge { bridge, .. } => format!("bridge,id=net0,br={bridge}"),
+                },
+            ));
+            let mut m = DeviceJson::default();
+            m.insert("driver", json!("virtio-net-pci"));
+            m.insert("netdev", json!("net0"));
+            m.insert("id", json!("nic0"));
+            m.insert("bus", json!(ROOT_BUS));
+            m.insert("addr", json!(format!("{NIC_SLOT:#x}")));
+            if let Some(mac) = n.mac() {
+                m.insert("mac", json!(mac));
+            }
+            a.push(("-device", m.to_string()));
+        }
+    }
+    match &c.devices.console {
+        Console::None => {}
+        Console::Serial => {
+            // the guest's ttyS0 on the terminal, QEMU's monitor behind Ctrl-a c
+            a.push(("-display", "none".into()));
+            a.push(("-serial", "mon:stdio".into()));
+        }
+        Console::Socket(_) => {
+            let path = c.devices.console.socket_path(&c.name).unwrap_or_default();
+            a.push(("-display", "none".into()));
+            a.push((
+                "-chardev",
+                format!(
+                    "socket,id=console0,path={},server=on,wait=off",
+                    opts_path(&path)
+                ),
+            ));
+            a.push(("-serial", "chardev:console0".into()));
+        }
     }
     a
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use vfio_p2p_config::vm::{IommuBackend, VmConfig};
+use vfio_p2p_config::vm_devices::{Disk, DiskBus};
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 use vfio_p2p_decide::guest_layout::GuestLayout;
 
@@ -27,6 +28,12 @@ pub struct VmDefinition<'a> {
     /// The backend decided for this VM: legacy or iommufd (`auto` is resolved before).
     pub iommu_backend: IommuBackend,
 }
+
+/// The pcie.0 slot of the VM's NIC (`network:`); the guest layout uses 0x08 and up.
+pub const NIC_SLOT: u8 = 0x02;
+/// The pcie.0 slot of the first virtio disk; the next ones follow (up to
+/// [`crate::config::vm_devices::MAX_VIRTIO_DISKS`]).
+pub const FIRST_DISK_SLOT: u8 = 0x03;
 
 /// The id of the `-object iommufd` every `vfio-pci` names under the iommufd backend.
 pub const IOMMUFD_OBJECT_ID: &str = "iommufd0";
@@ -69,6 +76,23 @@ impl VmDefinition<'_> {
     pub fn hole64_gib(&self) -> u64 {
         self.hole64.div_ceil(1 << 30)
     }
+}
+
+/// The pcie.0 slot (virtio) or AHCI port (sata) of each disk, in order, and whether it boots.
+pub fn disk_places(disks: &[Disk]) -> Vec<(&Disk, u8, bool)> {
+    let (mut slot, mut port) = (FIRST_DISK_SLOT, 0u8);
+    disks
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let at = match d.bus {
+                DiskBus::Virtio => &mut slot,
+                DiskBus::Sata => &mut port,
+            };
+            *at += 1;
+            (d, *at - 1, i == 0)
+        })
+        .collect()
 }
 
 /// A vCPU range in QEMU/libvirt cpulist syntax.

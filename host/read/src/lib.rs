@@ -8,6 +8,7 @@ pub mod attr;
 pub mod binding;
 pub mod cpuinfo;
 mod device_record;
+pub mod disk_image;
 pub mod domain_xml;
 pub mod fabric_manager;
 pub mod flat_json;
