@@ -7,6 +7,7 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
+use crate::config::host::HostConfig;
 use crate::context::ChangeRoot;
 use crate::emit;
 use crate::emit::data::DataFormat;
@@ -15,8 +16,10 @@ use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport,
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Each device goes the kernel's way: driver_override = vfio-pci, driver/unbind, drivers_probe. \
-If any write fails, every device already changed goes back to its driver and driver_override. \
-What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
+Each GPU's reset_method is set as host.yaml's `reset:` says (auto: left to the kernel; flr; \
+bus: only when everything on its bus goes with it). \
+If any write fails, every device already changed goes back to its driver, driver_override and \
+reset_method. What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
 
 Test hook: VFIO_P2P_FAIL_AFTER=N makes the N-th sysfs write fail (rollback tests on a real kernel).")]
 pub struct BindArgs {
@@ -75,6 +78,8 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
     let opts = BindOptions {
         whole_group: args.whole_group,
         force: args.force,
+        reset: HostConfig::load_below(root.path())?.reset,
+        reset_only: false,
     };
     let report = vfio_bind::bind(
         root.path(),

@@ -234,6 +234,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
+    report.extend(check::reset_checks(topo, &gpus, &nics, ctx.host.reset));
     let reserved = ctx.host.reserved.iter().copied().collect();
     report.extend(check::fabric_checks(
         topo,

@@ -12,7 +12,8 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::config::host::{
-    FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
+    FabricManagerSource, HookPolicy, HostConfig, ResetPolicy, HOST_CONFIG_PATH,
+    LEGACY_HOOK_CONFIG_PATH,
 };
 use crate::context::{ChangeRoot, Context};
 use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
@@ -339,17 +340,32 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .map(|h| h.bdf)
         .collect();
     let mut sysfs = writer()?;
-    if !unmanaged.is_empty() {
-        match vfio_bind::bind(
-            root,
-            &mut sysfs,
-            &unmanaged,
-            &BindOptions::default(),
-            &session(guest, dry_run),
-        ) {
+    // managed='no' hostdevs are bound here; the others only get their reset method (libvirt
+    // binds them itself), both as host.yaml's `reset:` says
+    let managed: Vec<_> = hostdevs
+        .iter()
+        .filter(|b| !unmanaged.contains(b))
+        .copied()
+        .collect();
+    let reset = config.reset;
+    let steps = [
+        (&unmanaged, false, "binding its managed='no' hostdevs"),
+        (&managed, true, "setting its hostdevs' reset_method"),
+    ];
+    for (devices, reset_only, what) in steps {
+        if devices.is_empty() || reset_only && reset == ResetPolicy::Auto {
+            continue;
+        }
+        let opts = BindOptions {
+            reset,
+            reset_only,
+            force: reset_only,
+            ..BindOptions::default()
+        };
+        match vfio_bind::bind(root, &mut sysfs, devices, &opts, &session(guest, dry_run)) {
             Ok(report) if dry_run => print!("{}", emit::binding::report_text(&report)),
             Ok(_) => {}
-            Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
+            Err(e) => return refuse(guest, &format!("{what}: {e}")),
         }
     }
     let activates = matches!(fabric, FabricStep::Activate { .. });

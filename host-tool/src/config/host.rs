@@ -26,6 +26,32 @@ pub enum HookPolicy {
     Deny,
 }
 
+/// How a GPU passed to a VM is reset between tenants: the kernel's `reset_method` that
+/// `bind` (and the hook) sets for it, and `unbind` restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResetPolicy {
+    /// The kernel's own order (FLR first where the device has it); nothing is written.
+    #[default]
+    Auto,
+    /// Function-level reset only.
+    Flr,
+    /// Secondary bus reset only: what confidential-computing GPUs need (an FLR leaves
+    /// state behind), allowed only when everything on the bus goes to the same VM.
+    Bus,
+}
+
+impl ResetPolicy {
+    /// The word in host.yaml and in the kernel's `reset_method`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ResetPolicy::Auto => "auto",
+            ResetPolicy::Flr => "flr",
+            ResetPolicy::Bus => "bus",
+        }
+    }
+}
+
 /// Where NVLink connections between GPUs come from (PCI config space does not show them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -99,6 +125,9 @@ pub struct HostConfigFile {
     pub fabric: FabricMode,
     #[serde(default)]
     pub fabric_manager: Option<FabricManagerFile>,
+    /// How GPUs are reset between tenants: auto, flr or bus.
+    #[serde(default)]
+    pub reset: ResetPolicy,
 }
 
 /// Where NVLink facts come from, validated.
@@ -121,6 +150,7 @@ pub struct HostConfig {
     /// `fabric_manager: modules:`: FM's module ids → PCI addresses, given to the GPUs FM's
     /// partition list (live or captured) leaves without one.
     pub fabric_modules: BTreeMap<u32, Bdf>,
+    pub reset: ResetPolicy,
 }
 
 /// Fabric Manager's default TCP endpoint (FM's `FM_CMD_BIND_INTERFACE`/`FM_CMD_PORT_NUMBER`).
@@ -148,6 +178,7 @@ impl Default for HostConfig {
             fabric: FabricMode::Auto,
             fabric_manager: FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into()),
             fabric_modules: BTreeMap::new(),
+            reset: ResetPolicy::Auto,
         }
     }
 }
@@ -234,6 +265,7 @@ impl HostConfig {
             fabric: file.fabric,
             fabric_manager,
             fabric_modules,
+            reset: file.reset,
         })
     }
 }
@@ -344,6 +376,19 @@ mod tests {
         assert!(message.contains("needs 'file:'"), "{message}");
         let (line, _, _) = error_at("nvlink:\n  source: nvswitch\n  links: 18\n");
         assert_eq!(line, 3);
+        let (line, column, message) = error_at("hook_policy: warn\nreset: sbr\n");
+        assert_eq!((line, column), (2, 8));
+        assert!(
+            message.contains("auto") && message.contains("bus"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn reset_policies() {
+        assert_eq!(parse("{}\n").unwrap().reset, ResetPolicy::Auto);
+        assert_eq!(parse("reset: flr\n").unwrap().reset, ResetPolicy::Flr);
+        assert_eq!(parse("reset: bus\n").unwrap().reset, ResetPolicy::Bus);
     }
 
     #[test]

@@ -18,3 +18,4 @@ pub mod pair_links;
 pub mod placement;
 pub mod plan;
 pub mod plan_reach;
+pub mod reset;

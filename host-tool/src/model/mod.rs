@@ -5,6 +5,7 @@
 
 pub mod domain;
 pub mod fabric;
+pub mod grace;
 pub mod nic;
 mod path;
 pub mod qemu_argv;

@@ -6,6 +6,7 @@
 
 mod examples;
 mod fabric_tables;
+mod grace;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -125,6 +126,12 @@ impl HostBuilder {
     /// An x86-64 CPU as `/proc/cpuinfo` prints it.
     pub fn x86_cpu(&mut self, vendor: &str, family: u32, model: u32) -> &mut Self {
         self.host.cpu = Some(x86_cpu(vendor, family, model));
+        self
+    }
+
+    /// The CPU as `/proc/cpuinfo` describes it (an arm64 host's, which names no vendor).
+    pub fn cpu(&mut self, cpu: crate::read::cpuinfo::CpuIdentity) -> &mut Self {
+        self.host.cpu = Some(cpu);
         self
     }
 

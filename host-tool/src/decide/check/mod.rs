@@ -11,6 +11,7 @@ mod fabric_rules;
 mod facts;
 mod host_rules;
 mod report;
+mod reset_rules;
 mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
@@ -20,6 +21,7 @@ pub use facts::{
     NotProbed, QemuVersion, Vmm, VmmFacts,
 };
 pub use report::{CheckReport, CheckResult, Status};
+pub use reset_rules::reset_checks;
 
 use pci_config::Bdf;
 
