@@ -6,6 +6,7 @@
 //! `report` their outcome.
 
 mod backend_rules;
+mod bar_mmap_rules;
 mod domain_rules;
 mod fabric_rules;
 mod facts;
@@ -72,6 +73,7 @@ pub fn run_checks(
         out.push(host_rules::check_reset(topo, g));
     }
     out.push(vm_rules::check_bars(&selected, vmm));
+    out.extend(bar_mmap_rules::check_bar_mmap(&selected, vmm));
     let assigned = |g: &Device| match plan {
         Ok(p) => p.clique_of(&g.bdf).is_some(),
         Err(_) => g.is_nvidia_gpu(),
