@@ -2,6 +2,7 @@
 //! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
 //! decision is testable on synthetic hosts.
 
+pub mod address_space;
 pub mod check;
 pub mod expectation;
 pub mod fabric;

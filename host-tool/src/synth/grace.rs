@@ -30,6 +30,7 @@ pub(super) fn gh200() -> HostRecord {
         vendor: None,
         family: None,
         model: None,
+        phys_bits: None,
     });
     b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 iommu.passthrough=1");
     let hb = b.host_bridge(9, 0x00);

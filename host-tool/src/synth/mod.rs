@@ -76,6 +76,7 @@ pub fn x86_cpu(vendor: &str, family: u32, model: u32) -> crate::read::cpuinfo::C
         vendor: Some(vendor.to_string()),
         family: Some(family),
         model: Some(model),
+        phys_bits: None,
     }
 }
 
