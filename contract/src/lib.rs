@@ -34,6 +34,8 @@
 //!
 //! `tests/compat.rs` pins both directions.
 
+#![forbid(unsafe_code)]
+
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 

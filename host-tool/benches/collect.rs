@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vfio_p2p::collector::store::Store;
-use vfio_p2p::collector::transport::ChannelListener;
-use vfio_p2p::collector::{serve, Collector, Limits};
-use vfio_p2p::decide::fleet_verdict::{BandwidthFloors, DomainPlan};
+use vfio_p2p_collector::store::Store;
+use vfio_p2p_collector::transport::ChannelListener;
+use vfio_p2p_collector::{serve, Collector, Limits};
 use vfio_p2p_contract::{
     Expectation, ExpectedGpu, ExpectedPair, GuestReport, PciId, ReportedGpu, ReportedPair, Verdict,
 };
+use vfio_p2p_decide::fleet_verdict::{BandwidthFloors, DomainPlan};
 
 const GPUS: u8 = 8;
 

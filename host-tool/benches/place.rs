@@ -16,10 +16,10 @@
 
 use std::time::{Duration, Instant};
 
-use vfio_p2p::decide::nic_affinity::NicPool;
-use vfio_p2p::decide::placement::{shape, PlacementHost, PlacementOptions};
-use vfio_p2p::model::Topology;
-use vfio_p2p::synth::tree::{server, server_with_nics, ServerSpec};
+use vfio_p2p_decide::nic_affinity::NicPool;
+use vfio_p2p_decide::placement::{shape, PlacementHost, PlacementOptions};
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::synth::tree::{server, server_with_nics, ServerSpec};
 
 fn main() {
     let spec = ServerSpec::uniform(2, 4, 2, 4);
@@ -66,8 +66,9 @@ fn main() {
             start.elapsed().as_secs_f64() * 1e3
         );
     }
-    let mut hgx = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").expect("example"));
-    vfio_p2p::decide::nvlink::apply_nvswitch_fabric(&mut hgx);
+    let mut hgx =
+        Topology::from_record(&vfio_p2p_read::synth::example("hgx-h100").expect("example"));
+    vfio_p2p_decide::nvlink::apply_nvswitch_fabric(&mut hgx);
     for (count, size) in [(8, 1), (2, 4)] {
         let mut times: Vec<Duration> = Vec::new();
         for _ in 0..21 {
@@ -109,15 +110,16 @@ fn flat(n: usize) -> Topology {
         );
     }
     let text = serde_json::Value::Object(dump).to_string();
-    Topology::from_record(&vfio_p2p::read::flat_json::parse(&text, "bench flat").expect("dump"))
+    Topology::from_record(&vfio_p2p_read::flat_json::parse(&text, "bench flat").expect("dump"))
 }
 
 /// `place` on FM's 15 partitions of the HGX 8-GPU board: 1x8, 2x4, 4x2 and 8x1.
 fn fm_partitions() {
-    let mut topo = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").expect("example"));
-    vfio_p2p::decide::nvlink::apply_nvswitch_fabric(&mut topo);
+    let mut topo =
+        Topology::from_record(&vfio_p2p_read::synth::example("hgx-h100").expect("example"));
+    vfio_p2p_decide::nvlink::apply_nvswitch_fabric(&mut topo);
     let gpus: Vec<_> = topo.gpus().map(|g| g.bdf).collect();
-    let state = vfio_p2p::synth::example_fabric("hgx-h100", &gpus).expect("hgx table");
+    let state = vfio_p2p_read::synth::example_fabric("hgx-h100", &gpus).expect("hgx table");
     let host = PlacementHost::new(&topo, &PlacementOptions::default()).expect("consistent");
     for (count, size) in [(1, 8), (2, 4), (4, 2), (8, 1)] {
         let requests = shape(count, size);
@@ -125,7 +127,7 @@ fn fm_partitions() {
         let mut placed = 0;
         for _ in 0..21 {
             let start = Instant::now();
-            let p = vfio_p2p::decide::fabric::place_on_partitions(
+            let p = vfio_p2p_decide::fabric::place_on_partitions(
                 &host,
                 &state,
                 &requests,

@@ -9,11 +9,11 @@
 use std::time::{Duration, Instant};
 
 use pci_config::Bdf;
-use vfio_p2p::decide::plan::{plan, PlanOptions};
-use vfio_p2p::model::PathKind;
-use vfio_p2p::model::Topology;
-use vfio_p2p::synth::tree::{server, ServerSpec};
-use vfio_p2p::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+use vfio_p2p_decide::plan::{plan, PlanOptions};
+use vfio_p2p_model::PathKind;
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::synth::tree::{server, ServerSpec};
+use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
 /// `n` H100s, 32 per root bus, with no bridges above them.
 fn flat(n: usize) -> Topology {

@@ -11,11 +11,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vfio_p2p::emit::topo_report::{render_table, TopoReport};
-use vfio_p2p::model::Topology;
-use vfio_p2p::read::{read_host, HostRecord};
-use vfio_p2p::snapshot::write_sysfs_tree;
-use vfio_p2p::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+use vfio_p2p_emit::topo_report::{render_table, TopoReport};
+use vfio_p2p_model::HostRecord;
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::read_host;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
+use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
 const RUNS: usize = 15;
 

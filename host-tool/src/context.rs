@@ -10,16 +10,17 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
-use crate::decide;
-use crate::decide::plan::{plan, Plan, PlanOptions};
-use crate::emit::libvirt::{self, LibvirtVersion};
-use crate::fm_api::{FmFailure, FmSession};
-use crate::model::fabric::{Fabric, FabricModel, FabricState};
-use crate::model::{PathKind, Topology};
-use crate::read::fabric_manager::read_fabric_manager;
-use crate::read::{fm_capture, nvidia_smi, read_host, HostRecord};
-use crate::synth;
+use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
+use vfio_p2p_decide::plan::{plan, Plan, PlanOptions};
+use vfio_p2p_model::fabric::{Fabric, FabricModel};
+use vfio_p2p_model::fabric_state::FabricState;
+use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_model::HostRecord;
+use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_read::fabric_manager::read_fabric_manager;
+use vfio_p2p_read::fm_api::{FmFailure, FmSession};
+use vfio_p2p_read::synth;
+use vfio_p2p_read::{fm_capture, nvidia_smi, read_host};
 
 /// `--host-config`: the host policy that `topo`, `place`, `plan`, `check`, `gen` and
 /// `libvirt patch` read.
@@ -108,7 +109,7 @@ impl ChangeRoot {
                 path,
                 temporary: true,
             };
-            crate::vfio_bind::sim::write_tree(&host, &root.path).with_context(|| {
+            vfio_p2p_bind::sim::write_tree(&host, &root.path).with_context(|| {
                 format!(
                     "writing example {name} as a sysfs tree in {}",
                     root.path.display()
@@ -241,7 +242,7 @@ impl Context {
             return;
         };
         let reserved = self.host.reserved.iter().copied().collect();
-        if let Some(w) = decide::fabric::gpu_set_warning(state, gpus, &reserved) {
+        if let Some(w) = vfio_p2p_decide::fabric::gpu_set_warning(state, gpus, &reserved) {
             tracing::warn!("{w}");
         }
     }
@@ -298,7 +299,7 @@ fn apply_nvlink_source(
         return Ok(Vec::new());
     }
     match &host.nvlink {
-        NvlinkSource::Nvswitch => Ok(decide::nvlink::apply_nvswitch_fabric(topo)),
+        NvlinkSource::Nvswitch => Ok(vfio_p2p_decide::nvlink::apply_nvswitch_fabric(topo)),
         NvlinkSource::None => Ok(Vec::new()),
         NvlinkSource::NvidiaSmi(file) => {
             let map = nvidia_smi::read_captures(std::slice::from_ref(file))
@@ -325,7 +326,7 @@ fn load_fabric(
         live.source = "fabric: none in the host config".to_string();
     } else if let Some(name) = example {
         let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
-        live.state = crate::synth::example_fabric(name, &gpus);
+        live.state = vfio_p2p_read::synth::example_fabric(name, &gpus);
         live.source = match live.state {
             Some(_) => format!("example {name}: its board's Fabric Manager partition table"),
             None => format!("example {name} has no NVSwitch board"),
@@ -356,7 +357,7 @@ fn load_fabric(
             state.apply_module_addresses(&host.fabric_modules);
         }
     }
-    let model = decide::fabric::resolve_model(host.fabric, live.state.is_some());
+    let model = vfio_p2p_decide::fabric::resolve_model(host.fabric, live.state.is_some());
     let fabric = Fabric {
         model,
         state: live.state,
@@ -444,9 +445,9 @@ pub fn libvirt_version(flag: Option<LibvirtVersion>) -> LibvirtVersion {
     if let Some(v) = flag {
         return v;
     }
-    crate::read::vmm::installed_libvirt_version().unwrap_or_else(|why| {
+    vfio_p2p_read::vmm::installed_libvirt_version().unwrap_or_else(|why| {
         tracing::warn!("{why}");
-        libvirt::OVERRIDE_SINCE
+        vfio_p2p_model::vmm::OVERRIDE_SINCE
     })
 }
 

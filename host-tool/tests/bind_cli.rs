@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use predicates::prelude::*;
-use vfio_p2p::read::read_binding;
-use vfio_p2p::synth::example;
-use vfio_p2p::vfio_bind::sim::write_tree;
-use vfio_p2p::vfio_bind::BindLock;
+use vfio_p2p_bind::sim::write_tree;
+use vfio_p2p_bind::BindLock;
+use vfio_p2p_read::read_binding;
+use vfio_p2p_read::synth::example;
 
 const GPU: &str = "0000:05:00.0";
 const AUDIO: &str = "0000:05:00.1";

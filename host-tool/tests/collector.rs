@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use vfio_p2p::collector::store::Store;
-use vfio_p2p::collector::transport::ChannelListener;
-use vfio_p2p::collector::{serve, Collector, Handled, Limits};
-use vfio_p2p::decide::fleet_verdict::{judge, BandwidthFloors, DomainPlan, Outcome};
+use vfio_p2p_collector::store::Store;
+use vfio_p2p_collector::transport::ChannelListener;
+use vfio_p2p_collector::{serve, Collector, Handled, Limits};
 use vfio_p2p_contract::{
     Expectation, ExpectedGpu, ExpectedPair, GuestReport, PciId, ReportedGpu, ReportedPair, Verdict,
 };
+use vfio_p2p_decide::fleet_verdict::{judge, BandwidthFloors, DomainPlan, Outcome};
 
 const BOOT: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 

@@ -13,8 +13,8 @@ use std::path::Path;
 use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::{json, Value};
-use vfio_p2p::synth::example;
-use vfio_p2p::vfio_bind::sim::write_tree;
+use vfio_p2p_bind::sim::write_tree;
+use vfio_p2p_read::synth::example;
 
 use fm_standin::{board, standin_library};
 

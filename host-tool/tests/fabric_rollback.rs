@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use pci_config::Bdf;
 use serde_json::{json, Value};
-use vfio_p2p::fm_api::{FmFailure, FmSession};
-use vfio_p2p::partition_activation::guest::activate_or_roll_back;
-use vfio_p2p::partition_activation::ActivationRecord;
-use vfio_p2p::read::{read_binding, Binding};
-use vfio_p2p::synth::example;
-use vfio_p2p::vfio_bind::sim::{write_tree, SimKernel};
-use vfio_p2p::vfio_bind::{bind, BindOptions, BindState, SessionOptions};
+use vfio_p2p_bind::partition_activation::guest::activate_or_roll_back;
+use vfio_p2p_bind::partition_activation::ActivationRecord;
+use vfio_p2p_bind::sim::{write_tree, SimKernel};
+use vfio_p2p_bind::{bind, BindOptions, BindState, SessionOptions};
+use vfio_p2p_read::fm_api::{FmFailure, FmSession};
+use vfio_p2p_read::synth::example;
+use vfio_p2p_read::{read_binding, Binding};
 
 use fm_standin::{board, standin_library};
 

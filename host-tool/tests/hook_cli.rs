@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use assert_cmd::Command;
 use predicates::prelude::*;
-use vfio_p2p::synth::example;
-use vfio_p2p::vfio_bind::sim::write_tree;
+use vfio_p2p_bind::sim::write_tree;
+use vfio_p2p_read::synth::example;
 
 fn host_tree() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -18,8 +18,8 @@ use support::{
     copy_tree, iterations, make_special, mutate, mutate_file, nested, replace, run_checked, Rng,
     Special, MUTATIONS, SPECIALS,
 };
-use vfio_p2p::snapshot::write_sysfs_tree;
-use vfio_p2p::synth::example;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
+use vfio_p2p_read::synth::example;
 
 /// The lab example's first GPU, below switch downstream port [`LAB_PORT`].
 const LAB_GPU: &str = "0000:03:00.0";

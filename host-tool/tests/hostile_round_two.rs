@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use support::{make_special, run_checked, Special};
-use vfio_p2p::snapshot::write_sysfs_tree;
-use vfio_p2p::synth::example;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
+use vfio_p2p_read::synth::example;
 
 /// The lab example's first GPU.
 const LAB_GPU: &str = "0000:03:00.0";

@@ -212,10 +212,11 @@ fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
 #[test]
 fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
     use std::collections::BTreeMap;
-    use vfio_p2p::decide::guest_layout::{decide_with_nics, GuestTopology, LayoutOptions};
-    use vfio_p2p::model::Topology;
     use vfio_p2p_agent::nccl_topo::check_text;
     use vfio_p2p_agent::sysfs_scan::{NetFunction, Scan};
+    use vfio_p2p_config::vm::GuestTopology;
+    use vfio_p2p_decide::guest_layout::{decide_with_nics, LayoutOptions};
+    use vfio_p2p_model::Topology;
 
     let gpus = "0000:18:00.0,0000:19:00.0,0000:9d:00.0";
     let nics = "0000:1a:00.0,0000:1b:00.0,0000:9f:00.0";
@@ -236,7 +237,7 @@ fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
             .stdout,
     )
     .unwrap();
-    let topo = Topology::from_record(&vfio_p2p::synth::example("hgx-h100").unwrap());
+    let topo = Topology::from_record(&vfio_p2p_read::synth::example("hgx-h100").unwrap());
     let bdfs =
         |s: &str| -> Vec<pci_config::Bdf> { s.split(',').map(|b| b.parse().unwrap()).collect() };
     let opts = LayoutOptions {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 use serde_json::Value;
-use vfio_p2p::config::host::HostConfig;
-use vfio_p2p::config::vm::VmConfig;
+use vfio_p2p_config::host::HostConfig;
+use vfio_p2p_config::vm::VmConfig;
 
 fn configs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs")

@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use proptest::prelude::*;
 use tempfile::TempDir;
-use vfio_p2p::emit::topo_report::{render_dot, render_table, TopoReport};
-use vfio_p2p::model::Topology;
-use vfio_p2p::read::{read_host, HostRecord};
-use vfio_p2p::snapshot::write_sysfs_tree;
-use vfio_p2p::synth;
+use vfio_p2p_emit::topo_report::{render_dot, render_table, TopoReport};
+use vfio_p2p_model::HostRecord;
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::read_host;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
+use vfio_p2p_read::synth;
 
 const GPU: &str = "0000:03:00.0";
 
@@ -156,7 +157,7 @@ fn overwrite(gpu: &Path, name: &str, bytes: &[u8]) {
     fs::write(&p, bytes).unwrap();
 }
 
-fn gpu_record(host: &HostRecord) -> Option<&vfio_p2p::read::DeviceRecord> {
+fn gpu_record(host: &HostRecord) -> Option<&vfio_p2p_model::DeviceRecord> {
     host.devices.iter().find(|d| d.bdf.to_string() == GPU)
 }
 

@@ -7,11 +7,12 @@ use std::process::Command as StdCommand;
 use assert_cmd::Command;
 use serde_json::Value;
 use tempfile::TempDir;
-use vfio_p2p::emit::topo_report::{render_dot, render_table, TopoReport};
-use vfio_p2p::model::Topology;
-use vfio_p2p::read::{flat_json, read_host, HostRecord};
-use vfio_p2p::snapshot::write_sysfs_tree;
-use vfio_p2p::synth::{self, Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+use vfio_p2p_emit::topo_report::{render_dot, render_table, TopoReport};
+use vfio_p2p_model::HostRecord;
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
+use vfio_p2p_read::synth::{self, Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+use vfio_p2p_read::{flat_json, read_host};
 
 const FLAT_VM_JSON: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

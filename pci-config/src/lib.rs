@@ -12,6 +12,8 @@
 //! Nothing here panics on malformed input: a truncated or malicious config space
 //! gives errors or partial results, never an out-of-bounds read or an endless loop.
 
+#![forbid(unsafe_code)]
+
 mod acs;
 mod bdf;
 mod caps;

@@ -3,6 +3,8 @@
 //! terminal), and log records print as `warning: …` / `error: …` lines, never as raw
 //! tracing records with module paths.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::io::IsTerminal;
 

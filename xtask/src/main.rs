@@ -13,6 +13,8 @@
 //! Missing tools (cargo-deb, zig and cargo-zigbuild, the Rust targets) are installed first,
 //! each with the command that does it printed.
 
+#![forbid(unsafe_code)]
+
 mod archive;
 mod completions;
 mod man_sections;
@@ -100,7 +102,10 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
 /// The host tool's clap definition as the man pages and completions show it: `--example`
 /// with the embedded examples' names (the binary takes any name and lists them on a wrong one).
 fn host_command() -> clap::Command {
-    let mut names: Vec<&str> = vfio_p2p::synth::EXAMPLES.iter().map(|(n, _)| *n).collect();
+    let mut names: Vec<&str> = vfio_p2p_read::synth::EXAMPLES
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
     names.push("list");
     vfio_p2p::command().mut_arg("example", |a| {
         a.value_parser(clap::builder::PossibleValuesParser::new(names))

@@ -1,10 +1,10 @@
 //! The sections of each binary's top man page that its `--help` does not hold: EXAMPLES,
 //! EXIT STATUS, ENVIRONMENT and FILES, with the paths the binaries really use.
 
-use vfio_p2p::collector::store::DEFAULT_STATE_DIR;
 use vfio_p2p::commands::hook::HOOK_DIR;
-use vfio_p2p::config::host::HOST_CONFIG_PATH;
-use vfio_p2p::vfio_bind::state::STATE_DIR;
+use vfio_p2p_bind::state::STATE_DIR;
+use vfio_p2p_collector::store::DEFAULT_STATE_DIR;
+use vfio_p2p_config::host::HOST_CONFIG_PATH;
 use vfio_p2p_contract::FW_CFG_SYSFS_PATH;
 
 /// One section: its title and (term, text) entries.

@@ -7,11 +7,10 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::HostConfig;
 use crate::context::ChangeRoot;
-use crate::emit;
-use crate::emit::data::DataFormat;
-use crate::vfio_bind::{self, writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
+use vfio_p2p_bind::{writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
+use vfio_p2p_config::host::HostConfig;
+use vfio_p2p_emit::data::DataFormat;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -81,7 +80,7 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
         reset: HostConfig::load_below(root.path())?.reset,
         reset_only: false,
     };
-    let report = vfio_bind::bind(
+    let report = vfio_p2p_bind::bind(
         root.path(),
         &mut writer()?,
         &args.devices,
@@ -101,7 +100,7 @@ pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitC
     } else {
         UnbindSelection::Devices(args.devices)
     };
-    let report = vfio_bind::unbind(
+    let report = vfio_p2p_bind::unbind(
         root.path(),
         &mut writer()?,
         &selection,
@@ -111,9 +110,9 @@ pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitC
 }
 
 fn print_report(report: &SessionReport, format: DataFormat) -> anyhow::Result<ExitCode> {
-    match emit::data::to_text(report, format)? {
+    match vfio_p2p_emit::data::to_text(report, format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", emit::binding::report_text(report)),
+        None => print!("{}", vfio_p2p_bind::text::report_text(report)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,20 +7,19 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::vm::IommuBackend;
 use crate::context::{Context, PlanOptionArgs};
-use crate::decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
-use crate::decide::plan::plan;
-use crate::emit;
-use crate::emit::data::DataFormat;
-use crate::host_probe;
-use crate::model::domain::DomainFacts;
-use crate::model::fabric::FmConfigFile;
-use crate::model::DeviceKind;
-use crate::read::domain_xml::read_domain_xml_file;
-use crate::read::incus::read_incus_config_file;
-use crate::read::proxmox_conf::read_proxmox_conf_file;
-use crate::read::vmm;
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
+use vfio_p2p_decide::plan::plan;
+use vfio_p2p_emit::data::DataFormat;
+use vfio_p2p_model::domain::DomainFacts;
+use vfio_p2p_model::fabric_state::FmConfigFile;
+use vfio_p2p_model::DeviceKind;
+use vfio_p2p_read::domain_xml::read_domain_xml_file;
+use vfio_p2p_read::host_probe;
+use vfio_p2p_read::incus::read_incus_config_file;
+use vfio_p2p_read::proxmox_conf::read_proxmox_conf_file;
+use vfio_p2p_read::vmm;
 
 /// How the VM definition checked gets the planned cliques: a Proxmox VM's config the
 /// lines of `gen proxmox` for its GPUs, a libvirt domain `libvirt patch`.
@@ -148,7 +147,7 @@ fn selected_gpus(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) 
 }
 
 /// The domain's hostdevs that are NICs here: passed devices like the GPUs, never in a clique.
-fn domain_nics(topo: &crate::model::Topology) -> impl Fn(&DomainFacts) -> Vec<Bdf> + '_ {
+fn domain_nics(topo: &vfio_p2p_model::Topology) -> impl Fn(&DomainFacts) -> Vec<Bdf> + '_ {
     move |d| {
         d.hostdevs
             .iter()
@@ -162,10 +161,10 @@ fn domain_nics(topo: &crate::model::Topology) -> impl Fn(&DomainFacts) -> Vec<Bd
 /// host, "not probed" for an example or a snapshot file.
 fn probe_host(
     global: &GlobalArgs,
-    topo: &crate::model::Topology,
+    topo: &vfio_p2p_model::Topology,
     devices: &[Bdf],
     deep: bool,
-) -> check::HostFacts {
+) -> vfio_p2p_model::host_facts::HostFacts {
     if global.example.is_some() {
         host_probe::not_probed("an embedded example has no live host", topo, devices)
     } else if global.sysfs_root.is_file() {
@@ -185,7 +184,7 @@ fn probe_fm_config(global: &GlobalArgs, ctx: &Context) -> anyhow::Result<FmConfi
     } else if global.sysfs_root.is_file() {
         FmConfigFile::NotProbed("a snapshot file has no FM config".into())
     } else {
-        crate::read::fm_config::read(&global.sysfs_root)?
+        vfio_p2p_read::fm_config::read(&global.sysfs_root)?
     })
 }
 
@@ -249,9 +248,9 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         let fix = clique_fix(&args, d, &gpus);
         report.extend(check::clique_checks(topo, d, level, &fix));
     }
-    match emit::data::to_text(&report, args.format)? {
+    match vfio_p2p_emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", emit::check::table(&report)),
+        None => print!("{}", vfio_p2p_emit::check::table(&report)),
     }
     Ok(ExitCode::from(report.exit_code()))
 }

@@ -10,10 +10,10 @@ use anyhow::Context as _;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
-use crate::collector::store::{Store, DEFAULT_STATE_DIR};
-use crate::collector::transport::{UnixCidListener, VsockListener};
-use crate::collector::{serve, Collector, Handled, Limits};
-use crate::decide::fleet_verdict::{BandwidthFloors, Outcome};
+use vfio_p2p_collector::store::{Store, DEFAULT_STATE_DIR};
+use vfio_p2p_collector::transport::{UnixCidListener, VsockListener};
+use vfio_p2p_collector::{serve, Collector, Handled, Limits};
+use vfio_p2p_decide::fleet_verdict::{BandwidthFloors, Outcome};
 
 /// Exit status of `--wait` when no record came in time.
 pub const EXIT_TIMEOUT: u8 = 3;
@@ -175,7 +175,10 @@ fn wait(
     loop {
         if let Some(r) = store.latest(domain)? {
             if r.received_at >= since {
-                print!("{}", crate::emit::verdicts::table(std::slice::from_ref(&r)));
+                print!(
+                    "{}",
+                    vfio_p2p_emit::verdicts::table(std::slice::from_ref(&r))
+                );
                 for p in &r.problems {
                     println!("{p}");
                 }

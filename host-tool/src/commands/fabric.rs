@@ -10,14 +10,14 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{FabricManagerSource, HostConfig};
 use crate::context::ChangeRoot;
-use crate::emit::fabric_list::{self, FabricListing, Holder};
-use crate::fm_api::FmSession;
-use crate::model::fabric::FabricState;
-use crate::partition_activation::{activate, deactivate, resync, ActivationRecord};
-use crate::read::fabric_manager::read_fabric_manager;
-use crate::vfio_bind::writer;
+use vfio_p2p_bind::partition_activation::{activate, deactivate, resync, ActivationRecord};
+use vfio_p2p_bind::writer;
+use vfio_p2p_config::host::{FabricManagerSource, HostConfig};
+use vfio_p2p_emit::fabric_list::{self, FabricListing, Holder};
+use vfio_p2p_model::fabric_state::FabricState;
+use vfio_p2p_read::fabric_manager::read_fabric_manager;
+use vfio_p2p_read::fm_api::FmSession;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum FabricFormat {

@@ -8,25 +8,28 @@ use clap::{Args, ValueEnum};
 use vfio_p2p_contract::ReportChannel;
 
 use crate::cli::GlobalArgs;
-use crate::collector::store::Store;
-use crate::config::vm::{IommuBackend, VmConfig};
 use crate::context::{libvirt_version, Context, PlanningArgs};
-use crate::decide::expectation::{self, Expectation};
-use crate::decide::fleet_verdict::DomainPlan;
-use crate::decide::guest_layout::{self, GuestTopology, LayoutOptions};
-use crate::decide::guest_paths;
-use crate::decide::iommu_backend;
-use crate::decide::mmio;
-use crate::emit::data::write_output;
-use crate::emit::incus::{self, CliqueForm, IncusOutput};
-use crate::emit::libvirt::{self, LibvirtVersion};
-use crate::emit::qemu::{self, ArgvFormat};
-use crate::emit::vm::{ExpectationSource, VmDefinition};
-use crate::emit::{cloud_hypervisor, nccl, proxmox};
-use crate::host_probe;
-use crate::model::NicRef;
-use crate::read::incus as incus_read;
-use crate::read::vmm;
+use vfio_p2p_collector::store::Store;
+use vfio_p2p_config::vm::GuestTopology;
+use vfio_p2p_config::vm::{IommuBackend, VmConfig};
+use vfio_p2p_contract::Expectation;
+use vfio_p2p_decide::expectation;
+use vfio_p2p_decide::fleet_verdict::DomainPlan;
+use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
+use vfio_p2p_decide::guest_paths;
+use vfio_p2p_decide::iommu_backend;
+use vfio_p2p_decide::mmio;
+use vfio_p2p_emit::data::write_output;
+use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
+use vfio_p2p_emit::libvirt;
+use vfio_p2p_emit::qemu::{self, ArgvFormat};
+use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
+use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
+use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_model::NicRef;
+use vfio_p2p_read::host_probe;
+use vfio_p2p_read::incus as incus_read;
+use vfio_p2p_read::vmm;
 
 /// Which configuration to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -138,7 +141,9 @@ fn iommu_backend(
         return requested;
     }
     let iommu = if global.example.is_some() || global.sysfs_root.is_file() {
-        crate::decide::check::IommuFacts::not_probed("no live host (an example or a snapshot)")
+        vfio_p2p_model::host_facts::IommuFacts::not_probed(
+            "no live host (an example or a snapshot)",
+        )
     } else {
         host_probe::iommufd::probe(&global.sysfs_root)
     };
@@ -160,8 +165,8 @@ fn warn_iommufd_cliques(backend: IommuBackend, requested: IommuBackend, has_cliq
     if backend == IommuBackend::Iommufd && requested == IommuBackend::Iommufd && has_cliques {
         tracing::warn!(
             "iommufd with P2P cliques: peer writes fault unless peer BARs are mapped as dma-bufs (Linux >= {}, QEMU >= {}); `vfio-p2p check --iommu-backend iommufd --qemu PATH` tells for this host",
-            crate::model::vmm::KernelVersion::BAR_DMABUF,
-            crate::model::vmm::QemuVersion::BAR_DMABUF
+            vfio_p2p_model::vmm::KernelVersion::BAR_DMABUF,
+            vfio_p2p_model::vmm::QemuVersion::BAR_DMABUF
         );
     }
 }
@@ -199,7 +204,7 @@ fn vm_config(args: &GenArgs) -> anyhow::Result<VmConfig> {
     };
     if let Some(n) = &args.name {
         // the same rule as vm.yaml's `name:`: it goes into every config line
-        if let Some(e) = crate::config::vm_name_error(n) {
+        if let Some(e) = vfio_p2p_config::vm_name_error(n) {
             bail!("--name: {e}");
         }
         config.name = n.clone();
@@ -258,7 +263,7 @@ fn expectation_source(
 
 /// NCCL 2.28.9 needs the CPU's arch, vendor, familyid and modelid where its own detection
 /// does not fill them: say so when the host's CPU is not known.
-fn warn_unknown_cpu(topo: &crate::model::Topology) {
+fn warn_unknown_cpu(topo: &vfio_p2p_model::Topology) {
     if topo.cpu.is_some() {
         return;
     }
@@ -330,7 +335,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     // The NCCL file describes the guest's GPUs and NICs; the NVSwitches go into VM definitions.
     let nvswitches = match args.target {
         GenTarget::Nccl => Vec::new(),
-        _ => crate::decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus),
+        _ => vfio_p2p_decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus),
     };
     if !nvswitches.is_empty() {
         tracing::warn!(

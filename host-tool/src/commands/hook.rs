@@ -11,21 +11,22 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{
-    FabricManagerSource, HookPolicy, HostConfig, ResetPolicy, HOST_CONFIG_PATH,
-    LEGACY_HOOK_CONFIG_PATH,
-};
 use crate::context::{ChangeRoot, Context};
-use crate::decide::check::{domain_checks, reserved_hostdevs, CheckResult};
-use crate::emit;
-use crate::fm_api::FmSession;
-use crate::partition_activation::guest::{self as guest_fabric, FabricStep};
-use crate::partition_activation::{activate, deactivate, ActivationError, ActivationRecord};
-use crate::read::domain_xml::read_domain_xml_stream;
-use crate::read::read_host;
-use crate::vfio_bind::{
+use vfio_p2p_bind::partition_activation::guest::{self as guest_fabric, FabricStep};
+use vfio_p2p_bind::partition_activation::{
+    activate, deactivate, ActivationError, ActivationRecord,
+};
+use vfio_p2p_bind::{
     self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
 };
+use vfio_p2p_config::host::{
+    FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
+};
+use vfio_p2p_decide::check::{domain_checks, reserved_hostdevs, CheckResult};
+use vfio_p2p_model::ResetPolicy;
+use vfio_p2p_read::domain_xml::read_domain_xml_stream;
+use vfio_p2p_read::fm_api::FmSession;
+use vfio_p2p_read::read_host;
 
 /// Where libvirt (≥ 6.5) runs every executable as a `qemu` hook, below `--prefix`.
 pub const HOOK_DIR: &str = "etc/libvirt/hooks/qemu.d";
@@ -362,8 +363,8 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             force: reset_only,
             ..BindOptions::default()
         };
-        match vfio_bind::bind(root, &mut sysfs, devices, &opts, &session(guest, dry_run)) {
-            Ok(report) if dry_run => print!("{}", emit::binding::report_text(&report)),
+        match vfio_p2p_bind::bind(root, &mut sysfs, devices, &opts, &session(guest, dry_run)) {
+            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
             Ok(_) => {}
             Err(e) => return refuse(guest, &format!("{what}: {e}")),
         }
@@ -494,7 +495,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         }
         return Ok(ExitCode::SUCCESS);
     }
-    match vfio_bind::unbind(
+    match vfio_p2p_bind::unbind(
         root,
         &mut writer()?,
         &UnbindSelection::Guest(guest.to_string()),
@@ -502,7 +503,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
     ) {
         Ok(report) => {
             if dry_run {
-                print!("{}", emit::binding::report_text(&report));
+                print!("{}", vfio_p2p_bind::text::report_text(&report));
             }
             Ok(ExitCode::SUCCESS)
         }

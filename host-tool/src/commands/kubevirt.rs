@@ -15,12 +15,12 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{HookPolicy, HostConfig};
 use crate::context::{load_host, Context, PlanOptionArgs};
-use crate::emit::libvirt::LibvirtVersion;
-use crate::emit::libvirt_patch;
-use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
-use crate::read::kubevirt_vmi::parse_kubevirt_vmi;
+use vfio_p2p_config::host::{HookPolicy, HostConfig};
+use vfio_p2p_emit::libvirt_patch;
+use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
+use vfio_p2p_read::kubevirt_vmi::parse_kubevirt_vmi;
 
 #[derive(Debug, Args)]
 pub struct KubevirtArgs {

@@ -9,13 +9,13 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{libvirt_version, Context, PlanningArgs};
-use crate::decide::mmio;
-use crate::emit::data::write_output;
-use crate::emit::libvirt::LibvirtVersion;
-use crate::emit::libvirt_patch;
-use crate::model::domain::DomainFacts;
-use crate::read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
-use crate::read::input_file::{read_input_file, read_input_stream};
+use vfio_p2p_decide::mmio;
+use vfio_p2p_emit::data::write_output;
+use vfio_p2p_emit::libvirt_patch;
+use vfio_p2p_files::{read_input_file, read_input_stream};
+use vfio_p2p_model::domain::DomainFacts;
+use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
 
 #[derive(Debug, Args)]
 pub struct LibvirtArgs {
@@ -117,7 +117,7 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
     };
     // The window holds every GPU hostdev's BARs (not only the --gpus ones); QEMU's default
     // is left alone where it fits.
-    let passed: Vec<&crate::model::Device> = scan
+    let passed: Vec<&vfio_p2p_model::Device> = scan
         .hostdevs
         .iter()
         .filter_map(|h| topo.device(&h.bdf).filter(|d| d.is_gpu()))

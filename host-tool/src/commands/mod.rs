@@ -18,7 +18,7 @@ pub mod verdicts;
 use std::process::ExitCode;
 
 use crate::cli::{Cli, Command};
-use crate::synth;
+use vfio_p2p_read::synth;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if cli.global.example.as_deref() == Some("list") {

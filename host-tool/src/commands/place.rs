@@ -11,15 +11,13 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
-use crate::decide;
-use crate::decide::nic_affinity::{NicChoice, NicPool};
-use crate::decide::placement::{
+use vfio_p2p_decide::nic_affinity::{NicChoice, NicPool};
+use vfio_p2p_decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
-use crate::decide::plan;
-use crate::emit;
-use crate::emit::data::DataFormat;
-use crate::model::{PathKind, Topology};
+use vfio_p2p_decide::plan;
+use vfio_p2p_emit::data::DataFormat;
+use vfio_p2p_model::{PathKind, Topology};
 
 #[derive(Debug, Args)]
 #[command(
@@ -373,7 +371,7 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     // On a board under Fabric Manager (shared NVSwitch), VMs get whole FM partitions.
     let partitions = fabric.partitions();
     let placed = match partitions {
-        Some(state) => decide::fabric::place_on_partitions(
+        Some(state) => vfio_p2p_decide::fabric::place_on_partitions(
             &placement_host,
             state,
             &requests,
@@ -383,7 +381,7 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     };
     let largest_shape = match args.shape {
         Some((count, gpus)) if !placed.unplaced.is_empty() => match partitions {
-            Some(state) => decide::fabric::largest_partition_shape(
+            Some(state) => vfio_p2p_decide::fabric::largest_partition_shape(
                 &placement_host,
                 state,
                 count,
@@ -426,7 +424,7 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
         largest_shape,
         configs_written,
     };
-    match emit::data::to_text(&report, args.format)? {
+    match vfio_p2p_emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),
         None => print_table(&report),
     }

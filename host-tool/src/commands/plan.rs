@@ -8,9 +8,8 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, PlanOptionArgs};
-use crate::decide::plan::plan;
-use crate::emit;
-use crate::emit::data::DataFormat;
+use vfio_p2p_decide::plan::plan;
+use vfio_p2p_emit::data::DataFormat;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -34,9 +33,9 @@ pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
     ctx.warn_fabric(&gpus);
     let p = plan(&ctx.topo, &gpus, &ctx.plan_options(&args.plan, None))
         .with_context(|| format!("planning cliques on {}", ctx.topo.source))?;
-    match emit::data::to_text(&p, args.format)? {
+    match vfio_p2p_emit::data::to_text(&p, args.format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", emit::plan::table(&p, args.details)),
+        None => print!("{}", vfio_p2p_emit::plan::table(&p, args.details)),
     }
     Ok(ExitCode::SUCCESS)
 }

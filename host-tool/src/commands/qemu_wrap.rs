@@ -14,12 +14,14 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::config::host::{HookPolicy, HostConfig};
 use crate::context::{load_host, Context, PlanOptionArgs};
-use crate::emit::qemu::QEMU_BINARY;
-use crate::emit::qemu_argv_patch::{argv_text, with_cliques, CliqueAdded};
-use crate::read::qemu_argv::{read_qemu_argv, CliqueSource, QemuArgvFacts};
+use vfio_p2p_config::host::{HookPolicy, HostConfig};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
+use vfio_p2p_emit::qemu::QEMU_BINARY;
+use vfio_p2p_emit::qemu_argv_patch::{argv_text, with_cliques, CliqueAdded};
+use vfio_p2p_model::qemu_argv::CliqueSource;
+use vfio_p2p_model::qemu_argv::QemuArgvFacts;
+use vfio_p2p_read::qemu_argv::read_qemu_argv;
 
 /// Names under which the binary acts as the wrapper (argv[0]).
 const QEMU_NAME_PREFIX: &str = "qemu-system-";

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
-use crate::snapshot::write_sysfs_tree;
+use vfio_p2p_read::snapshot::write_sysfs_tree;
 
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {

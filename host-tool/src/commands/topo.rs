@@ -7,9 +7,8 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
-use crate::emit;
-use crate::emit::data::DataFormat;
-use crate::emit::topo_report::{self, TopoReport};
+use vfio_p2p_emit::data::DataFormat;
+use vfio_p2p_emit::topo_report::{self, TopoReport};
 
 /// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -55,8 +54,12 @@ pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
         ),
         TopoFormat::Table => topo_report::render_table(&topo, &report),
         TopoFormat::Dot => topo_report::render_dot(&topo, &report),
-        TopoFormat::Json => emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default(),
-        TopoFormat::Yaml => emit::data::to_text(&report, DataFormat::Yaml)?.unwrap_or_default(),
+        TopoFormat::Json => {
+            vfio_p2p_emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default()
+        }
+        TopoFormat::Yaml => {
+            vfio_p2p_emit::data::to_text(&report, DataFormat::Yaml)?.unwrap_or_default()
+        }
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)

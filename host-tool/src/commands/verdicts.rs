@@ -7,8 +7,9 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
 use crate::cli::GlobalArgs;
-use crate::collector::store::{write_atomic, Store, DEFAULT_STATE_DIR};
-use crate::emit::verdicts;
+use vfio_p2p_collector::store::{Store, DEFAULT_STATE_DIR};
+use vfio_p2p_emit::verdicts;
+use vfio_p2p_files::write_atomic;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum VerdictsFormat {

@@ -1,0 +1,43 @@
+//! How the VM will be started ([`VmmFacts`]), gathered before the checks run; the live
+//! host's probes are `model::host_facts`.
+
+use vfio_p2p_model::vmm::QemuVersion;
+
+/// Which VMM will run the VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Vmm {
+    #[default]
+    Qemu,
+    CloudHypervisor,
+}
+
+/// The language of the VM definition that was checked: its fixes are written in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigSyntax {
+    /// QEMU arguments (`--qemu-args`, or nothing given).
+    #[default]
+    Qemu,
+    /// A libvirt domain XML, with the file's name for `libvirt patch`.
+    Libvirt(String),
+    /// A Proxmox VE VM config.
+    Proxmox,
+}
+
+/// What the VM will be started with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmmFacts {
+    pub vmm: Vmm,
+    /// `--qemu PATH`: its `--version` line, parsed (`Err` carries what was wrong).
+    pub qemu_version: Option<Result<QemuVersion, String>>,
+    /// Where the hypervisor is hidden from the guest (`kvm=off`, `<hidden state='on'/>`).
+    pub hidden_hypervisor: Vec<String>,
+    /// What VM configuration was given (`--domain-xml FILE`, `--qemu-args`), if any: with
+    /// one given and no 64-bit hole in it, QEMU's default window applies.
+    pub vm_config: Option<String>,
+    /// The 64-bit MMIO window configured, and where it was found.
+    pub hole64: Option<(u64, String)>,
+    /// The language of the VM definition given, for the fixes.
+    pub syntax: ConfigSyntax,
+    /// `--iommu-backend`, if given.
+    pub iommu_backend: Option<vfio_p2p_config::vm::IommuBackend>,
+}

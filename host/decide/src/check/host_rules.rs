@@ -1,0 +1,355 @@
+//! Checks of the host: IOMMU, vfio-pci, VFIO groups, KVM, reset.
+
+use pci_config::Bdf;
+
+use super::report::{result, CheckResult, Status};
+use vfio_p2p_model::host_facts::HostFacts;
+use vfio_p2p_model::host_facts::ModuleState;
+use vfio_p2p_model::host_facts::NodeProbe;
+use vfio_p2p_model::{Device, Topology};
+
+pub(super) fn check_iommu(topo: &Topology) -> Vec<CheckResult> {
+    let cmdline = topo.kernel_cmdline.as_deref().unwrap_or("");
+    let has = |k: &str| {
+        cmdline
+            .split_whitespace()
+            .any(|t| t == k || t.starts_with(&format!("{k}=")))
+    };
+    let mut notes = Vec::new();
+    for k in ["intel_iommu", "amd_iommu", "iommu"] {
+        if let Some(t) = cmdline
+            .split_whitespace()
+            .find(|t| t.starts_with(&format!("{k}=")))
+        {
+            notes.push(t.to_string());
+        }
+    }
+    let flags = if notes.is_empty() {
+        "no IOMMU options on the kernel command line".to_string()
+    } else {
+        format!("kernel command line: {}", notes.join(" "))
+    };
+    let pt = if cmdline.split_whitespace().any(|t| t == "iommu=pt") {
+        " (iommu=pt: host devices bypass translation, pass-through devices are still translated)"
+    } else {
+        ""
+    };
+    let intel = topo
+        .devices
+        .values()
+        .any(|d| d.vendor == 0x8086 && d.bridge_role().is_some());
+    if topo.iommu_groups.is_empty() {
+        // The kernel documents no `amd_iommu=on`: the AMD IOMMU is used whenever the
+        // firmware reports it (ACPI IVRS); `amd_iommu=off` or `iommu=off` would turn it off.
+        let off = cmdline
+            .split_whitespace()
+            .filter(|t| matches!(*t, "intel_iommu=off" | "amd_iommu=off" | "iommu=off"))
+            .collect::<Vec<_>>();
+        let remove = match off.is_empty() {
+            true => String::new(),
+            false => format!("remove {} from the kernel command line; ", off.join(" ")),
+        };
+        let fix = if intel || has("intel_iommu") {
+            format!("{remove}enable VT-d in the firmware and boot with intel_iommu=on (iommu=pt is the usual choice beside it)")
+        } else {
+            format!("{remove}enable the IOMMU (AMD-Vi) in the firmware: Linux uses it whenever the firmware reports it, no amd_iommu= option is needed; iommu=pt is the usual choice on a host that passes devices through")
+        };
+        return vec![result(
+            "iommu",
+            None,
+            Status::Fail,
+            format!("no IOMMU groups under /sys/kernel/iommu_groups; {flags}"),
+            Some(fix),
+        )];
+    }
+    let off = cmdline
+        .split_whitespace()
+        .find(|t| *t == "intel_iommu=off" || *t == "amd_iommu=off" || *t == "iommu=off");
+    let status = if off.is_some() {
+        Status::Warn
+    } else {
+        Status::Pass
+    };
+    vec![result(
+        "iommu",
+        None,
+        status,
+        format!("{} IOMMU groups; {flags}{pt}", topo.iommu_groups.len()),
+        off.map(|o| format!("remove {o} from the kernel command line")),
+    )]
+}
+
+pub(super) fn check_vfio_module(m: &ModuleState) -> CheckResult {
+    let (status, saw, fix) = match m {
+        ModuleState::Loaded => (Status::Pass, "vfio_pci is loaded".to_string(), None),
+        ModuleState::BuiltIn => (Status::Pass, "vfio_pci is built into the kernel".to_string(), None),
+        ModuleState::Available(p) => (
+            Status::Pass,
+            format!("vfio-pci is not loaded but available ({p}); binding loads it"),
+            None,
+        ),
+        ModuleState::Missing(w) => (
+            Status::Fail,
+            format!("no vfio-pci module: {w}"),
+            Some("install the kernel's extra modules (e.g. linux-modules-extra-$(uname -r)) or a kernel with CONFIG_VFIO_PCI".to_string()),
+        ),
+        ModuleState::Unknown(why) => (Status::Warn, format!("not probed: {why}"), Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".to_string())),
+    };
+    result("vfio-pci-module", None, status, saw, fix)
+}
+
+/// The outcome of a check whose probe could not run.
+fn not_probed(why: &str) -> (Status, String, Option<String>) {
+    (
+        Status::Warn,
+        format!("not probed: {why}"),
+        Some("run `vfio-p2p check` on the host itself (--sysfs-root /)".into()),
+    )
+}
+
+pub(super) fn check_container(p: &NodeProbe<i32>) -> CheckResult {
+    let (status, saw, fix) = match p {
+        NodeProbe::Ok(v) => (Status::Pass, format!("/dev/vfio/vfio opens, VFIO API version {v}"), None),
+        NodeProbe::Absent(path) => (
+            Status::Fail,
+            format!("{path} does not exist"),
+            Some("load the vfio module (`modprobe vfio-pci`); in a container, pass /dev/vfio through".into()),
+        ),
+        NodeProbe::Error(e) => (
+            Status::Fail,
+            e.clone(),
+            Some("run as root or give this user access to /dev/vfio/vfio".into()),
+        ),
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
+    result("vfio-container", None, status, saw, fix)
+}
+
+/// Drivers that may hold a device in a VFIO group without breaking viability.
+const GROUP_SAFE_DRIVERS: &[&str] = &["vfio-pci", "pci-stub", "pcieport"];
+
+pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -> CheckResult {
+    let subject = Some(gpu.bdf.to_string());
+    let Some(group) = gpu.iommu_group else {
+        return result(
+            "iommu-group",
+            subject,
+            Status::Fail,
+            "in no IOMMU group".into(),
+            Some("enable the IOMMU (see the iommu check)".into()),
+        );
+    };
+    let members = topo.group_members(&gpu.bdf);
+    let mut bad = Vec::new();
+    let mut foreign = Vec::new();
+    let mut listed = Vec::new();
+    // What `bind` takes: never a bridge.
+    let mut bindable = Vec::new();
+    for m in &members {
+        let d = topo.device(m);
+        let driver = d.and_then(|d| d.driver.clone());
+        listed.push(format!(
+            "{m} ({})",
+            driver.as_deref().unwrap_or("no driver")
+        ));
+        if let Some(drv) = &driver {
+            if !GROUP_SAFE_DRIVERS.contains(&drv.as_str()) {
+                bad.push(format!("{m} bound to {drv}"));
+            }
+        }
+        let is_bridge = d.is_some_and(|d| d.bridge_role().is_some());
+        let ours = gpus.contains(m) || gpus.iter().any(|g| g.same_slot(m));
+        if !is_bridge {
+            bindable.push(m.to_string());
+        }
+        if !ours && !is_bridge {
+            foreign.push(m.to_string());
+        }
+    }
+    let saw = format!("group {group}: {}", listed.join(", "));
+    if !bad.is_empty() {
+        return result(
+            "iommu-group",
+            subject,
+            Status::Fail,
+            format!("{saw}; not usable while {}", bad.join(", ")),
+            Some(format!(
+                "bind every member to vfio-pci or unbind it (`vfio-p2p bind {}`){}",
+                bindable.join(" "),
+                if foreign.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; {} share the group, so they go to the same VM or stay unbound — or fix ACS so the group splits",
+                        foreign.join(", ")
+                    )
+                }
+            )),
+        );
+    }
+    if !foreign.is_empty() {
+        return result(
+            "iommu-group",
+            subject,
+            Status::Warn,
+            format!("{saw}; {} are not selected GPUs or their functions", foreign.join(", ")),
+            Some("pass them to the same VM or leave them unbound; to split the group, enable ACS on the ports above".into()),
+        );
+    }
+    result("iommu-group", subject, Status::Pass, saw, None)
+}
+
+pub(super) fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult {
+    let subject = Some(gpu.bdf.to_string());
+    let Some(group) = gpu.iommu_group else {
+        return result(
+            "vfio-group",
+            subject,
+            Status::Fail,
+            "in no IOMMU group".into(),
+            Some("enable the IOMMU".into()),
+        );
+    };
+    let probe = host
+        .groups
+        .get(&group)
+        .cloned()
+        .unwrap_or_else(|| NodeProbe::Unknown(format!("group {group} was not probed")));
+    let (status, saw, fix) = match probe {
+        NodeProbe::Ok(true) => (
+            Status::Pass,
+            format!("/dev/vfio/{group} is viable (VFIO_GROUP_GET_STATUS)"),
+            None,
+        ),
+        NodeProbe::Ok(false) => (
+            Status::Fail,
+            format!("/dev/vfio/{group} is not viable: a group member is bound to a host driver"),
+            Some(
+                "bind every group member to vfio-pci or unbind it (see the iommu-group check)"
+                    .into(),
+            ),
+        ),
+        NodeProbe::Absent(p) => (
+            Status::Fail,
+            format!("{p} does not exist: the GPU is not bound to vfio-pci"),
+            Some(format!("`vfio-p2p bind {}`", gpu.bdf)),
+        ),
+        NodeProbe::Error(e) => (
+            Status::Fail,
+            e,
+            Some("run as root; a running VM holding the group also makes it busy".into()),
+        ),
+        NodeProbe::Unknown(why) => not_probed(&why),
+    };
+    result("vfio-group", subject, status, saw, fix)
+}
+
+pub(super) fn check_deep(gpu: &Device, probe: &NodeProbe<bool>) -> CheckResult {
+    let subject = Some(gpu.bdf.to_string());
+    let (status, saw, fix) = match probe {
+        NodeProbe::Ok(true) => (
+            Status::Pass,
+            "opened through VFIO (this reset it); VFIO reports it resettable".into(),
+            None,
+        ),
+        NodeProbe::Ok(false) => (
+            Status::Warn,
+            "opened through VFIO (this reset it); VFIO reports no reset for it".into(),
+            Some("the device keeps state between VMs; check its reset_method".into()),
+        ),
+        NodeProbe::Absent(p) => (
+            Status::Fail,
+            format!("{p} does not exist"),
+            Some(format!("`vfio-p2p bind {}`", gpu.bdf)),
+        ),
+        NodeProbe::Error(e) => (
+            Status::Fail,
+            format!("opening through VFIO failed: {e}"),
+            Some("make sure no VM holds the group, then retry".into()),
+        ),
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
+    result("vfio-device-open", subject, status, saw, fix)
+}
+
+pub(super) fn check_kvm(p: &NodeProbe<i32>) -> CheckResult {
+    let (status, saw, fix) = match p {
+        NodeProbe::Ok(v) => (Status::Pass, format!("KVM API {v}: created a VM and a KVM-VFIO device"), None),
+        NodeProbe::Absent(path) => (
+            Status::Fail,
+            format!("{path} does not exist"),
+            Some("enable virtualization (VT-x/AMD-V) in the firmware and load kvm_intel or kvm_amd".into()),
+        ),
+        NodeProbe::Error(e) => (
+            Status::Fail,
+            e.clone(),
+            Some("run as root or add this user to the kvm group; the KVM-VFIO device needs CONFIG_KVM_VFIO".into()),
+        ),
+        NodeProbe::Unknown(why) => not_probed(why),
+    };
+    result("kvm", None, status, saw, fix)
+}
+
+pub(super) fn check_reset(topo: &Topology, gpu: &Device) -> CheckResult {
+    let subject = Some(gpu.bdf.to_string());
+    let siblings: Vec<String> = topo
+        .sibling_functions(&gpu.bdf)
+        .iter()
+        .map(|d| d.bdf.to_string())
+        .collect();
+    let together = if siblings.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; reset together with its other functions {}",
+            siblings.join(", ")
+        )
+    };
+    match &gpu.reset_methods {
+        None => result(
+            "reset",
+            subject,
+            Status::Warn,
+            format!("reset_method unreadable{together}"),
+            Some("run on a kernel ≥ 5.15 (sysfs reset_method) as root to see how it resets".into()),
+        ),
+        Some(m) if m.is_empty() => result(
+            "reset",
+            subject,
+            Status::Fail,
+            format!("no reset method{together}"),
+            Some("the GPU keeps state between VMs; enable a reset method (`echo flr > /sys/bus/pci/devices/BDF/reset_method`) if the device supports one".into()),
+        ),
+        Some(m) if m.iter().any(|x| x == "flr" || x == "pm" || x == "device_specific") => result(
+            "reset",
+            subject,
+            Status::Pass,
+            format!("reset_method {}{together}", m.join(" ")),
+            None,
+        ),
+        Some(m) => {
+            let bus_mates: Vec<String> = gpu
+                .parent
+                .map(|p| {
+                    topo.devices
+                        .values()
+                        .filter(|d| d.parent == Some(p) && d.bdf != gpu.bdf && !d.bdf.same_slot(&gpu.bdf))
+                        .map(|d| d.bdf.to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mates = if bus_mates.is_empty() {
+                String::new()
+            } else {
+                format!("; a bus reset also resets {}", bus_mates.join(", "))
+            };
+            result(
+                "reset",
+                subject,
+                Status::Warn,
+                format!("reset_method {} (no function-level reset){together}{mates}", m.join(" ")),
+                Some("everything on the bus is reset with it: pass those devices to the same VM".into()),
+            )
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Decide stage: pure decisions over a [`Topology`](vfio_p2p_model::Topology) and
+//! facts gathered by the commands. Nothing here reads sysfs or opens devices, so every
+//! decision is testable on synthetic hosts.
+
+#![forbid(unsafe_code)]
+
+pub mod address_space;
+pub mod check;
+pub mod expectation;
+pub mod fabric;
+pub mod fleet_verdict;
+pub mod guest_layout;
+pub mod guest_paths;
+pub mod iommu_backend;
+pub mod mmio;
+pub mod nic_affinity;
+pub mod nvlink;
+pub mod pair_links;
+pub mod placement;
+pub mod plan;
+pub mod plan_reach;
+pub mod reset;

@@ -1,0 +1,19 @@
+//! Emit stage: turns decided data into text. Never reads sysfs.
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod cloud_hypervisor;
+pub mod data;
+pub mod fabric_list;
+pub mod incus;
+pub mod libvirt;
+pub mod libvirt_patch;
+pub mod nccl;
+pub mod plan;
+pub mod proxmox;
+pub mod qemu;
+pub mod qemu_argv_patch;
+pub mod topo_report;
+pub mod verdicts;
+pub mod vm;

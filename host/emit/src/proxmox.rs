@@ -1,0 +1,76 @@
+//! Proxmox VE VM configuration lines (`/etc/pve/qemu-server/VMID.conf`) for the planned
+//! GPUs: one `hostpciN:` per GPU function and one `args:` line that sets the cliques.
+//!
+//! Proxmox's documented syntax (pve-docs `qm.conf(5)`, "Configuration File Format", and the
+//! `hostpci[n]` option of qemu-server's `PVE/QemuServer/PCI.pm`):
+//! - `OPTION: value` per line; lines starting with `#` are comments.
+//! - `hostpci[n]: [[host=]<HOSTPCIID[;HOSTPCIID2...]>][,pcie=<1|0>][,rombar=…][,x-vga=<1|0>]…`,
+//!   n in 0..=15. qemu-server names the `vfio-pci` device `hostpciN` when the entry holds
+//!   one function, and `hostpciN.J` when it holds several (an id without `.F` takes every
+//!   function of the slot). So each entry here names exactly one function, `.0` included.
+//! - `pcie=1` puts the device behind a PCIe root port (needs `machine: q35`).
+//! - `x-vga=1` makes qemu-server add `kvm=off` (the hypervisor is hidden) and `cpu: …,hidden=1`
+//!   hides it too: with a hidden hypervisor the NVIDIA driver ignores the clique, so neither
+//!   is ever written.
+//! - `args:` is passed to QEMU as extra arguments (split like a shell line), where
+//!   `-set device.hostpciN.x-nv-gpudirect-clique=K` reaches the device qemu-server made.
+
+use super::qemu::shell_quote;
+use super::vm::VmDefinition;
+use vfio_p2p_config::vm::Firmware;
+use vfio_p2p_contract::CLIQUE_PROPERTY;
+use vfio_p2p_decide::mmio;
+
+/// qemu-server accepts `hostpci0` … `hostpci15`.
+pub const MAX_HOSTPCI: usize = 16;
+
+/// The QEMU device id qemu-server gives the single-function entry `hostpciN`.
+pub fn hostpci_id(index: usize) -> String {
+    format!("hostpci{index}")
+}
+
+/// The configuration lines, or why the VM does not fit Proxmox's hostpci slots.
+pub fn config(vm: &VmDefinition) -> Result<String, String> {
+    let mut functions = Vec::new();
+    for g in vm.layout.passed() {
+        functions.push((g.host, g.clique, true));
+        functions.extend(g.other_functions.iter().map(|f| (f.host, None, false)));
+    }
+    if functions.len() > MAX_HOSTPCI {
+        return Err(format!(
+            "{} GPU and NIC functions do not fit Proxmox's {MAX_HOSTPCI} hostpci entries (hostpci0..hostpci15): give the VM fewer GPUs or NICs",
+            functions.len()
+        ));
+    }
+    let c = vm.config;
+    let mut out = format!(
+        "# vfio-p2p gen proxmox: merge into /etc/pve/qemu-server/VMID.conf of VM '{}'\n\
+         # (replace its hostpciN and args lines; the VM must be stopped and started again).\n\
+         # Never add x-vga=1 or cpu hidden=1: a hidden hypervisor makes the driver ignore the cliques.\n",
+        c.name
+    );
+    out.push_str("machine: q35\ncpu: host\n");
+    if c.firmware == Firmware::Uefi {
+        out.push_str("bios: ovmf\n");
+    }
+    let mut args = Vec::new();
+    for (i, (host, clique, is_gpu)) in functions.iter().enumerate() {
+        out.push_str(&format!("hostpci{i}: {host},pcie=1\n"));
+        if let (Some(k), true) = (clique, is_gpu) {
+            args.push("-set".to_string());
+            args.push(format!("device.{}.{CLIQUE_PROPERTY}={k}", hostpci_id(i)));
+        }
+    }
+    args.push("-global".into());
+    args.push(format!("q35-pcihost.pci-hole64-size={}G", vm.hole64_gib()));
+    if c.firmware == Firmware::Uefi {
+        args.push("-fw_cfg".into());
+        args.push(format!(
+            "name=opt/ovmf/X-PciMmio64Mb,string={}",
+            mmio::ovmf_mmio64_mb(vm.hole64)
+        ));
+    }
+    let line: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
+    out.push_str(&format!("args: {}\n", line.join(" ")));
+    Ok(out)
+}

@@ -1,0 +1,81 @@
+//! What every VMM emitter gets: the VM description, the decided guest layout and the
+//! expectation for the guest agent.
+
+use std::path::PathBuf;
+
+use vfio_p2p_config::vm::{IommuBackend, VmConfig};
+use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
+use vfio_p2p_decide::guest_layout::GuestLayout;
+
+/// How the expectation reaches QEMU's fw_cfg.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpectationSource {
+    /// A file written next to the configuration (`--expect-out`).
+    File(PathBuf),
+    /// The JSON inline on the command line.
+    Inline,
+}
+
+#[derive(Debug, Clone)]
+pub struct VmDefinition<'a> {
+    pub config: &'a VmConfig,
+    pub layout: &'a GuestLayout,
+    pub expectation: &'a Expectation,
+    pub expectation_source: ExpectationSource,
+    /// Size of the guest's 64-bit PCI MMIO window, bytes.
+    pub hole64: u64,
+    /// The backend decided for this VM: legacy or iommufd (`auto` is resolved before).
+    pub iommu_backend: IommuBackend,
+}
+
+/// The id of the `-object iommufd` every `vfio-pci` names under the iommufd backend.
+pub const IOMMUFD_OBJECT_ID: &str = "iommufd0";
+
+impl VmDefinition<'_> {
+    /// vCPUs and memory (MiB) of guest NUMA node `index`: split evenly, the remainder on the first nodes.
+    pub fn numa_share(&self, index: usize) -> (std::ops::Range<u32>, u64) {
+        let n = self.layout.numa_nodes.len().max(1) as u32;
+        let i = index as u32;
+        let (per, extra) = (self.config.vcpus / n, self.config.vcpus % n);
+        let start = i * per + i.min(extra);
+        let count = per + u32::from(i < extra);
+        let mem_per = self.config.memory_mib / u64::from(n);
+        let mem = if i == 0 {
+            self.config.memory_mib - mem_per * u64::from(n - 1)
+        } else {
+            mem_per
+        };
+        (start..start + count, mem)
+    }
+
+    /// The `-fw_cfg` option value carrying the expectation (QemuOpts syntax: commas doubled).
+    pub fn fw_cfg_expectation(&self) -> String {
+        let name = FW_CFG_NAME;
+        match &self.expectation_source {
+            ExpectationSource::File(p) => {
+                format!(
+                    "name={name},file={}",
+                    p.display().to_string().replace(',', ",,")
+                )
+            }
+            ExpectationSource::Inline => format!(
+                "name={name},string={}",
+                self.expectation.to_json().replace(',', ",,")
+            ),
+        }
+    }
+
+    /// Size in GiB, rounded up (the unit the emitters print).
+    pub fn hole64_gib(&self) -> u64 {
+        self.hole64.div_ceil(1 << 30)
+    }
+}
+
+/// A vCPU range in QEMU/libvirt cpulist syntax.
+pub fn cpulist(range: &std::ops::Range<u32>) -> String {
+    match range.len() {
+        0 => String::new(),
+        1 => range.start.to_string(),
+        _ => format!("{}-{}", range.start, range.end - 1),
+    }
+}

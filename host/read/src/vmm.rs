@@ -1,0 +1,134 @@
+//! What the VMM stack says about itself: `qemu-system-x86_64 --version`, `virsh --version`,
+//! and what a QEMU command line asks for (a hidden hypervisor, the 64-bit MMIO hole).
+
+use std::path::Path;
+
+use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
+
+/// Parses `QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7)`.
+pub fn parse_qemu_version(text: &str) -> Option<QemuVersion> {
+    let rest = text.split("version").nth(1)?;
+    let v = rest.split_whitespace().next()?;
+    let mut nums = v.split('.').map(|n| {
+        n.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+    });
+    Some(QemuVersion {
+        major: nums.next()?.ok()?,
+        minor: nums.next()?.ok()?,
+        micro: nums.next().and_then(Result::ok).unwrap_or(0),
+        clique_backport: text.contains("+vfiop2p"),
+    })
+}
+
+/// Runs `PATH --version` and parses it.
+pub fn qemu_version_of(path: &Path) -> Result<QemuVersion, String> {
+    let out = std::process::Command::new(path)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("running {} --version: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_qemu_version(&text).ok_or_else(|| {
+        format!(
+            "{} --version printed no 'version X.Y.Z': {}",
+            path.display(),
+            text.lines().next().unwrap_or("")
+        )
+    })
+}
+
+/// The installed libvirt's version (`virsh --version`, else `libvirtd --version`); `Err`
+/// says why none could be read.
+pub fn installed_libvirt_version() -> Result<LibvirtVersion, String> {
+    for tool in ["virsh", "libvirtd"] {
+        if let Ok(out) = std::process::Command::new(tool).arg("--version").output() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            if let Some(v) = text
+                .split_whitespace()
+                .rev()
+                .find_map(|w| w.parse::<LibvirtVersion>().ok())
+            {
+                return Ok(v);
+            }
+        }
+    }
+    Err(format!(
+        "could not run `virsh --version`; assuming libvirt >= {OVERRIDE_SINCE} (pass --libvirt-version)"
+    ))
+}
+
+/// Where the hypervisor is hidden in a QEMU command line: `kvm=off` in `-cpu`.
+pub fn hidden_in_qemu_args(args: &str) -> Vec<String> {
+    let toks: Vec<&str> = args.split_whitespace().collect();
+    toks.iter()
+        .enumerate()
+        .filter(|(i, t)| {
+            t.split(',').any(|o| o == "kvm=off")
+                && i.checked_sub(1)
+                    .and_then(|p| toks.get(p))
+                    .is_some_and(|p| *p == "-cpu" || *p == "--cpu")
+        })
+        .map(|(_, t)| format!("QEMU argument -cpu {t}"))
+        .collect()
+}
+
+/// `pci-hole64-size=SIZE` in a QEMU command line, in bytes.
+pub fn hole64_in_qemu_args(args: &str) -> Option<u64> {
+    args.split([' ', ',']).find_map(|t| {
+        let v = t.split_once("pci-hole64-size=")?.1;
+        parse_size(v)
+    })
+}
+
+/// QEMU size syntax: a number with an optional K/M/G/T suffix (binary units).
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (num, shift) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_version_strings() {
+        let v = |s| parse_qemu_version(s);
+        assert_eq!(
+            v("QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7+deb12u6)\nCopyright (c) 2003-2022"),
+            Some(QemuVersion { major: 7, minor: 2, micro: 0, clique_backport: false })
+        );
+        let patched =
+            v("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+vfiop2p1)").unwrap();
+        assert!(patched.clique_backport && patched.has_clique_fallback());
+        assert!(!v("QEMU emulator version 8.0.5")
+            .unwrap()
+            .has_clique_fallback());
+        assert!(v("QEMU emulator version 8.1.0").unwrap() >= QemuVersion::CLIQUE_FALLBACK);
+        assert!(v("QEMU emulator version 8.0.5").unwrap() < QemuVersion::CLIQUE_FALLBACK);
+        assert_eq!(v("QEMU emulator version 9.2").map(|q| q.micro), Some(0));
+        assert_eq!(v("cloud-hypervisor v39.0"), None);
+    }
+
+    #[test]
+    fn qemu_args_facts() {
+        assert_eq!(
+            hidden_in_qemu_args("-machine q35 -cpu host,kvm=off -m 4G"),
+            vec!["QEMU argument -cpu host,kvm=off".to_string()]
+        );
+        assert!(hidden_in_qemu_args("-name kvm=off").is_empty());
+        assert_eq!(
+            hole64_in_qemu_args("-global q35-pcihost.pci-hole64-size=2048G"),
+            Some(2048 << 30)
+        );
+        assert_eq!(hole64_in_qemu_args("-m 4G"), None);
+    }
+}
