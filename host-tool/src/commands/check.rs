@@ -83,6 +83,10 @@ pub struct CheckArgs {
     /// that P2P cliques survive it (peer BARs mapped as dma-bufs).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub iommu_backend: Option<IommuBackend>,
+    /// The VM's RAM in GiB: checks that it and the GPUs' 64-bit MMIO window fit the guest's
+    /// physical address space (the host's width, as OVMF places the window).
+    #[arg(long, value_name = "GIB")]
+    pub memory_gib: Option<u64>,
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]
     pub vmm: Vmm,
@@ -99,6 +103,7 @@ fn vmm_facts(args: &CheckArgs, domain: Option<&DomainFacts>) -> VmmFacts {
         vmm: args.vmm,
         qemu_version: args.qemu.as_deref().map(vmm::qemu_version_of),
         iommu_backend: args.iommu_backend,
+        ram: args.memory_gib.map(|g| g << 30),
         ..VmmFacts::default()
     };
     if let Some(d) = domain {

@@ -274,6 +274,39 @@ fn unreadable(guest: &str, policy: HookPolicy, what: &str) -> anyhow::Result<Exi
     }
 }
 
+/// Binds the domain's managed='no' hostdevs; the managed='yes' ones (libvirt binds those
+/// itself) only get their reset method; both as host.yaml's `reset:` says.
+fn bind_hostdevs<W: SysfsWriter>(
+    root: &Path,
+    sysfs: &mut W,
+    guest: &str,
+    dry_run: bool,
+    [unmanaged, managed]: [&Vec<Bdf>; 2],
+    reset: ResetPolicy,
+) -> Result<(), String> {
+    let steps = [
+        (unmanaged, false, "binding its managed='no' hostdevs"),
+        (managed, true, "setting its hostdevs' reset_method"),
+    ];
+    for (devices, reset_only, what) in steps {
+        if devices.is_empty() || reset_only && reset == ResetPolicy::Auto {
+            continue;
+        }
+        let opts = BindOptions {
+            reset,
+            reset_only,
+            force: reset_only,
+            ..BindOptions::default()
+        };
+        match vfio_p2p_bind::bind(root, sysfs, devices, &opts, &session(guest, dry_run)) {
+            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
+            Ok(_) => {}
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
     let root = ChangeRoot::new(global, dry_run)?;
     let root = root.path();
@@ -341,33 +374,20 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .map(|h| h.bdf)
         .collect();
     let mut sysfs = writer()?;
-    // managed='no' hostdevs are bound here; the others only get their reset method (libvirt
-    // binds them itself), both as host.yaml's `reset:` says
-    let managed: Vec<_> = hostdevs
+    let managed: Vec<Bdf> = hostdevs
         .iter()
         .filter(|b| !unmanaged.contains(b))
         .copied()
         .collect();
-    let reset = config.reset;
-    let steps = [
-        (&unmanaged, false, "binding its managed='no' hostdevs"),
-        (&managed, true, "setting its hostdevs' reset_method"),
-    ];
-    for (devices, reset_only, what) in steps {
-        if devices.is_empty() || reset_only && reset == ResetPolicy::Auto {
-            continue;
-        }
-        let opts = BindOptions {
-            reset,
-            reset_only,
-            force: reset_only,
-            ..BindOptions::default()
-        };
-        match vfio_p2p_bind::bind(root, &mut sysfs, devices, &opts, &session(guest, dry_run)) {
-            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
-            Ok(_) => {}
-            Err(e) => return refuse(guest, &format!("{what}: {e}")),
-        }
+    if let Err(why) = bind_hostdevs(
+        root,
+        &mut sysfs,
+        guest,
+        dry_run,
+        [&unmanaged, &managed],
+        config.reset,
+    ) {
+        return refuse(guest, &why);
     }
     let activates = matches!(fabric, FabricStep::Activate { .. });
     if let FabricStep::Activate {

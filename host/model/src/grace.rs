@@ -43,7 +43,7 @@ pub fn c2c_gpus(topo: &Topology) -> BTreeMap<Bdf, C2cGpu> {
     // Only an even share is certain; otherwise no GPU is given nodes it may not own.
     let share = match gpus.len() {
         0 => 0,
-        n if memory_only.len() % n == 0 => memory_only.len() / n,
+        n if memory_only.len().is_multiple_of(n) => memory_only.len() / n,
         _ => 0,
     };
     gpus.iter()

@@ -5,6 +5,7 @@
 //! `facts` holds what the checks look at, `host_rules` and `vm_rules` the checks,
 //! `report` their outcome.
 
+mod address_rules;
 mod backend_rules;
 mod bar_mmap_rules;
 mod domain_rules;
@@ -54,6 +55,7 @@ pub fn run_checks(
     }
     out.push(vm_rules::check_bars(&selected, vmm));
     out.extend(bar_mmap_rules::check_bar_mmap(&selected, vmm));
+    out.extend(address_rules::check_address_space(topo, &selected, vmm));
     let assigned = |g: &Device| match plan {
         Ok(p) => p.clique_of(&g.bdf).is_some(),
         Err(_) => g.is_nvidia_gpu(),
