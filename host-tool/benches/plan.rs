@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use pci_config::Bdf;
-use vfio_p2p_decide::plan::{plan, PlanOptions};
+use vfio_p2p_decide::clique_plan::{plan, PlanOptions};
 use vfio_p2p_model::PathKind;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::synth::tree::{server, ServerSpec};

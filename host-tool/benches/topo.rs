@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vfio_p2p_emit::topo_report::{render_table, TopoReport};
+use vfio_p2p_emit::topo_report::{render_table, HostTopoReport};
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::read_host;
@@ -138,11 +138,11 @@ fn main() {
     );
     let model = time(|| Topology::from_record(&record));
     let topo = Topology::from_record(&record);
-    let matrix = time(|| TopoReport::new(&topo));
+    let matrix = time(|| HostTopoReport::new(&topo));
     let cpu_before = cpu_time();
     let all = time(|| {
         let topo = Topology::from_record(&read_host(root).expect("read"));
-        let report = TopoReport::new(&topo);
+        let report = HostTopoReport::new(&topo);
         render_table(&topo, &report).len()
     });
     let cpu_per_run = (cpu_time() - cpu_before) / RUNS as u32;
@@ -192,7 +192,7 @@ fn flat_10k() {
     let topo = Topology::from_record(&record);
     let model = t.elapsed();
     let t = Instant::now();
-    let report = TopoReport::new(&topo);
+    let report = HostTopoReport::new(&topo);
     let text = render_table(&topo, &report);
     println!(
         "10,000 flat GPUs: model {:.0} ms, report + table {:.0} ms ({} bytes of table; matrix left out: {})",

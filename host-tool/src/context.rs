@@ -11,7 +11,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
-use vfio_p2p_decide::plan::{plan, Plan, PlanOptions};
+use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::FabricState;
 use vfio_p2p_model::vmm::LibvirtVersion;
@@ -276,7 +276,7 @@ impl Context {
     }
 
     /// Plans cliques for `gpus`, logging the plan's warnings.
-    pub fn plan(&self, gpus: &[Bdf], options: &PlanOptions) -> anyhow::Result<Plan> {
+    pub fn plan(&self, gpus: &[Bdf], options: &PlanOptions) -> anyhow::Result<CliquePlan> {
         self.warn_fabric(gpus);
         let p = plan(&self.topo, gpus, options)
             .with_context(|| format!("planning cliques on {}", self.topo.source))?;

@@ -1,4 +1,4 @@
-//! The hostile-input suite's common part, included by `host-tool/tests/hostile.rs` and
+//! The hostile-input suite's common part, included by `host-tool/tests/all/hostile.rs` and
 //! `guest-agent/tests/hostile.rs` (`#[path]`): a seeded random source, the mutations
 //! (truncations, random bytes, special files, deep and huge inputs) and the check every
 //! run must pass: it ends within [`LIMIT`], neither panics nor aborts nor dies of a

@@ -10,7 +10,7 @@ use crate::cli::GlobalArgs;
 use crate::context::{Context, PlanOptionArgs};
 use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
-use vfio_p2p_decide::plan::plan;
+use vfio_p2p_decide::clique_plan::plan;
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::domain::DomainFacts;
 use vfio_p2p_model::fabric_state::FmConfigFile;

@@ -11,11 +11,11 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
+use vfio_p2p_decide::clique_plan;
 use vfio_p2p_decide::nic_affinity::{NicChoice, NicPool};
 use vfio_p2p_decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
-use vfio_p2p_decide::plan;
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::{PathKind, Topology};
 
@@ -99,7 +99,7 @@ struct PairReport {
     a: Bdf,
     b: Bdf,
     path: String,
-    verdict: plan::Verdict,
+    verdict: clique_plan::PairRoute,
     clique: Option<u8>,
 }
 
@@ -116,11 +116,11 @@ struct PlaceReport {
 }
 
 fn plan_vm(topo: &Topology, vm: PlacedVm, p2p_level: PathKind) -> VmReport {
-    let options = plan::PlanOptions {
+    let options = clique_plan::PlanOptions {
         p2p_level,
-        ..plan::PlanOptions::default()
+        ..clique_plan::PlanOptions::default()
     };
-    match plan::plan(topo, &vm.gpus, &options) {
+    match clique_plan::plan(topo, &vm.gpus, &options) {
         Ok(p) => VmReport {
             cliques: p.assignments.clone(),
             pairs: p

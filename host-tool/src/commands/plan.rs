@@ -8,7 +8,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, PlanOptionArgs};
-use vfio_p2p_decide::plan::plan;
+use vfio_p2p_decide::clique_plan::plan;
 use vfio_p2p_emit::data::DataFormat;
 
 #[derive(Debug, Args)]
@@ -35,7 +35,7 @@ pub fn run(global: &GlobalArgs, args: PlanArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("planning cliques on {}", ctx.topo.source))?;
     match vfio_p2p_emit::data::to_text(&p, args.format)? {
         Some(t) => print!("{t}"),
-        None => print!("{}", vfio_p2p_emit::plan::table(&p, args.details)),
+        None => print!("{}", vfio_p2p_emit::plan_table::table(&p, args.details)),
     }
     Ok(ExitCode::SUCCESS)
 }

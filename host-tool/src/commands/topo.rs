@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
 use vfio_p2p_emit::data::DataFormat;
-use vfio_p2p_emit::topo_report::{self, TopoReport};
+use vfio_p2p_emit::topo_report::{self, HostTopoReport};
 
 /// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -34,7 +34,7 @@ pub struct TopoArgs {
 
 pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
     let Context { topo, fabric, .. } = Context::load(global, &args.host, &args.nvlink)?;
-    let mut report = TopoReport::new(&topo);
+    let mut report = HostTopoReport::new(&topo);
     report.fabric = fabric.state.is_some().then_some(fabric);
     let hint = "to see what topo shows on a GPU server, try an embedded example: \
                 `vfio-p2p --example hgx-h100 topo` (all examples: `vfio-p2p --example list`)";

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::plan::{ResetChange, Target, VFIO_PCI};
+use super::bind_plan::{ResetChange, Target, VFIO_PCI};
 use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding, read_reset_method};
 use vfio_p2p_read::Binding;
 

@@ -7,9 +7,9 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod bind_plan;
 pub mod lock;
 pub mod partition_activation;
-pub mod plan;
 pub mod session;
 pub mod sim;
 pub mod state;
@@ -18,10 +18,11 @@ pub mod text;
 pub use apply::{
     FailAt, FileWriter, Moved, SysfsWrite, SysfsWriter, Transaction, TransactionError,
 };
-pub use lock::{BindLock, LockError};
-pub use plan::{
-    plan_bind, plan_unbind, BindOptions, Plan, PlanError, PlannedDevice, Reason, Target, VFIO_PCI,
+pub use bind_plan::{
+    plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice, Reason, Target,
+    VFIO_PCI,
 };
+pub use lock::{BindLock, LockError};
 pub use session::{
     bind, unbind, DeviceReport, SessionError, SessionOptions, SessionReport, UnbindSelection,
 };

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pci_config::Bdf;
 
 use super::apply::FailAt;
-use super::plan::{BindOptions, ResetChange};
+use super::bind_plan::{BindOptions, ResetChange};
 use super::session::{bind, unbind, SessionOptions, UnbindSelection};
 use super::sim::{write_tree, SimKernel};
 use super::state::BindState;

@@ -11,10 +11,11 @@ use serde::Serialize;
 use super::apply::{
     reset_write, writes_for, SysfsWrite, SysfsWriter, Transaction, TransactionError,
 };
-use super::lock::{BindLock, LockError};
-use super::plan::{
-    plan_bind, plan_unbind, BindOptions, Plan, PlanError, PlannedDevice, Reason, Target, VFIO_PCI,
+use super::bind_plan::{
+    plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice, Reason, Target,
+    VFIO_PCI,
 };
+use super::lock::{BindLock, LockError};
 use super::state::{BindState, DeviceRecordEntry, StateError};
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::binding::driver_registered;
@@ -27,7 +28,7 @@ pub enum SessionError {
     #[error("reading the host: {0}")]
     Read(#[from] ReadError),
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Plan(#[from] BindPlanError),
     #[error(transparent)]
     State(#[from] StateError),
     #[error(transparent)]
@@ -196,7 +197,7 @@ pub fn bind<W: SysfsWriter>(
 }
 
 /// What the reader warned about the devices of this plan, or about no device in particular.
-fn reads_about(topo: &Topology, plan: &Plan) -> Vec<String> {
+fn reads_about(topo: &Topology, plan: &BindPlan) -> Vec<String> {
     let planned: std::collections::BTreeSet<Bdf> = plan.devices.iter().map(|d| d.bdf).collect();
     topo.warnings
         .iter()
@@ -206,7 +207,7 @@ fn reads_about(topo: &Topology, plan: &Plan) -> Vec<String> {
 }
 
 /// What a plan would write, without writing.
-fn dry_run_report(plan: &Plan) -> SessionReport {
+fn dry_run_report(plan: &BindPlan) -> SessionReport {
     SessionReport {
         dry_run: true,
         read_warnings: Vec::new(),

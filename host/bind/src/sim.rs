@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use pci_config::Bdf;
 
 use super::apply::SysfsWriter;
-use super::plan::VFIO_PCI;
+use super::bind_plan::VFIO_PCI;
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding};
 use vfio_p2p_read::snapshot::write_sysfs_tree;

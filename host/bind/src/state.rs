@@ -27,7 +27,7 @@ pub struct DeviceRecordEntry {
     pub guest: Option<String>,
     /// The `reset_method` bind set (host.yaml `reset:`) and the one it replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reset: Option<super::plan::ResetChange>,
+    pub reset: Option<super::bind_plan::ResetChange>,
 }
 
 /// Every device `bind` moved and has not yet restored.
@@ -112,7 +112,7 @@ mod tests {
                 },
                 bound_with: gpu,
                 guest: Some("vm1".into()),
-                reset: Some(super::super::plan::ResetChange {
+                reset: Some(super::super::bind_plan::ResetChange {
                     set: "bus".into(),
                     was: vec!["flr".into(), "bus".into()],
                 }),

@@ -6,6 +6,7 @@
 
 pub mod address_space;
 pub mod check;
+pub mod clique_plan;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;
@@ -17,6 +18,5 @@ pub mod nic_affinity;
 pub mod nvlink;
 pub mod pair_links;
 pub mod placement;
-pub mod plan;
 pub mod plan_reach;
 pub mod reset;

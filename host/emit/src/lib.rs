@@ -10,7 +10,7 @@ pub mod incus;
 pub mod libvirt;
 pub mod libvirt_patch;
 pub mod nccl;
-pub mod plan;
+pub mod plan_table;
 pub mod proxmox;
 pub mod qemu;
 pub mod qemu_argv_patch;

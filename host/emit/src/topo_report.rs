@@ -1,6 +1,6 @@
 //! `vfio-p2p topo` output: the `nvidia-smi topo -m` style matrix with its legend,
 //! the PCIe tree above the GPUs (ACS per bridge, IOMMU group per GPU), and the same
-//! facts as JSON/YAML ([`TopoReport`]) or Graphviz ([`render_dot`]).
+//! facts as JSON/YAML ([`HostTopoReport`]) or Graphviz ([`render_dot`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -17,7 +17,7 @@ use vfio_p2p_model::{BridgeRole, Device, DeviceKind, Link, PathKind, Topology};
 /// The data form of `topo` (`--format json|yaml`). `gpus` is in BDF order and
 /// `matrix[i][j]` is the `nvidia-smi topo -m` label between `gpus[i]` and `gpus[j]`.
 #[derive(Debug, Serialize)]
-pub struct TopoReport {
+pub struct HostTopoReport {
     pub source: String,
     pub gpus: Vec<GpuEntry>,
     pub matrix: Vec<Vec<String>>,
@@ -104,8 +104,8 @@ pub struct HostBridgeEntry {
     pub numa_node: Option<u32>,
 }
 
-impl TopoReport {
-    pub fn new(topo: &Topology) -> TopoReport {
+impl HostTopoReport {
+    pub fn new(topo: &Topology) -> HostTopoReport {
         let gpus: Vec<&Device> = topo.gpus().collect();
         let nics: Vec<&Device> = nics(topo).collect();
         let label = |a: &Device, b: &Device| topo.path(&a.bdf, &b.bdf).label();
@@ -140,7 +140,7 @@ impl TopoReport {
                 false => Vec::new(),
             }
         };
-        TopoReport {
+        HostTopoReport {
             source: topo.source.clone(),
             gpus: gpus
                 .iter()
@@ -256,7 +256,7 @@ fn legend(c2c: bool) -> String {
 }
 
 /// The full text report: matrix, legend, NIC legend, PCIe tree.
-pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
+pub fn render_table(topo: &Topology, report: &HostTopoReport) -> String {
     let mut out = String::new();
     if report.gpus.is_empty() {
         let _ = writeln!(
@@ -301,11 +301,11 @@ pub fn render_table(topo: &Topology, report: &TopoReport) -> String {
 /// The matrix in `nvidia-smi topo -m`'s look, fitted to the output width: when the columns
 /// cannot all stand side by side, the ones that do not fit (NICs, affinities) are printed in
 /// further blocks below, each with the row names again; no label is ever cut.
-fn matrix_table(report: &TopoReport) -> String {
+fn matrix_table(report: &HostTopoReport) -> String {
     matrix_table_at(report, usize::from(vfio_p2p_style::output_width()))
 }
 
-fn matrix_table_at(report: &TopoReport, width: usize) -> String {
+fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
     let names: Vec<String> = report
         .gpus
         .iter()
@@ -570,7 +570,7 @@ pub fn render_tree(topo: &Topology) -> String {
 
 /// Graphviz of the GPU tree, one cluster per NUMA node, with dashed edges between
 /// GPUs that share a switch (PIX/PXB) or NVLink.
-pub fn render_dot(topo: &Topology, report: &TopoReport) -> String {
+pub fn render_dot(topo: &Topology, report: &HostTopoReport) -> String {
     let tree = GpuTree::new(topo);
     let mut out = String::from(
         "digraph pcie {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n",

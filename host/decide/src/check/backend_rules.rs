@@ -3,8 +3,8 @@
 
 use super::facts::VmmFacts;
 use super::report::{result, CheckResult, Status};
+use crate::clique_plan::CliquePlan;
 use crate::iommu_backend::{self, BarMapping, Offered};
-use crate::plan::Plan;
 use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::PathKind;
@@ -14,7 +14,7 @@ use vfio_p2p_model::PathKind;
 pub(super) fn check_backend(
     host: &HostFacts,
     vmm: &VmmFacts,
-    plan: Option<&Plan>,
+    plan: Option<&CliquePlan>,
 ) -> Vec<CheckResult> {
     let offered = iommu_backend::iommufd_offered(&host.iommu);
     let requested = match (vmm.iommu_backend, &offered) {
@@ -67,7 +67,7 @@ pub(super) fn check_backend(
 
 /// P2P through iommufd: peer BARs must be mapped into the IOAS, or peer writes that reach
 /// the IOMMU fault. Cliques whose every pair stays below PCIe switches (PIX/PXB) only warn.
-fn check_p2p(plan: &Plan, bars: &BarMapping) -> CheckResult {
+fn check_p2p(plan: &CliquePlan, bars: &BarMapping) -> CheckResult {
     let crossing = plan
         .pairs
         .iter()

@@ -8,7 +8,7 @@ use pci_config::clique::MAX_CLIQUE;
 use pci_config::Bdf;
 
 use super::report::{result, CheckResult, Status};
-use crate::plan::{plan, Plan, PlanOptions, Verdict};
+use crate::clique_plan::{plan, CliquePlan, PairRoute, PlanOptions};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::DomainFacts;
 use vfio_p2p_model::{PathKind, Topology};
@@ -151,7 +151,7 @@ fn gpu_cliques(
 
 /// GPUs the plan puts in one clique that the domain gives different cliques: the driver
 /// then keeps P2P off between them, as surely as if the clique were missing.
-fn split_cliques(planned: &Plan, has: &BTreeMap<Bdf, u8>, fix: &str) -> Vec<CheckResult> {
+fn split_cliques(planned: &CliquePlan, has: &BTreeMap<Bdf, u8>, fix: &str) -> Vec<CheckResult> {
     let mut out = Vec::new();
     for c in &planned.cliques {
         let mut given: BTreeMap<u8, Vec<String>> = BTreeMap::new();
@@ -274,7 +274,7 @@ fn cliques_set(
 
 /// GPUs the plan gives a clique that the domain does not set.
 fn missing_cliques(
-    planned: &Plan,
+    planned: &CliquePlan,
     gpus: &BTreeMap<Bdf, Option<&str>>,
     has: &BTreeMap<Bdf, u8>,
     fix: &str,
@@ -305,7 +305,7 @@ fn missing_cliques(
 
 /// GPUs that share a clique in the domain although their host path does not allow it.
 fn wrong_cliques(
-    planned: &Plan,
+    planned: &CliquePlan,
     has: &BTreeMap<Bdf, u8>,
     p2p_level: PathKind,
     fix: &str,
@@ -322,7 +322,7 @@ fn wrong_cliques(
                     continue;
                 };
                 let ok = p.nvlink.is_some()
-                    || (p.path <= p2p_level && p.verdict != Verdict::Untranslated);
+                    || (p.path <= p2p_level && p.verdict != PairRoute::Untranslated);
                 if !ok {
                     out.push(fail(
                         "clique-path",

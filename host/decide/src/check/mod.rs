@@ -24,7 +24,7 @@ pub use reset_rules::reset_checks;
 
 use pci_config::Bdf;
 
-use crate::plan::{Plan, PlanError};
+use crate::clique_plan::{CliquePlan, PlanError};
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::{Device, Topology};
 
@@ -34,7 +34,7 @@ pub fn run_checks(
     gpus: &[Bdf],
     host: &HostFacts,
     vmm: &VmmFacts,
-    plan: &Result<Plan, PlanError>,
+    plan: &Result<CliquePlan, PlanError>,
 ) -> CheckReport {
     let mut out = Vec::new();
     out.extend(host_rules::check_iommu(topo));

@@ -1,8 +1,8 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::clique_plan::{plan, PlanOptions};
 use crate::mmio;
-use crate::plan::{plan, PlanOptions};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts, ModuleState, NodeProbe};
 use vfio_p2p_model::HostRecord;
 

@@ -5,8 +5,8 @@ use pci_config::clique::{OFFSET_FALLBACK, OFFSET_PRIMARY};
 
 use super::facts::{ConfigSyntax, Vmm, VmmFacts};
 use super::report::{result, CheckResult, Status};
+use crate::clique_plan::{CliquePlan, PairRoute, PlanError};
 use crate::mmio;
-use crate::plan::{Plan, PlanError, Verdict};
 use vfio_p2p_model::Device;
 
 const GIB: u64 = 1 << 30;
@@ -172,7 +172,7 @@ pub(super) fn check_hidden(vmm: &VmmFacts) -> CheckResult {
     )
 }
 
-pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
+pub(super) fn check_plan(plan: &Result<CliquePlan, PlanError>) -> CheckResult {
     match plan {
         Err(e) => result(
             "p2p-plan",
@@ -185,7 +185,7 @@ pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
             let routed = p
                 .pairs
                 .iter()
-                .filter(|x| x.clique.is_some() && x.verdict == Verdict::IommuRouted)
+                .filter(|x| x.clique.is_some() && x.verdict == PairRoute::IommuRouted)
                 .count();
             let saw = format!(
                 "{} clique(s) for {} GPU(s); {} clique pair(s) IOMMU-routed{}",
@@ -202,11 +202,11 @@ pub(super) fn check_plan(plan: &Result<Plan, PlanError>) -> CheckResult {
                 x.clique.is_some()
                     && matches!(
                         x.verdict,
-                        Verdict::Untranslated
-                            | Verdict::AcsUnknown
-                            | Verdict::CrossSocket
-                            | Verdict::CrossHostBridge
-                            | Verdict::RootComplex
+                        PairRoute::Untranslated
+                            | PairRoute::AcsUnknown
+                            | PairRoute::CrossSocket
+                            | PairRoute::CrossHostBridge
+                            | PairRoute::RootComplex
                     )
             });
             if serious {

@@ -1,0 +1,269 @@
+//! `gen incus` and `check --incus-config` against what a real Incus (Debian sid's 7.0.2,
+//! incusd in a private root) said of them: tests/fixtures/incus, recorded by its `record`
+//! script. Today's generator must print what Incus accepted; Incus's own rewrite of the
+//! profile must pass `check`, and fail it once the cliques are gone.
+
+const GEN: &[&str] = &[
+    "--example",
+    "dual-socket-pcie",
+    "gen",
+    "incus",
+    "--gpus",
+    "05:00.0,06:00.0,09:00.0",
+    "--nics",
+    "0000:0b:00.0",
+];
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../tests/fixtures/incus/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn read(name: &str) -> String {
+    std::fs::read_to_string(fixture(name)).unwrap()
+}
+
+/// (exit code, stdout, stderr).
+fn vfio_p2p(args: &[&str]) -> (i32, String, String) {
+    let out = crate::cli::vfio_p2p().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The transcript's block for the command line starting with `cmd`: its output and status.
+fn transcript_block(cmd: &str) -> String {
+    let t = read("transcript.txt");
+    let start = t
+        .find(&format!("$ {cmd}"))
+        .unwrap_or_else(|| panic!("{cmd} not in the transcript"));
+    let rest = &t[start..];
+    let end = rest.find("\nrc=").unwrap() + "\nrc=0".len();
+    rest[..end.min(rest.len())].to_string()
+}
+
+#[test]
+fn todays_profile_is_the_one_incus_accepted() {
+    let server = fixture("server.json");
+    let (code, out, err) = vfio_p2p(&[GEN, &["--incus-server", &server]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        read("profile.yaml"),
+        "gen incus changed since Incus accepted it: record again (tests/fixtures/incus/record)"
+    );
+    assert!(!err.contains("gpu_physical_clique"), "{err}");
+    let edit = transcript_block("incus profile edit vfio-p2p-vm0 < profile.yaml");
+    assert!(edit.ends_with("rc=0"), "{edit}");
+}
+
+#[test]
+fn incus_refuses_a_wrong_key_and_a_clique_past_15() {
+    let key = transcript_block("incus profile edit vfio-p2p-bad < wrong-key.yaml");
+    assert!(
+        key.contains("Invalid device option \"nvidia.cliqe\"") && key.ends_with("rc=1"),
+        "{key}"
+    );
+    let value = transcript_block("incus profile edit vfio-p2p-bad < wrong-value.yaml");
+    assert!(value.ends_with("rc=1"), "{value}");
+    // Incus's range is the one our planner and check use (pci_config::clique::MAX_CLIQUE)
+    let range = format!("Must be between 0 and {}", pci_config::clique::MAX_CLIQUE);
+    assert!(
+        value.contains("\"nvidia.clique\"") && value.contains(&range),
+        "{value}"
+    );
+    let meta = read("metadata-nvidia-clique.json");
+    assert!(
+        meta.contains("\"nvidia.clique\"") && meta.contains("(VM only)"),
+        "{meta}"
+    );
+    // and only on VMs: a container with the profile is refused
+    let c0 = transcript_block("incus init --empty c0");
+    assert!(
+        c0.contains("Invalid device option \"nvidia.clique\"") && c0.ends_with("rc=1"),
+        "{c0}"
+    );
+}
+
+#[test]
+fn a_server_without_the_extension_gets_raw_qemu_conf() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.json");
+    let server: serde_json::Value = serde_json::from_str(&read("server.json")).unwrap();
+    let mut server = server;
+    let list = server["api_extensions"].as_array_mut().unwrap();
+    let before = list.len();
+    list.retain(|e| e != "gpu_physical_clique");
+    assert_eq!(
+        list.len(),
+        before - 1,
+        "the real server lists gpu_physical_clique"
+    );
+    std::fs::write(&old, server.to_string()).unwrap();
+    let (code, out, err) = vfio_p2p(&[GEN, &["--incus-server", old.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, read("profile-raw-qemu-conf.yaml"));
+    assert!(
+        err.contains("lacks API extension gpu_physical_clique"),
+        "{err}"
+    );
+    let edit = transcript_block("incus profile edit vfio-p2p-old < profile-raw-qemu-conf.yaml");
+    assert!(edit.ends_with("rc=0"), "{edit}");
+}
+
+#[test]
+fn incus_info_of_incus_7_lists_no_extensions_and_is_refused_with_the_fix() {
+    let (code, _, err) = vfio_p2p(&[GEN, &["--incus-server", &fixture("info.yaml")]].concat());
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("only their count") && err.contains("incus query /1.0"),
+        "{err}"
+    );
+}
+
+/// `check --incus-config` on the profile as Incus stored it (`incus profile show`).
+fn check(path: &str) -> (i32, String) {
+    let (code, out, err) = vfio_p2p(&[
+        "--example",
+        "dual-socket-pcie",
+        "check",
+        "--incus-config",
+        path,
+        "--format",
+        "json",
+    ]);
+    assert!(err.is_empty() || !err.contains("error"), "{err}");
+    (code, out)
+}
+
+fn failed_checks(report: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(report).unwrap_or_default();
+    v["checks"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter(|c| c["status"] == "fail")
+                .map(|c| format!("{} {}", c["check"], c["subject"]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn check_reads_what_incus_stored_and_finds_a_missing_clique() {
+    for stored in ["profile-show.yaml", "profile-raw-qemu-conf-show.yaml"] {
+        let (_, report) = check(&fixture(stored));
+        let fails = failed_checks(&report);
+        assert!(!fails.is_empty(), "no report parsed: {report}");
+        assert!(
+            fails.iter().all(|f| f.contains("iommu-group")),
+            "{stored}: only the example's host-driver groups may fail: {fails:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let without = dir.path().join("no-clique.yaml");
+    let text: String = read("profile-show.yaml")
+        .lines()
+        .filter(|l| !l.contains("nvidia.clique"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&without, text).unwrap();
+    let (code, report) = check(without.to_str().unwrap());
+    assert_eq!(code, 2);
+    let missing: Vec<_> = failed_checks(&report)
+        .into_iter()
+        .filter(|f| f.contains("clique-missing"))
+        .collect();
+    assert_eq!(missing.len(), 3, "{report}");
+}
+
+#[test]
+fn todays_commands_are_the_ones_incus_took() {
+    let server = fixture("server.json");
+    let args = [
+        GEN,
+        &["--incus-server", &server, "--incus-output", "commands"],
+    ]
+    .concat();
+    let (code, out, err) = vfio_p2p(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        read("commands.sh"),
+        "gen incus --incus-output commands changed: record again"
+    );
+    // replayed on a profile (`incus profile set|device add` take the same arguments): each took
+    let mut ran = 0;
+    for cmd in out.lines().filter(|l| l.starts_with("incus ")) {
+        let on_profile = cmd
+            .replace("incus config set vm0 ", "incus profile set vfio-p2p-cmds ")
+            .replace(
+                "incus config device add vm0 ",
+                "incus profile device add vfio-p2p-cmds ",
+            );
+        let block = transcript_block(&on_profile);
+        assert!(block.ends_with("rc=0"), "{block}");
+        ran += 1;
+    }
+    assert_eq!(ran, 8);
+    // and Incus stored the same devices and keys as from the profile
+    let body = |f: &str| -> Vec<String> {
+        read(f)
+            .lines()
+            .filter(|l| !l.starts_with("name:") && !l.starts_with("description:"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(body("commands-show.yaml"), body("profile-show.yaml"));
+}
+
+#[test]
+fn check_incus_config_errors_name_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (code, _, err) = vfio_p2p(&[
+        "--example",
+        "dual-socket-pcie",
+        "check",
+        "--incus-config",
+        d,
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is not a regular file"), "{err}");
+    let bad = dir.path().join("vm0.yaml");
+    std::fs::write(
+        &bad,
+        "config: {}\ndevices:\n  gpu0:\n    type: gpu\n    pci: 0000:05:00\n",
+    )
+    .unwrap();
+    let path = bad.to_str().unwrap();
+    let (code, _, err) = vfio_p2p(&[
+        "--example",
+        "dual-socket-pcie",
+        "check",
+        "--incus-config",
+        path,
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("{path}:5: devices.gpu0.pci: `0000:05:00`")),
+        "{err}"
+    );
+}
+
+#[test]
+fn gen_incus_refuses_what_incus_decides_itself() {
+    let (code, _, err) = vfio_p2p(&[GEN, &["--expect-out", "/nonexistent/e.json"]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("writes no expectation"), "{err}");
+    let (code, _, err) = vfio_p2p(&[GEN, &["--guest-topology", "mirror"]].concat());
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("lays out the guest's PCIe tree itself"),
+        "{err}"
+    );
+}

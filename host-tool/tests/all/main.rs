@@ -1,0 +1,43 @@
+//! The host tool's integration tests, one test binary (one link on a 2-core machine):
+//! each module is what was a file of its own. `fabric_rollback` keeps its own binary: it
+//! sets process environment (the Fabric Manager library to load) that the others must
+//! not inherit.
+
+mod cli;
+#[path = "../fm_standin/mod.rs"]
+mod fm_standin;
+#[path = "../recording/mod.rs"]
+mod recording;
+#[path = "../../../tests/hostile/support.rs"]
+mod support;
+
+mod bind_cli;
+mod cloud_hypervisor_real;
+mod collector;
+mod contract_round_trip;
+mod doc_commands;
+mod fabric;
+mod fabric_hook;
+mod first_run;
+mod gen_golden;
+mod gen_vsock;
+mod help_and_addresses;
+mod hook_cli;
+mod hostile;
+mod hostile_round_two;
+mod incus;
+mod kubevirt;
+mod libvirt_patch;
+mod nccl_dump;
+mod nics;
+mod place;
+mod plan_check;
+mod printed_fixes;
+mod proxmox_real;
+mod qemu_wrap;
+mod read_failures;
+mod readme;
+mod real_tools;
+mod structure;
+mod topo;
+mod widths;

@@ -1,0 +1,616 @@
+//! Checks with the real tools: libvirt's schema and QEMU argv generator, and QEMU itself.
+//! CI installs them (libvirt-clients libvirt-daemon-driver-qemu libxml2-utils
+//! qemu-system-x86); a missing tool fails the test unless VFIO_P2P_SKIP_REAL_TOOLS=1.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command as Process, Stdio};
+
+/// Whether `tool` can run; panics when it can't and skipping wasn't asked for.
+fn have(tool: &str) -> bool {
+    let found = Process::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        if std::env::var("VFIO_P2P_SKIP_REAL_TOOLS").as_deref() == Ok("1") {
+            eprintln!("!!!!!!!! SKIPPING real-tool test: {tool} is not installed (VFIO_P2P_SKIP_REAL_TOOLS=1) !!!!!!!!");
+            return false;
+        }
+        panic!("{tool} is not installed: apt-get install libvirt-clients libvirt-daemon-driver-qemu libxml2-utils qemu-system-x86 (or set VFIO_P2P_SKIP_REAL_TOOLS=1 to skip)");
+    }
+    true
+}
+
+fn vfio_p2p(args: &[&str], stdin: Option<&str>) -> String {
+    let mut c = crate::cli::vfio_p2p();
+    c.args(args);
+    if let Some(s) = stdin {
+        c.write_stdin(s);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "vfio-p2p {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn validate(path: &Path) {
+    let out = Process::new("virt-xml-validate")
+        .arg(path)
+        .arg("domain")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "virt-xml-validate {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The QEMU argv libvirt makes of `xml`, run as an unprivileged user with a session daemon.
+fn domxml_to_native(xml: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    // Session mode as nobody: TCG domain, a CPU model TCG has.
+    let xml = xml
+        .replacen("<domain type='kvm'", "<domain type='qemu'", 1)
+        .replacen("<domain type=\"kvm\"", "<domain type=\"qemu\"", 1)
+        .replace("mode='host-passthrough'", "mode='maximum'");
+    let file = dir.path().join("domain.xml");
+    std::fs::write(&file, xml).unwrap();
+    let run_as_root = is_root();
+    let mut cmd = if run_as_root {
+        let mut c = Process::new("runuser");
+        c.args(["-u", "nobody", "--", "virsh"]);
+        c
+    } else {
+        Process::new("virsh")
+    };
+    let perms = |p: &Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    perms(dir.path(), 0o777);
+    perms(&file, 0o644);
+    let d = dir.path().display().to_string();
+    let out = cmd
+        .args([
+            "-c",
+            "qemu:///session",
+            "domxml-to-native",
+            "--format",
+            "qemu-argv",
+            "--xml",
+        ])
+        .arg(&file)
+        .env("HOME", &d)
+        .env("XDG_CONFIG_HOME", format!("{d}/config"))
+        .env("XDG_CACHE_HOME", format!("{d}/cache"))
+        .env("XDG_DATA_HOME", format!("{d}/data"))
+        .env("XDG_RUNTIME_DIR", format!("{d}/run"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "virsh domxml-to-native: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn is_root() -> bool {
+    Process::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// The NUMA nodes of the machine running the test.
+fn nodes_here() -> Vec<u32> {
+    let mut nodes: Vec<u32> = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    nodes.sort_unstable();
+    if nodes.is_empty() {
+        nodes.push(0);
+    }
+    nodes
+}
+
+/// `text` with the host NUMA nodes this machine lacks (in `nodeset='…'` and
+/// `host-nodes=…`) replaced by its first node: the examples are two-socket hosts, the
+/// test machine may have one node, and libvirt and QEMU refuse a node that is not there.
+fn on_this_machines_nodes(text: &str) -> String {
+    let here = nodes_here();
+    let map = |list: &str| {
+        let mut out: Vec<u32> = list
+            .split(',')
+            .filter_map(|n| n.parse().ok())
+            .map(|n| if here.contains(&n) { n } else { here[0] })
+            .collect();
+        out.dedup();
+        out.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    };
+    let mut out = String::new();
+    let mut rest = text;
+    loop {
+        let next = ["nodeset='", "host-nodes="]
+            .iter()
+            .filter_map(|k| rest.find(k).map(|i| (i + k.len(), *k)))
+            .min();
+        let Some((start, key)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = if key == "nodeset='" {
+            rest.find('\'').unwrap_or(rest.len())
+        } else {
+            rest.find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len())
+        };
+        out.push_str(&map(&rest[..end]));
+        rest = &rest[end..];
+    }
+}
+
+/// `(id, clique)` of every vfio-pci device in a QEMU argv printed by libvirt.
+fn vfio_cliques(argv: &str) -> Vec<(String, Option<u64>)> {
+    argv.split_whitespace()
+        .filter_map(|w| {
+            let w = w.trim_matches('\'');
+            let v: serde_json::Value = serde_json::from_str(w).ok()?;
+            (v["driver"] == "vfio-pci").then(|| {
+                (
+                    v["id"].as_str().unwrap_or_default().to_string(),
+                    v["x-nv-gpudirect-clique"].as_u64(),
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn generated_domains_validate_and_carry_cliques() {
+    if !have("virt-xml-validate") || !have("virsh") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for ex in ["hgx-h100", "dual-socket-pcie", "flat-vm"] {
+        for topo in ["mirror", "flat"] {
+            let xml = vfio_p2p(
+                &[
+                    "--example",
+                    ex,
+                    "gen",
+                    "libvirt",
+                    "--guest-topology",
+                    topo,
+                    "--libvirt-version",
+                    "9.0",
+                ],
+                None,
+            );
+            let path = dir.path().join(format!("{ex}-{topo}.xml"));
+            std::fs::write(&path, &xml).unwrap();
+            validate(&path);
+            let plan: serde_json::Value = serde_json::from_str(&vfio_p2p(
+                &["--example", ex, "plan", "--format", "json"],
+                None,
+            ))
+            .unwrap();
+            let argv = domxml_to_native(&on_this_machines_nodes(&xml));
+            // Each guest NUMA cell's memory bound to a host node (<numatune> memnode).
+            let cells = xml.matches("<cell ").count();
+            assert_eq!(
+                argv.matches("\"policy\":\"bind\"").count(),
+                cells,
+                "{ex} {topo}: memory backends bound to host nodes in {argv}"
+            );
+            assert_eq!(xml.contains("<vcpupin "), cells > 0, "{ex} {topo}");
+            let got = vfio_cliques(&argv);
+            assert!(!got.is_empty(), "{ex}: no vfio-pci in {argv}");
+            let gpus: Vec<(String, Option<u64>)> = got
+                .into_iter()
+                .filter(|(id, _)| !id.contains("-fn"))
+                .collect();
+            let want: Vec<Option<u64>> = plan["assignments"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64())
+                .collect();
+            assert_eq!(
+                gpus.iter().map(|g| g.1).collect::<Vec<_>>(),
+                want,
+                "{ex} {topo}: cliques in libvirt's argv"
+            );
+        }
+    }
+    // dual-socket-pcie has cliques: make sure the test above saw some.
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "libvirt",
+            "--libvirt-version",
+            "9.0",
+        ],
+        None,
+    );
+    let argv = domxml_to_native(&on_this_machines_nodes(&xml));
+    assert!(argv.contains("\"x-nv-gpudirect-clique\":1"), "{argv}");
+}
+
+#[test]
+fn patched_domain_validates_and_carries_cliques() {
+    if !have("virt-xml-validate") || !have("virsh") {
+        return;
+    }
+    let existing = include_str!("../../../tests/fixtures/libvirt/existing-domain.xml");
+    let dir = tempfile::tempdir().unwrap();
+    let before = dir.path().join("before.xml");
+    std::fs::write(&before, existing).unwrap();
+    validate(&before);
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "libvirt",
+            "patch",
+            "--libvirt-version",
+            "9.0",
+            "-",
+        ],
+        Some(existing),
+    );
+    let after = dir.path().join("after.xml");
+    std::fs::write(&after, &xml).unwrap();
+    validate(&after);
+    let argv = domxml_to_native(&xml);
+    // the 64-bit window the patch added (<pcihole64>), as libvirt passes it to QEMU
+    assert!(
+        argv.contains("q35-pcihost.pci-hole64-size=436207616K"),
+        "{argv}"
+    );
+    let got = vfio_cliques(&argv);
+    assert_eq!(
+        got,
+        vec![
+            ("ua-gpu-0000-05-00-0".to_string(), Some(0)),
+            ("ua-second".to_string(), Some(0)),
+            // Alone on its socket: no peer, no clique.
+            ("ua-gpu-0000-85-00-0".to_string(), None),
+        ]
+    );
+}
+
+#[test]
+fn qemu_accepts_the_generated_machine() {
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    for ex in ["hgx-h100", "dual-socket-pcie", "flat-vm"] {
+        for topo in ["mirror", "flat"] {
+            let argv: Vec<String> = serde_json::from_str(&vfio_p2p(
+                &[
+                    "--example",
+                    ex,
+                    "gen",
+                    "qemu",
+                    "--format",
+                    "json",
+                    "--guest-topology",
+                    topo,
+                ],
+                None,
+            ))
+            .unwrap();
+            // Everything but the vfio-pci devices (no GPUs here), under TCG.
+            let mut args: Vec<String> = Vec::new();
+            for pair in argv[1..].chunks(2) {
+                let (k, v) = (&pair[0], &pair[1]);
+                if k == "-device" && v.contains("\"vfio-pci\"") {
+                    continue;
+                }
+                let v = match k.as_str() {
+                    "-machine" => "q35,accel=tcg".to_string(),
+                    "-cpu" => "max,phys-bits=46".to_string(),
+                    "-object" => on_this_machines_nodes(v),
+                    _ => v.clone(),
+                };
+                args.push(k.clone());
+                args.push(v);
+            }
+            let mut child = Process::new("timeout")
+                .args([
+                    "300",
+                    "qemu-system-x86_64",
+                    "-S",
+                    "-display",
+                    "none",
+                    "-nodefaults",
+                    "-qmp",
+                    "stdio",
+                ])
+                .args(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(
+                    b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-pci\"}\n{\"execute\":\"quit\"}\n",
+                )
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{ex} {topo}: qemu refused the machine: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                argv.iter().any(|a| a.contains("pcie-root-port")),
+                "{ex} {topo}: no root port generated"
+            );
+            assert!(stdout.contains("\"return\""), "{ex} {topo}: {stdout}");
+            // Two-socket examples under mirror: a guest node per host node, memory bound.
+            let bound = argv
+                .iter()
+                .filter(|a| a.contains("host-nodes=") && a.ends_with("policy=bind"))
+                .count();
+            let want = if topo == "mirror" && ex != "flat-vm" {
+                2
+            } else {
+                0
+            };
+            assert_eq!(bound, want, "{ex} {topo}: {argv:?}");
+        }
+    }
+}
+
+/// The real QEMU's path (`command -v`), or `None` when skipping is allowed.
+fn real_qemu() -> Option<std::path::PathBuf> {
+    if !have("qemu-system-x86_64") {
+        return None;
+    }
+    let out = Process::new("sh")
+        .args(["-c", "command -v qemu-system-x86_64"])
+        .output()
+        .unwrap();
+    Some(String::from_utf8(out.stdout).unwrap().trim().into())
+}
+
+/// Installed as `qemu-system-x86_64` (argv[0] dispatch, the real QEMU beside it as
+/// `.real`), the wrapper execs QEMU 7.2 itself: same pid, same argv, same exit status.
+#[test]
+fn qemu_wrap_argv0_execs_real_qemu() {
+    let Some(qemu) = real_qemu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("qemu-system-x86_64");
+    std::os::unix::fs::symlink(crate::cli::bin(), &wrapper).unwrap();
+    std::os::unix::fs::symlink(&qemu, dir.path().join("qemu-system-x86_64.real")).unwrap();
+    let mut child = Process::new(&wrapper)
+        .args(["-machine", "none", "-nodefaults", "-display", "none", "-S"])
+        .args(["-qmp", "stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut greeting = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut greeting,
+    )
+    .unwrap();
+    assert!(greeting.contains("\"QMP\""), "no QMP greeting: {greeting}");
+    // the process the wrapper started as is QEMU now (exec, not a child)
+    let exe = std::fs::read_link(format!("/proc/{}/exe", child.id())).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&qemu).unwrap());
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"quit\"}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let direct = Process::new(&qemu)
+        .args(["-nodefaults", "-no-such-option"])
+        .output()
+        .unwrap();
+    let wrapped = Process::new(&wrapper)
+        .args(["-nodefaults", "-no-such-option"])
+        .output()
+        .unwrap();
+    assert_eq!(direct.status.code(), Some(1));
+    assert_eq!(wrapped.status.code(), direct.status.code());
+    assert!(String::from_utf8_lossy(&wrapped.stderr).contains("-no-such-option: invalid option"));
+}
+
+/// The cliques qemu-wrap adds reach QEMU 7.2 in both -device syntaxes and QEMU accepts
+/// them: it gets as far as opening the (absent) host device.
+#[test]
+fn qemu_wrap_cliques_reach_qemu() {
+    let Some(qemu) = real_qemu() else { return };
+    let json =
+        |bdf: &str, id: &str| format!(r#"{{"driver":"vfio-pci","host":"{bdf}","id":"{id}"}}"#);
+    for (gpu0, gpu1, echoed) in [
+        (
+            json("0000:05:00.0", "gpu0"),
+            json("0000:06:00.0", "gpu1"),
+            r#"-device {"driver":"vfio-pci","host":"0000:05:00.0","id":"gpu0","x-nv-gpudirect-clique":0}: vfio "#,
+        ),
+        (
+            "vfio-pci,host=0000:05:00.0,id=gpu0".to_string(),
+            "vfio-pci,host=0000:06:00.0,id=gpu1".to_string(),
+            "-device vfio-pci,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+    ] {
+        let out = crate::cli::vfio_p2p()
+            .args(["--example", "dual-socket-pcie", "qemu-wrap", "--qemu"])
+            .arg(&qemu)
+            .args([
+                "--",
+                "-machine",
+                "q35,accel=tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+            ])
+            .args(["-device", &gpu0, "-device", &gpu1])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr
+                .contains("vfio-p2p qemu-wrap: gpu1 (0000:06:00.0): added x-nv-gpudirect-clique=0"),
+            "{stderr}"
+        );
+        // QEMU accepted the property and names the argument as it got it when it
+        // fails to open the (absent) host device
+        assert!(
+            stderr.contains(echoed) && stderr.contains("no such host device"),
+            "{stderr}"
+        );
+    }
+}
+
+/// The domain KubeVirt's onDefineDomain hook returns is one libvirt accepts.
+#[test]
+fn kubevirt_patched_domain_validates() {
+    if !have("virt-xml-validate") {
+        return;
+    }
+    let config = |f: &str| format!("{}/../configs/kubevirt/{f}", env!("CARGO_MANIFEST_DIR"));
+    let vmi = std::fs::read_to_string(config("example-vmi.json")).unwrap();
+    let domain = std::fs::read_to_string(config("example-domain.xml")).unwrap();
+    let xml = vfio_p2p(
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "kubevirt",
+            "on-define-domain",
+            "--vmi",
+            &vmi,
+            "--domain",
+            &domain,
+        ],
+        None,
+    );
+    assert!(xml.contains("<qemu:device alias='ua-gpu-gpu1'>"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubevirt.xml");
+    std::fs::write(&path, xml).unwrap();
+    validate(&path);
+    validate(Path::new(&config("example-domain.xml")));
+}
+
+/// Issue 28: every `-device` spelling QEMU 7.2 starts with still starts after qemu-wrap
+/// edits it — a trailing comma (not doubled into `,,`), bytes that are not UTF-8 (passed
+/// byte for byte), a `sysfsdev=` path with a trailing slash, the `vfio-pci-nohotplug`
+/// subclass — and a `-global` clique is kept and reported. QEMU gets as far as opening
+/// the (absent) host device both with the original argv and the edited one.
+#[test]
+fn qemu_wrap_edits_are_what_qemu_accepts() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let Some(qemu) = real_qemu() else { return };
+    let raw = |b: &[u8]| OsString::from_vec(b.to_vec());
+    let gpu1 = "vfio-pci,host=0000:06:00.0,id=gpu1";
+    let cases: [(&[u8], &[&str], &[u8]); 5] = [
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0,",
+            &[],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0,romfile=/r\xff\xfe.rom",
+            &[],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0,romfile=/r\xff\xfe.rom,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=gpu0",
+            &[],
+            b"-device vfio-pci,sysfsdev=/sys/bus/pci/devices/0000:05:00.0/,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci-nohotplug,host=0000:05:00.0,id=gpu0",
+            &[],
+            b"-device vfio-pci-nohotplug,host=0000:05:00.0,id=gpu0,x-nv-gpudirect-clique=0: vfio ",
+        ),
+        (
+            b"vfio-pci,host=0000:05:00.0,id=gpu0",
+            &["-global", "vfio-pci.x-nv-gpudirect-clique=5"],
+            b"-device vfio-pci,host=0000:05:00.0,id=gpu0: vfio ",
+        ),
+    ];
+    let base = [
+        "-machine",
+        "q35,accel=tcg",
+        "-nodefaults",
+        "-display",
+        "none",
+    ];
+    for (gpu0, extra, echoed) in cases {
+        let shown = String::from_utf8_lossy(gpu0).into_owned();
+        let mut argv: Vec<OsString> = base.iter().chain(extra).map(OsString::from).collect();
+        argv.extend([raw(b"-device"), raw(gpu0), raw(b"-device"), gpu1.into()]);
+        let direct = Process::new(&qemu).args(&argv).output().unwrap();
+        let direct_err = String::from_utf8_lossy(&direct.stderr);
+        assert!(
+            direct_err.contains("no such host device"),
+            "{shown}: QEMU itself: {direct_err}"
+        );
+        let out = crate::cli::vfio_p2p()
+            .args(["--example", "dual-socket-pcie", "qemu-wrap", "--qemu"])
+            .arg(&qemu)
+            .arg("--")
+            .args(&argv)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), direct.status.code(), "{shown}: {stderr}");
+        assert!(
+            out.stderr.windows(echoed.len()).any(|w| w == echoed)
+                && stderr.contains("no such host device"),
+            "{shown}: QEMU got {stderr}"
+        );
+        assert!(
+            stderr.contains("gpu1 (0000:06:00.0): added x-nv-gpudirect-clique=0")
+                || !extra.is_empty(),
+            "{shown}: {stderr}"
+        );
+        if !extra.is_empty() {
+            assert!(
+                stderr.contains(
+                    "0000:05:00.0 keeps x-nv-gpudirect-clique=5 as written (from -global vfio-pci.x-nv-gpudirect-clique); the plan says 0"
+                ),
+                "{shown}: {stderr}"
+            );
+        }
+    }
+}
