@@ -11,4 +11,4 @@ pub mod commands;
 pub mod context;
 pub mod logging;
 
-pub use cli::command;
+pub use commands::command;

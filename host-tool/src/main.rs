@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vfio_p2p::cli::Cli;
+use vfio_p2p::commands::Cli;
 
 fn main() -> ExitCode {
     restore_sigpipe();
