@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use pci_config::Bdf;
+use pci_config::PathKind;
 use vfio_p2p_decide::clique_plan::{plan, PlanOptions};
-use vfio_p2p_model::PathKind;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::synth::tree::{server, ServerSpec};
 use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};

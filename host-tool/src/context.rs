@@ -10,13 +10,14 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
+use pci_config::PathKind;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::FabricState;
 use vfio_p2p_model::vmm::LibvirtVersion;
 use vfio_p2p_model::HostRecord;
-use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_model::Topology;
 use vfio_p2p_read::fabric_manager::read_fabric_manager;
 use vfio_p2p_read::fm_api::{FmFailure, FmSession};
 use vfio_p2p_read::synth;

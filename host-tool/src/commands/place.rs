@@ -11,13 +11,14 @@ use serde::Serialize;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs};
+use pci_config::PathKind;
 use vfio_p2p_decide::clique_plan;
 use vfio_p2p_decide::nic_affinity::{NicChoice, NicPool};
 use vfio_p2p_decide::placement::{
     self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest, WorstPath,
 };
 use vfio_p2p_emit::data::DataFormat;
-use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_model::Topology;
 
 #[derive(Debug, Args)]
 #[command(

@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
+use pci_config::PathKind;
 use vfio_p2p_files::InputFileError;
-use vfio_p2p_model::{PathKind, ResetPolicy};
+use vfio_p2p_model::ResetPolicy;
 
 /// What the libvirt hook does when a VM's preflight check fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

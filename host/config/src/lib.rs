@@ -11,8 +11,8 @@ use pci_config::Bdf;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
+use pci_config::PathKind;
 use vfio_p2p_files::{read_input_file, InputFileError};
-use vfio_p2p_model::PathKind;
 
 /// Why a config file could not be used; every variant names the file.
 #[derive(Debug, thiserror::Error)]

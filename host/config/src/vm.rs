@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
-use vfio_p2p_model::{NicRef, PathKind};
+use pci_config::PathKind;
+use vfio_p2p_model::NicRef;
 
 /// How the guest's PCIe tree is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]

@@ -17,7 +17,8 @@ use pci_config::{AcsFlags, Bdf};
 use serde::Serialize;
 
 use super::plan_reach;
-use vfio_p2p_model::{AcsUnknown, BridgeRole, Device, GpuPath, PathKind, Topology};
+use pci_config::PathKind;
+use vfio_p2p_model::{AcsUnknown, BridgeRole, Device, GpuPath, Topology};
 
 /// Most cliques a VM can have: the ID is four bits.
 pub const MAX_CLIQUES: usize = MAX_CLIQUE as usize + 1;

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use vfio_p2p_model::{DeviceKind, HostBridgeId, PathKind, Topology};
+use pci_config::PathKind;
+use vfio_p2p_model::{DeviceKind, HostBridgeId, Topology};
 
 /// Virtio network devices are VM plumbing, never GPUDirect RDMA peers.
 const VENDOR_VIRTIO: u16 = 0x1af4;

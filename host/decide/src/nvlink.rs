@@ -7,7 +7,7 @@
 
 use pci_config::Bdf;
 
-use vfio_p2p_model::nvidia_parts::{gpu_part, Boards};
+use vfio_p2p_contract::nvidia_parts::{gpu_part, Boards};
 use vfio_p2p_model::Topology;
 
 /// NVLinks per GPU of an NVSwitch board for GPU device `device`, if known.

@@ -24,8 +24,9 @@ use pci_config::Bdf;
 use serde::Serialize;
 
 use crate::pair_links::{PairLink, PairLinks};
+use pci_config::PathKind;
 use vfio_p2p_model::HostBridgeId;
-use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_model::Topology;
 
 /// One VM to place.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use std::hash::Hash;
 
 use pci_config::Bdf;
 
-use vfio_p2p_model::{PathKind, Topology};
+use pci_config::PathKind;
+use vfio_p2p_model::Topology;
 
 /// The class of GPUs that reach each other within a level (PXB and coarser).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use vfio_p2p_model::fabric::Fabric;
 
+use pci_config::PathKind;
 use vfio_p2p_model::HostBridgeId;
-use vfio_p2p_model::{BridgeRole, Device, DeviceKind, Link, PathKind, Topology};
+use vfio_p2p_model::{BridgeRole, Device, DeviceKind, Link, Topology};
 
 /// The data form of `topo` (`--format json|yaml`). `gpus` is in BDF order and
 /// `matrix[i][j]` is the `nvidia-smi topo -m` label between `gpus[i]` and `gpus[j]`.

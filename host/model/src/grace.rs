@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 
 use pci_config::Bdf;
 
-use crate::{nvidia_parts, CpuArch, Topology};
+use crate::{CpuArch, Topology};
+use vfio_p2p_contract::nvidia_parts;
 
 /// A GPU with an NVLink-C2C link to its CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]

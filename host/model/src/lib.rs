@@ -27,11 +27,9 @@ use serde::Serialize;
 pub use cpu::{CpuArch, CpuIdentity};
 pub use nic::NicRef;
 pub use nvlink_map::NvlinkMap;
-pub use path::{GpuPath, PathKind};
+pub use path::GpuPath;
 pub use record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning, Resource};
 pub use reset_policy::ResetPolicy;
-/// NVIDIA GPU and NVSwitch parts (shared with the agent).
-pub use vfio_p2p_contract::nvidia_parts;
 
 pub const VENDOR_NVIDIA: u16 = 0x10de;
 /// Server BMC display controllers (ASPEED AST, Matrox G200): VGA for the console,
@@ -383,7 +381,7 @@ fn classify(r: &DeviceRecord, port_type: Option<PciePortType>, parent: Option<Bd
         }),
         _ if r.vendor == VENDOR_NVIDIA
             && (r.class >> 8 == CLASS_OTHER_BRIDGE
-                || nvidia_parts::nvswitch_gen(r.device).is_some()) =>
+                || vfio_p2p_contract::nvidia_parts::nvswitch_gen(r.device).is_some()) =>
         {
             DeviceKind::NvSwitch
         }

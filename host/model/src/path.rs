@@ -1,10 +1,8 @@
 //! PCIe path classification between two devices, with `nvidia-smi topo -m` labels.
 //! The rule itself lives in `pci_config::path`, shared with the guest agent.
 
-use pci_config::{Bdf, DevicePath, PathBridge, RootComplex};
+use pci_config::{Bdf, DevicePath, PathBridge, PathKind, RootComplex};
 use serde::Serialize;
-
-pub use pci_config::PathKind;
 
 use super::{BridgeRole, Topology};
 

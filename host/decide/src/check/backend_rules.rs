@@ -5,9 +5,9 @@ use super::facts::VmmFacts;
 use super::report::{result, CheckResult, Status};
 use crate::clique_plan::CliquePlan;
 use crate::iommu_backend::{self, BarMapping, Offered};
+use pci_config::PathKind;
 use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_model::host_facts::HostFacts;
-use vfio_p2p_model::PathKind;
 
 /// The `iommu-backend` row, and with iommufd and cliques the `iommufd-p2p` row.
 /// Without a live host and without `--iommu-backend`, no rows (nothing to say).

@@ -9,9 +9,10 @@ use pci_config::Bdf;
 
 use super::report::{result, CheckResult, Status};
 use crate::clique_plan::{plan, CliquePlan, PairRoute, PlanOptions};
+use pci_config::PathKind;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::DomainFacts;
-use vfio_p2p_model::{PathKind, Topology};
+use vfio_p2p_model::Topology;
 
 /// The fix for a defined domain whose cliques are missing or wrong, with its name
 /// (`DOMAIN` where the XML has none).

@@ -134,10 +134,7 @@ mod tests {
         assert_eq!(s.partitions[3].module_list(), "1, 3");
         // Modules 1 and 3 share a PCIe switch here, as 86/87 do on NVIDIA's guide host.
         let p3 = s.partitions[3].bdfs().unwrap();
-        assert_eq!(
-            topo.path(&p3[0], &p3[1]).kind,
-            vfio_p2p_model::PathKind::Pix
-        );
+        assert_eq!(topo.path(&p3[0], &p3[1]).kind, pci_config::PathKind::Pix);
         assert_eq!(example_fabric("dual-socket-pcie", &gpus), None);
     }
 }

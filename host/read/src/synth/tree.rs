@@ -101,7 +101,8 @@ pub fn server_with_nics(spec: &ServerSpec, nics: u8) -> HostRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vfio_p2p_model::{PathKind, Topology};
+    use pci_config::PathKind;
+    use vfio_p2p_model::Topology;
 
     #[test]
     fn uniform_server_has_the_requested_gpus_and_paths() {
