@@ -120,6 +120,19 @@ pub fn gpu_part(device: u16) -> Option<&'static GpuPart> {
         .map(|i| &GPU_PARTS[i])
 }
 
+/// The GPUs of Grace superchips, joined to their Grace CPU by NVLink-C2C rather than by
+/// PCIe alone (their memory is the CPU's too, onlined as NUMA nodes without CPUs). Names
+/// and IDs from pci.ids: 2342 `GH100 [GH200 120GB / 480GB]`, 2348 `GH100 [GH200 144G
+/// HBM3e]`, 2941 `GB100 [HGX GB200]`, 31c2/31c3 `GB110 [GB300]`.
+pub fn c2c_superchip(device: u16) -> Option<&'static str> {
+    match device {
+        0x2342 | 0x2348 => Some("GH200"),
+        0x2941 => Some("GB200"),
+        0x31c2 | 0x31c3 => Some("GB300"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

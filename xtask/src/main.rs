@@ -3,6 +3,8 @@
 //!
 //! - `vfio-p2p_<version>_amd64.deb`: the host tool, its man pages and completions, example
 //!   configs, the collector's systemd units (cargo-deb, `host-tool/Cargo.toml`);
+//! - `vfio-p2p_<version>_arm64.deb`: the same for Grace hosts (GH200, GB200 trays), built by
+//!   `cargo zigbuild` like the agent (the `arm64` variant of the host tool's package);
 //! - `vfio-p2p-agent_<version>_{amd64,arm64}.deb` and
 //!   `vfio-p2p-agent-<version>-{x86_64,aarch64}-linux.tar.gz`: the guest agent built by
 //!   `cargo zigbuild` against glibc 2.17, so it starts on any guest of the last ten years;
@@ -29,12 +31,12 @@ use tools::Cargo;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The minimum glibc of the agent binaries: what RHEL/CentOS 7 ship, older than any
-/// guest image still in use.
-const AGENT_GLIBC: &str = "2.17";
+/// The minimum glibc of the cross-built binaries: what RHEL/CentOS 7 ship, older than any
+/// guest image still in use (and than any Grace host's distribution).
+const CROSS_GLIBC: &str = "2.17";
 
-/// A guest architecture the agent is built for.
-pub struct AgentTarget {
+/// An architecture cross-built by `cargo zigbuild` (the agent for guests, the host tool for Grace).
+pub struct CrossTarget {
     /// Rust target triple (without the glibc suffix).
     pub triple: &'static str,
     /// Debian's name for the architecture.
@@ -43,13 +45,20 @@ pub struct AgentTarget {
     pub uname: &'static str,
 }
 
-pub const AGENT_TARGETS: [AgentTarget; 2] = [
-    AgentTarget {
+/// The host tool's arm64 build: Grace hosts (GH200, GB200 NVL trays) are aarch64.
+const HOST_ARM64: CrossTarget = CrossTarget {
+    triple: "aarch64-unknown-linux-gnu",
+    deb_arch: "arm64",
+    uname: "aarch64",
+};
+
+pub const AGENT_TARGETS: [CrossTarget; 2] = [
+    CrossTarget {
         triple: "x86_64-unknown-linux-gnu",
         deb_arch: "amd64",
         uname: "x86_64",
     },
-    AgentTarget {
+    CrossTarget {
         triple: "aarch64-unknown-linux-gnu",
         deb_arch: "arm64",
         uname: "aarch64",
@@ -140,24 +149,13 @@ fn dist() -> Result<()> {
         path_str(&host_deb)?,
     ])?;
 
+    host_cross(&cargo, &target, &dist, &HOST_ARM64)?;
+
     for t in &AGENT_TARGETS {
         let release = target.join(t.triple).join("release");
         let gen = release.join("gen/vfio-p2p-agent");
         manpages::write(vfio_p2p_agent::command(), &gen)?;
-        let zig_target = format!("{}.{AGENT_GLIBC}", t.triple);
-        // stripped by the linker (zig's), so that no cross binutils are needed
-        cargo.run_with_env(
-            &[("CARGO_PROFILE_RELEASE_STRIP", "symbols")],
-            &[
-                "zigbuild",
-                "--release",
-                "--locked",
-                "-p",
-                "vfio-p2p-agent",
-                "--target",
-                &zig_target,
-            ],
-        )?;
+        zigbuild(&cargo, "vfio-p2p-agent", t)?;
         let deb = dist.join(format!("vfio-p2p-agent_{VERSION}_{}.deb", t.deb_arch));
         cargo.run(&[
             "deb",
@@ -190,6 +188,48 @@ fn dist() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `cargo zigbuild` of PACKAGE for T against glibc [`CROSS_GLIBC`], stripped by the linker
+/// (zig's), so that no cross binutils are needed.
+fn zigbuild(cargo: &Cargo, package: &str, t: &CrossTarget) -> Result<()> {
+    let zig_target = format!("{}.{CROSS_GLIBC}", t.triple);
+    cargo.run_with_env(
+        &[("CARGO_PROFILE_RELEASE_STRIP", "symbols")],
+        &[
+            "zigbuild",
+            "--release",
+            "--locked",
+            "-p",
+            package,
+            "--target",
+            &zig_target,
+        ],
+    )
+}
+
+/// The host package for another architecture: the binary cross-built like the agent, its man
+/// pages and completions where cargo-deb looks with `--target`, the package from the variant
+/// named after the Debian architecture (its own Depends, as dpkg-shlibdeps cannot read a
+/// foreign binary).
+fn host_cross(cargo: &Cargo, target: &Path, dist: &Path, t: &CrossTarget) -> Result<()> {
+    let release = target.join(t.triple).join("release");
+    manpages::write(host_command(), &release.join("gen/vfio-p2p"))?;
+    zigbuild(cargo, "vfio-p2p", t)?;
+    let deb = dist.join(format!("vfio-p2p_{VERSION}_{}.deb", t.deb_arch));
+    cargo.run(&[
+        "deb",
+        "-p",
+        "vfio-p2p",
+        "--no-build",
+        "--no-strip",
+        "--target",
+        t.triple,
+        "--variant",
+        t.deb_arch,
+        "-o",
+        path_str(&deb)?,
+    ])
 }
 
 fn path_str(path: &Path) -> Result<&str> {

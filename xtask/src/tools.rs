@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use crate::AgentTarget;
+use crate::CrossTarget;
 
 /// `cargo` run in the workspace root with one target directory, so that cargo-deb and
 /// cargo-zigbuild find what the other built, and with the tools' virtual environment (zig,
@@ -102,7 +102,7 @@ fn python() -> &'static str {
 /// Installs what `dist` needs and this machine lacks: cargo-deb (crates.io), zig and
 /// cargo-zigbuild (the Python package index, into `target/dist-tools/venv`), the agent's
 /// Rust targets (rustup).
-pub fn ensure(cargo: &Cargo, targets: &[AgentTarget]) -> Result<()> {
+pub fn ensure(cargo: &Cargo, targets: &[CrossTarget]) -> Result<()> {
     if !cargo.works(&["deb", "--version"]) {
         run(
             cargo.command(&["install", "--locked", "cargo-deb"]),

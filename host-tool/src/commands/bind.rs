@@ -10,14 +10,17 @@ use crate::cli::GlobalArgs;
 use crate::context::source::HostSource;
 use crate::context::ChangeRoot;
 use vfio_p2p_bind::{writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
+use vfio_p2p_config::host::HostConfig;
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::Topology;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Each device goes the kernel's way: driver_override = vfio-pci, driver/unbind, drivers_probe. \
-If any write fails, every device already changed goes back to its driver and driver_override. \
-What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
+Each GPU's reset_method is set as host.yaml's `reset:` says (auto: left to the kernel; flr; \
+bus: only when everything on its bus goes with it). \
+If any write fails, every device already changed goes back to its driver, driver_override and \
+reset_method. What was changed is recorded in /run/vfio-p2p/state.json for `unbind`.
 
 Test hook: VFIO_P2P_FAIL_AFTER=N makes the N-th sysfs write fail (rollback tests on a real kernel).")]
 pub struct BindArgs {
@@ -76,6 +79,8 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
     let opts = BindOptions {
         whole_group: args.whole_group,
         force: args.force,
+        reset: HostConfig::load_below(root.path())?.reset,
+        reset_only: false,
     };
     // Binding needs the devices and their groups only: no host.yaml, NVLink or FM.
     let topo = Topology::from_record(&root.source().read()?);

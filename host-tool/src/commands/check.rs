@@ -82,6 +82,10 @@ pub struct CheckArgs {
     /// that P2P cliques survive it (peer BARs mapped as dma-bufs).
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub iommu_backend: Option<IommuBackend>,
+    /// The VM's RAM in GiB: checks that it and the GPUs' 64-bit MMIO window fit the guest's
+    /// physical address space (the host's width, as OVMF places the window).
+    #[arg(long, value_name = "GIB")]
+    pub memory_gib: Option<u64>,
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]
     pub vmm: Vmm,
@@ -99,6 +103,7 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
         vmm: args.vmm,
         qemu_version: ctx.probes.qemu_version.clone(),
         iommu_backend: args.iommu_backend,
+        ram: args.memory_gib.map(|g| g << 30),
         ..VmmFacts::default()
     };
     if let Some(d) = domain {
@@ -211,6 +216,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
+    report.extend(check::reset_checks(topo, &gpus, &nics, ctx.host.reset));
     let reserved = ctx.host.reserved.iter().copied().collect();
     report.extend(check::fabric_checks(
         topo,

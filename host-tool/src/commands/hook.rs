@@ -24,6 +24,7 @@ use vfio_p2p_config::host::{
     FabricManagerSource, HookPolicy, HostConfig, HOST_CONFIG_PATH, LEGACY_HOOK_CONFIG_PATH,
 };
 use vfio_p2p_decide::check::{domain_checks, reserved_hostdevs, CheckResult};
+use vfio_p2p_model::{ResetPolicy, Topology};
 use vfio_p2p_read::domain_xml::read_domain_xml_stream;
 use vfio_p2p_read::fm_api::FmSession;
 use vfio_p2p_read::ReadError;
@@ -274,6 +275,40 @@ fn unreadable(guest: &str, policy: HookPolicy, what: &str) -> anyhow::Result<Exi
     }
 }
 
+/// Binds the domain's managed='no' hostdevs; the managed='yes' ones (libvirt binds those
+/// itself) only get their reset method; both as host.yaml's `reset:` says.
+fn bind_hostdevs<W: SysfsWriter>(
+    root: &Path,
+    topo: &Topology,
+    sysfs: &mut W,
+    guest: &str,
+    dry_run: bool,
+    [unmanaged, managed]: [&Vec<Bdf>; 2],
+    reset: ResetPolicy,
+) -> Result<(), String> {
+    let steps = [
+        (unmanaged, false, "binding its managed='no' hostdevs"),
+        (managed, true, "setting its hostdevs' reset_method"),
+    ];
+    for (devices, reset_only, what) in steps {
+        if devices.is_empty() || reset_only && reset == ResetPolicy::Auto {
+            continue;
+        }
+        let opts = BindOptions {
+            reset,
+            reset_only,
+            force: reset_only,
+            ..BindOptions::default()
+        };
+        match vfio_p2p_bind::bind(root, topo, sysfs, devices, &opts, &session(guest, dry_run)) {
+            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
+            Ok(_) => {}
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
     let root = ChangeRoot::new(&HostSource::of(global), dry_run)?;
     let source = root.source();
@@ -338,19 +373,21 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         .map(|h| h.bdf)
         .collect();
     let mut sysfs = writer()?;
-    if !unmanaged.is_empty() {
-        match vfio_p2p_bind::bind(
-            root,
-            &topo,
-            &mut sysfs,
-            &unmanaged,
-            &BindOptions::default(),
-            &session(guest, dry_run),
-        ) {
-            Ok(report) if dry_run => print!("{}", vfio_p2p_bind::text::report_text(&report)),
-            Ok(_) => {}
-            Err(e) => return refuse(guest, &format!("binding its managed='no' hostdevs: {e}")),
-        }
+    let managed: Vec<Bdf> = hostdevs
+        .iter()
+        .filter(|b| !unmanaged.contains(b))
+        .copied()
+        .collect();
+    if let Err(why) = bind_hostdevs(
+        root,
+        &topo,
+        &mut sysfs,
+        guest,
+        dry_run,
+        [&unmanaged, &managed],
+        config.reset,
+    ) {
+        return refuse(guest, &why);
     }
     let activates = matches!(fabric, FabricStep::Activate { .. });
     if let FabricStep::Activate {

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::bind_plan::{Target, VFIO_PCI};
-use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding};
+use super::bind_plan::{ResetChange, Target, VFIO_PCI};
+use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding, read_reset_method};
 use vfio_p2p_read::Binding;
 
 /// Writes sysfs attribute files. The real one writes files; tests use one that also
@@ -131,6 +131,18 @@ pub fn writes_for(bdf: Bdf, before: &Binding, target: &Target) -> Vec<SysfsWrite
     out
 }
 
+/// The write that sets a device's `reset_method` to `methods` (space-separated; a bare
+/// newline for none, as a write of nothing would not reach the kernel).
+pub fn reset_write(bdf: Bdf, methods: &str) -> SysfsWrite {
+    SysfsWrite {
+        file: device_dir(bdf).join("reset_method"),
+        value: match methods.trim() {
+            "" => "\n".to_string(),
+            m => m.to_string(),
+        },
+    }
+}
+
 /// Whether `now` is where `target` wanted the device.
 fn reached(now: &Binding, target: &Target) -> bool {
     match target {
@@ -207,7 +219,7 @@ impl fmt::Display for TransactionError {
                 let list: Vec<String> = self.restored.iter().map(Bdf::to_string).collect();
                 write!(
                     f,
-                    "; rolled back: {} restored to their original driver and driver_override",
+                    "; rolled back: {} restored to their original driver, driver_override and reset_method",
                     list.join(", ")
                 )?;
             }
@@ -241,6 +253,8 @@ pub struct Transaction<'a, W: SysfsWriter> {
     root: &'a Path,
     writer: &'a mut W,
     touched: Vec<(Bdf, Binding)>,
+    /// `reset_method`s changed, with what they were.
+    touched_resets: Vec<(Bdf, Vec<String>)>,
 }
 
 impl<'a, W: SysfsWriter> Transaction<'a, W> {
@@ -249,6 +263,7 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
             root,
             writer,
             touched: Vec::new(),
+            touched_resets: Vec::new(),
         }
     }
 
@@ -296,12 +311,67 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
         })
     }
 
+    /// Sets one device's `reset_method` to `methods` and checks that the kernel took it.
+    fn set_reset(&mut self, bdf: Bdf, methods: &str, log: bool) -> Result<Moved, MoveError> {
+        let read = |t: &Self| {
+            read_reset_method(t.root, bdf).map_err(|e| MoveError::Read {
+                bdf,
+                message: e.to_string(),
+            })
+        };
+        let was = read(self)?;
+        let binding = self.read(bdf)?;
+        let w = reset_write(bdf, methods);
+        if log {
+            self.touched_resets.push((bdf, was));
+        }
+        self.writer
+            .write(self.root, &w.file, &w.value)
+            .map_err(|source| MoveError::Write {
+                bdf,
+                file: w.file.clone(),
+                value: w.value.clone(),
+                source,
+            })?;
+        let now = read(self)?;
+        if now.join(" ") != methods.trim() {
+            return Err(MoveError::NotReached {
+                bdf,
+                file: w.file,
+                found: format!("reset_method {:?}", now.join(" ")),
+                expected: format!("reset_method {methods:?}"),
+            });
+        }
+        Ok(Moved {
+            bdf,
+            before: binding.clone(),
+            after: binding,
+            writes: vec![w],
+        })
+    }
+
     /// Moves every device to its target, or none: on failure, every device already
     /// touched goes back to its original binding, the last one first.
-    pub fn run(mut self, moves: &[(Bdf, Target)]) -> Result<Vec<Moved>, Box<TransactionError>> {
+    pub fn run(self, moves: &[(Bdf, Target)]) -> Result<Vec<Moved>, Box<TransactionError>> {
+        self.run_with_resets(moves, &[])
+    }
+
+    /// [`Self::run`], then each `reset_method` change; a failure anywhere also puts the
+    /// reset methods already changed back.
+    pub fn run_with_resets(
+        mut self,
+        moves: &[(Bdf, Target)],
+        resets: &[(Bdf, ResetChange)],
+    ) -> Result<Vec<Moved>, Box<TransactionError>> {
         let mut done = Vec::new();
         for (bdf, target) in moves {
             match self.move_device(*bdf, target, true) {
+                Ok(m) => done.push(m),
+                Err(failed) => return Err(Box::new(self.roll_back(failed))),
+            }
+        }
+        for (bdf, change) in resets {
+            match self.set_reset(*bdf, &change.set, true) {
                 Ok(m) => done.push(m),
                 Err(failed) => return Err(Box::new(self.roll_back(failed))),
             }
@@ -312,10 +382,18 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
     fn roll_back(mut self, failed: MoveError) -> TransactionError {
         let mut restored = Vec::new();
         let mut rollback_failures = Vec::new();
+        for (bdf, was) in std::mem::take(&mut self.touched_resets).into_iter().rev() {
+            match self.set_reset(bdf, &was.join(" "), false) {
+                Ok(_) if !restored.contains(&bdf) => restored.push(bdf),
+                Ok(_) => {}
+                Err(e) => rollback_failures.push(e),
+            }
+        }
         let touched = std::mem::take(&mut self.touched);
         for (bdf, original) in touched.into_iter().rev() {
             match self.move_device(bdf, &Target::Exactly(original), false) {
-                Ok(_) => restored.push(bdf),
+                Ok(_) if !restored.contains(&bdf) => restored.push(bdf),
+                Ok(_) => {}
                 Err(e) => rollback_failures.push(e),
             }
         }

@@ -8,7 +8,8 @@ use pci_config::Bdf;
 use serde::Serialize;
 
 use super::state::BindState;
-use vfio_p2p_model::Topology;
+use vfio_p2p_decide::reset::{choose, ResetChoice, ResetError};
+use vfio_p2p_model::{ResetPolicy, Topology};
 use vfio_p2p_read::{Binding, DeviceUse};
 
 /// The driver `bind` moves devices to.
@@ -50,6 +51,17 @@ pub struct PlannedDevice {
     /// Nothing to do: already where the target says.
     pub unchanged: bool,
     pub iommu_group: Option<u32>,
+    /// Its `reset_method` change (host.yaml `reset:`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reset: Option<ResetChange>,
+}
+
+/// A GPU's `reset_method`: what it is set to, and what it was (what a rollback and
+/// `unbind` write back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ResetChange {
+    pub set: String,
+    pub was: Vec<String>,
 }
 
 /// Everything the caller asked for, in BDF order of the named devices.
@@ -62,6 +74,14 @@ impl BindPlan {
     pub fn changes(&self) -> impl Iterator<Item = &PlannedDevice> {
         self.devices.iter().filter(|d| !d.unchanged)
     }
+
+    /// The `reset_method` writes, in BDF order.
+    pub fn resets(&self) -> Vec<(Bdf, ResetChange)> {
+        self.devices
+            .iter()
+            .filter_map(|d| Some((d.bdf, d.reset.clone()?)))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -69,6 +89,11 @@ pub struct BindOptions {
     pub whole_group: bool,
     /// Bind GPUs the host is using (processes, display).
     pub force: bool,
+    /// How the bound GPUs are reset between tenants (host.yaml `reset:`).
+    pub reset: ResetPolicy,
+    /// Leave the drivers as they are and only set the reset methods (the hook, for the
+    /// hostdevs libvirt binds itself: managed='yes').
+    pub reset_only: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -89,6 +114,8 @@ pub enum BindPlanError {
     },
     #[error("{bdf} is in use on the host: {uses}; stop them (or move the display) first, or pass --force")]
     InUse { bdf: Bdf, uses: String },
+    #[error(transparent)]
+    Reset(#[from] ResetError),
 }
 
 fn driver_text(b: &Binding) -> String {
@@ -197,22 +224,45 @@ pub fn plan_bind(
             }
         }
     }
-    Ok(BindPlan {
-        devices: chosen
-            .into_iter()
-            .map(|(bdf, reason)| {
-                let before = binding_of(topo, &bdf);
-                PlannedDevice {
-                    bdf,
-                    reason,
-                    unchanged: before.driver.as_deref() == Some(VFIO_PCI),
-                    before,
-                    target: Target::Vfio,
-                    iommu_group: topo.device(&bdf).and_then(|d| d.iommu_group),
-                }
-            })
-            .collect(),
-    })
+    let vm: BTreeSet<Bdf> = chosen.keys().copied().collect();
+    let mut devices = Vec::new();
+    for (bdf, reason) in chosen {
+        let before = binding_of(topo, &bdf);
+        devices.push(PlannedDevice {
+            bdf,
+            reason,
+            unchanged: opts.reset_only || before.driver.as_deref() == Some(VFIO_PCI),
+            before,
+            target: Target::Vfio,
+            iommu_group: topo.device(&bdf).and_then(|d| d.iommu_group),
+            reset: reset_change(topo, &bdf, opts.reset, &vm)?,
+        });
+    }
+    Ok(BindPlan { devices })
+}
+
+/// A GPU's `reset_method` change under `policy`; none for other devices, for `auto`, or
+/// when it already is exactly that method.
+fn reset_change(
+    topo: &Topology,
+    bdf: &Bdf,
+    policy: ResetPolicy,
+    vm: &BTreeSet<Bdf>,
+) -> Result<Option<ResetChange>, BindPlanError> {
+    if !topo.device(bdf).is_some_and(|d| d.is_gpu()) {
+        return Ok(None);
+    }
+    let ResetChoice::Only(method) = choose(topo, bdf, policy, vm)? else {
+        return Ok(None);
+    };
+    let was = topo
+        .device(bdf)
+        .and_then(|d| d.reset_methods.clone())
+        .unwrap_or_default();
+    Ok((was != [method]).then(|| ResetChange {
+        set: method.to_string(),
+        was,
+    }))
 }
 
 /// Plans `unbind`: each named device (or, with `all`, every recorded one) back to what
@@ -261,6 +311,15 @@ pub fn plan_unbind(
                             && before.driver_override.as_deref() != Some(VFIO_PCI),
                     ),
                 };
+                // the reset method bind set goes back to what it was
+                let reset = state
+                    .devices
+                    .get(&bdf)
+                    .and_then(|r| r.reset.as_ref())
+                    .map(|r| ResetChange {
+                        set: r.was.join(" "),
+                        was: vec![r.set.clone()],
+                    });
                 PlannedDevice {
                     bdf,
                     reason,
@@ -268,6 +327,7 @@ pub fn plan_unbind(
                     target,
                     unchanged,
                     iommu_group: topo.device(&bdf).and_then(|d| d.iommu_group),
+                    reset,
                 }
             })
             .collect(),

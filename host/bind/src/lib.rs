@@ -58,3 +58,6 @@ impl SysfsWriter for Box<dyn SysfsWriter> {
         (**self).write(root, file, value)
     }
 }
+
+#[cfg(test)]
+mod reset_tests;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::apply::{writes_for, SysfsWrite, SysfsWriter, Transaction, TransactionError};
+use super::apply::{
+    reset_write, writes_for, SysfsWrite, SysfsWriter, Transaction, TransactionError,
+};
 use super::bind_plan::{
     plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice, Reason, Target,
     VFIO_PCI,
@@ -169,6 +171,7 @@ pub fn bind<W: SysfsWriter>(
     let plan = plan_bind(topo, named, &usage, bind_opts)?;
     let read_warnings = reads_about(topo, &plan);
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
+    let resets = plan.resets();
     if opts.dry_run {
         return Ok(SessionReport {
             read_warnings,
@@ -181,7 +184,11 @@ pub fn bind<W: SysfsWriter>(
     }
     let mut state = BindState::load(root)?;
     let before_record = state.clone();
-    for d in plan.changes() {
+    for d in plan
+        .devices
+        .iter()
+        .filter(|d| !d.unchanged || d.reset.is_some())
+    {
         let bound_with = match d.reason {
             Reason::Named => d.bdf,
             Reason::OtherFunction(b) | Reason::GroupMember(b) | Reason::BoundWith(b) => b,
@@ -192,12 +199,13 @@ pub fn bind<W: SysfsWriter>(
                 original: d.before.clone(),
                 bound_with,
                 guest: opts.guest.clone(),
+                reset: d.reset.clone(),
             },
         );
     }
     // Recorded before writing, so a crash half-way still leaves what unbind needs.
     state.save(root)?;
-    let moved = match Transaction::new(root, writer).run(&moves) {
+    let moved = match Transaction::new(root, writer).run_with_resets(&moves, &resets) {
         Ok(m) => m,
         Err(e) => {
             // Devices the rollback could not restore keep their record, for unbind.
@@ -240,11 +248,13 @@ fn dry_run_report(plan: &BindPlan) -> SessionReport {
                 reason: d.reason,
                 before: d.before.clone(),
                 after: None,
-                writes: if d.unchanged {
-                    Vec::new()
-                } else {
-                    writes_for(d.bdf, &d.before, &d.target)
-                },
+                writes: match d.unchanged {
+                    true => Vec::new(),
+                    false => writes_for(d.bdf, &d.before, &d.target),
+                }
+                .into_iter()
+                .chain(d.reset.iter().map(|r| reset_write(d.bdf, &r.set)))
+                .collect(),
                 vfio_group: d
                     .iommu_group
                     .filter(|_| d.target == Target::Vfio)
@@ -265,8 +275,11 @@ fn report(
         devices: planned
             .iter()
             .map(|d| {
-                let m = moved.iter().find(|m| m.bdf == d.bdf);
-                let after = m
+                // its driver move and its reset_method write, in order
+                let ms: Vec<&super::apply::Moved> =
+                    moved.iter().filter(|m| m.bdf == d.bdf).collect();
+                let after = ms
+                    .last()
                     .map(|m| m.after.clone())
                     .unwrap_or_else(|| d.before.clone());
                 let on_vfio = after.driver.as_deref() == Some(VFIO_PCI);
@@ -276,7 +289,7 @@ fn report(
                     before: d.before.clone(),
                     vfio_group: vfio_group(root, d.iommu_group, on_vfio),
                     after: Some(after),
-                    writes: m.map(|m| m.writes.clone()).unwrap_or_default(),
+                    writes: ms.iter().flat_map(|m| m.writes.clone()).collect(),
                 }
             })
             .collect(),
@@ -312,7 +325,7 @@ pub fn unbind<W: SysfsWriter>(
         return Ok(dry_run_report(&plan));
     }
     let moves: Vec<(Bdf, Target)> = plan.changes().map(|d| (d.bdf, d.target.clone())).collect();
-    let moved = Transaction::new(root, writer).run(&moves)?;
+    let moved = Transaction::new(root, writer).run_with_resets(&moves, &plan.resets())?;
     for d in &plan.devices {
         state.devices.remove(&d.bdf);
     }

@@ -1,8 +1,8 @@
 //! Test support: a host's sysfs as a directory tree, and a [`SysfsWriter`] that plays
 //! the kernel's part in it — `driver/unbind` removes the `driver` link, `drivers_probe`
 //! binds the driver `driver_override` names (or the host's default), `drivers/NAME/bind`
-//! refuses a device whose override names another driver, `reset` takes `1` — and keeps
-//! `dev/vfio/N`.
+//! refuses a device whose override names another driver, `reset` takes `1`,
+//! `reset_method` takes methods the device supports (or `default`) — and keeps `dev/vfio/N`.
 //! Lets the decision and rollback logic be tested without root or a kernel, and gives
 //! `--example` dry runs of bind, unbind and the hook a tree to read ([`SimRoot`]).
 
@@ -88,6 +88,8 @@ pub struct SimKernel {
     pub default_driver: BTreeMap<Bdf, String>,
     /// Every write, in order (file relative to the root, value).
     pub log: Vec<(PathBuf, String)>,
+    /// The reset methods each device supports (its `reset_method` as first read).
+    pub supported_resets: BTreeMap<Bdf, Vec<String>>,
 }
 
 /// The errno the kernel answers with, as the real writer would see it.
@@ -105,7 +107,26 @@ impl SimKernel {
                 .filter_map(|d| Some((d.bdf, d.driver.clone()?)))
                 .collect(),
             log: Vec::new(),
+            supported_resets: host
+                .devices
+                .iter()
+                .filter_map(|d| Some((d.bdf, d.reset_method.clone()?)))
+                .collect(),
         }
+    }
+
+    /// `reset_method` takes `default`, nothing (no reset) or methods the device supports.
+    fn set_reset_method(&self, root: &Path, bdf: Bdf, value: &str) -> io::Result<()> {
+        let supported = self.supported_resets.get(&bdf).ok_or(err(libc::ENOENT))?;
+        let methods: Vec<&str> = match value.trim() {
+            "default" => supported.iter().map(String::as_str).collect(),
+            v => v.split_whitespace().collect(),
+        };
+        if methods.iter().any(|m| !supported.iter().any(|s| s == m)) {
+            return Err(err(libc::EINVAL));
+        }
+        let path = root.join(device_dir(bdf)).join("reset_method");
+        fs::write(path, format!("{}\n", methods.join(" ")))
     }
 
     fn group_of(root: &Path, bdf: Bdf) -> Option<String> {
@@ -218,6 +239,9 @@ impl SysfsWriter for SimKernel {
                     return Err(err(libc::EINVAL));
                 }
                 Ok(())
+            }
+            ["sys", "bus", "pci", "devices", dev, "reset_method"] => {
+                self.set_reset_method(root, parse_bdf(dev)?, value)
             }
             ["sys", "bus", "pci", "drivers_probe"] => self.probe(root, parse_bdf(value)?),
             ["sys", "bus", "pci", "drivers", driver, "bind"] => {

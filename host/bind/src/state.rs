@@ -25,6 +25,9 @@ pub struct DeviceRecordEntry {
     /// The libvirt guest whose `prepare` hook bound it, if a hook did.
     #[serde(default)]
     pub guest: Option<String>,
+    /// The `reset_method` bind set (host.yaml `reset:`) and the one it replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<super::bind_plan::ResetChange>,
 }
 
 /// Every device `bind` moved and has not yet restored.
@@ -109,6 +112,10 @@ mod tests {
                 },
                 bound_with: gpu,
                 guest: Some("vm1".into()),
+                reset: Some(super::super::bind_plan::ResetChange {
+                    set: "bus".into(),
+                    was: vec!["flr".into(), "bus".into()],
+                }),
             },
         );
         s.save(dir.path()).unwrap();

@@ -14,6 +14,7 @@ use serde_saphyr::{Location, Spanned};
 use super::ConfigError;
 use pci_config::PathKind;
 use vfio_p2p_files::InputFileError;
+use vfio_p2p_model::ResetPolicy;
 
 /// What the libvirt hook does when a VM's preflight check fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -99,6 +100,9 @@ pub struct HostConfigFile {
     pub fabric: FabricMode,
     #[serde(default)]
     pub fabric_manager: Option<FabricManagerFile>,
+    /// How GPUs are reset between tenants: auto, flr or bus.
+    #[serde(default)]
+    pub reset: ResetPolicy,
 }
 
 /// Where NVLink facts come from, validated.
@@ -121,6 +125,7 @@ pub struct HostConfig {
     /// `fabric_manager: modules:`: FM's module ids → PCI addresses, given to the GPUs FM's
     /// partition list (live or captured) leaves without one.
     pub fabric_modules: BTreeMap<u32, Bdf>,
+    pub reset: ResetPolicy,
 }
 
 /// Fabric Manager's default TCP endpoint (FM's `FM_CMD_BIND_INTERFACE`/`FM_CMD_PORT_NUMBER`).
@@ -148,6 +153,7 @@ impl Default for HostConfig {
             fabric: FabricMode::Auto,
             fabric_manager: FabricManagerSource::Live(DEFAULT_FM_ADDRESS.into()),
             fabric_modules: BTreeMap::new(),
+            reset: ResetPolicy::Auto,
         }
     }
 }
@@ -234,6 +240,7 @@ impl HostConfig {
             fabric: file.fabric,
             fabric_manager,
             fabric_modules,
+            reset: file.reset,
         })
     }
 }
@@ -344,6 +351,19 @@ mod tests {
         assert!(message.contains("needs 'file:'"), "{message}");
         let (line, _, _) = error_at("nvlink:\n  source: nvswitch\n  links: 18\n");
         assert_eq!(line, 3);
+        let (line, column, message) = error_at("hook_policy: warn\nreset: sbr\n");
+        assert_eq!((line, column), (2, 8));
+        assert!(
+            message.contains("auto") && message.contains("bus"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn reset_policies() {
+        assert_eq!(parse("{}\n").unwrap().reset, ResetPolicy::Auto);
+        assert_eq!(parse("reset: flr\n").unwrap().reset, ResetPolicy::Flr);
+        assert_eq!(parse("reset: bus\n").unwrap().reset, ResetPolicy::Bus);
     }
 
     #[test]

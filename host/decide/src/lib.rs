@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address_space;
 pub mod check;
 pub mod clique_offset;
 pub mod clique_plan;
@@ -19,3 +20,4 @@ pub mod nvlink;
 pub mod pair_links;
 pub mod placement;
 pub mod plan_reach;
+pub mod reset;

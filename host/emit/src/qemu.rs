@@ -135,7 +135,9 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
     opt("-name", format!("{},debug-threads=on", c.name));
     opt("-machine", "q35,accel=kvm,kernel-irqchip=on".into());
     // The hypervisor must stay visible (no kvm=off): the driver reads the clique only then.
-    opt("-cpu", "host".into());
+    // The host's physical address width, not QEMU's default 40 bits: OVMF then places the
+    // 64-bit window where the guest can address it (docs/gen.md, "Address space").
+    opt("-cpu", "host,host-phys-bits=on".into());
     opt("-smp", c.vcpus.to_string());
     opt("-m", format!("{}M", c.memory_mib));
     for (i, node) in vm.layout.numa_nodes.iter().enumerate() {

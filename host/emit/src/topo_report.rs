@@ -66,6 +66,13 @@ pub struct GpuEntry {
     pub bar64_total: u64,
     /// Bridges from the host bridge down to the GPU.
     pub upstream: Vec<BridgeEntry>,
+    /// `C2C` for a Grace superchip's GPU (NVLink-C2C to its CPU); absent for PCIe alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_link: Option<String>,
+    /// The first NUMA node of the GPU's own memory (Grace superchips): nvidia-smi's
+    /// "GPU NUMA ID".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_numa_id: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -127,6 +134,7 @@ impl HostTopoReport {
                 })
                 .collect()
         };
+        let c2c = vfio_p2p_model::grace::c2c_gpus(topo);
         let paths_to = |n: &Device, to: &[&Device]| -> Vec<String> {
             match with_matrix {
                 true => to.iter().map(|m| label(n, m)).collect(),
@@ -164,6 +172,10 @@ impl HostTopoReport {
                             acs_known: b.acs_unknown().is_none(),
                         })
                         .collect(),
+                    cpu_link: c2c.get(&g.bdf).map(|_| "C2C".to_string()),
+                    gpu_numa_id: c2c
+                        .get(&g.bdf)
+                        .and_then(|c| c.memory_nodes.first().copied()),
                 })
                 .collect(),
             matrix: matrix_of(false),
@@ -216,8 +228,8 @@ fn partial_config(topo: &Topology) -> bool {
         .any(|d| !d.config.is_empty() && !d.config_complete())
 }
 
-/// The legend, in `nvidia-smi topo -m`'s order and words.
-fn legend() -> String {
+/// The legend, in `nvidia-smi topo -m`'s order and words (C2C where a GPU has it).
+fn legend(c2c: bool) -> String {
     let mut out = String::from("Legend:\n\n");
     for k in [
         PathKind::X,
@@ -238,6 +250,9 @@ fn legend() -> String {
         }
     }
     out.push_str("  NV#  = Connection traversing a bonded set of # NVLinks\n");
+    if c2c {
+        out.push_str("  C2C  = NVLink-C2C between the GPU and its Grace CPU (CPU Link column)\n");
+    }
     out
 }
 
@@ -259,7 +274,7 @@ pub fn render_table(topo: &Topology, report: &HostTopoReport) -> String {
             None => out.push_str(&matrix_table(report)),
         }
         out.push_str("\n\n");
-        out.push_str(&legend());
+        out.push_str(&legend(report.gpus.iter().any(|g| g.cpu_link.is_some())));
         if !report.nics.is_empty() {
             out.push_str("\nNIC Legend:\n\n");
             for n in &report.nics {
@@ -302,6 +317,12 @@ fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
     header.extend(names.iter().cloned());
     header.push("CPU Affinity".into());
     header.push("NUMA Affinity".into());
+    // Grace superchips: the GPU's link to its CPU and its memory's own NUMA node
+    let c2c = report.gpus.iter().any(|g| g.cpu_link.is_some());
+    if c2c {
+        header.push("CPU Link".into());
+        header.push("GPU NUMA ID".into());
+    }
     let n_gpus = report.gpus.len();
     let label = |i: usize, j: usize| -> String {
         match (i < n_gpus, j < n_gpus) {
@@ -325,6 +346,10 @@ fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
                         .unwrap_or_else(|| "N/A".into()),
                 );
                 row.push(g.numa_node.map_or("N/A".into(), |n| n.to_string()));
+                if c2c {
+                    row.push(g.cpu_link.clone().unwrap_or_else(|| "PCIe".into()));
+                    row.push(g.gpu_numa_id.map_or("N/A".into(), |n| n.to_string()));
+                }
             }
             row
         })

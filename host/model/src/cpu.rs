@@ -39,4 +39,8 @@ pub struct CpuIdentity {
     /// `model` as Linux prints it (base model plus extended model << 4 from family 6 on).
     #[serde(default)]
     pub model: Option<u32>,
+    /// The physical address width, from `address sizes : 46 bits physical, …` (x86; arm64
+    /// kernels print no such line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_bits: Option<u8>,
 }

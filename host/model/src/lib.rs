@@ -9,12 +9,14 @@ pub mod cpu;
 pub mod domain;
 pub mod fabric;
 pub mod fabric_state;
+pub mod grace;
 pub mod host_facts;
 pub mod nic;
 pub mod nvlink_map;
 mod path;
 pub mod qemu_argv;
 pub mod record;
+pub mod reset_policy;
 pub mod vmm;
 
 use std::collections::BTreeMap;
@@ -27,6 +29,7 @@ pub use nic::NicRef;
 pub use nvlink_map::NvlinkMap;
 pub use path::GpuPath;
 pub use record::{DeviceRecord, HostBridgeId, HostRecord, NicNames, ReadWarning, Resource};
+pub use reset_policy::ResetPolicy;
 
 pub const VENDOR_NVIDIA: u16 = 0x10de;
 /// Server BMC display controllers (ASPEED AST, Matrox G200): VGA for the console,

@@ -65,6 +65,15 @@ pub fn read_binding(root: &Path, bdf: Bdf) -> Result<Binding, ReadError> {
     })
 }
 
+/// The device's `reset_method` right now: the methods the kernel will use, in order.
+pub fn read_reset_method(root: &Path, bdf: Bdf) -> Result<Vec<String>, ReadError> {
+    let path = root.join(device_dir(bdf)).join("reset_method");
+    Ok(attr::reset_method(&read_attribute_text(
+        &path,
+        "sysfs attribute",
+    )?))
+}
+
 /// Whether the PCI driver `name` is registered (its module loaded).
 pub fn driver_registered(root: &Path, name: &str) -> bool {
     root.join(driver_dir(name)).is_dir()

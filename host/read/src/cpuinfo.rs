@@ -17,6 +17,7 @@ pub fn parse(text: &str) -> Option<CpuIdentity> {
     let mut vendor = None;
     let mut family = None;
     let mut model = None;
+    let mut phys_bits = None;
     let mut x86 = false;
     let mut arm = false;
     let mut power = false;
@@ -40,6 +41,11 @@ pub fn parse(text: &str) -> Option<CpuIdentity> {
             "cpu family" => family = value.parse().ok(),
             "model" => model = value.parse().ok(),
             "CPU implementer" => arm = true,
+            "address sizes" => {
+                phys_bits = value
+                    .split_once(" bits physical")
+                    .and_then(|(n, _)| n.trim().parse().ok())
+            }
             "cpu" if value.starts_with("POWER") => power = true,
             _ => {}
         }
@@ -61,6 +67,7 @@ pub fn parse(text: &str) -> Option<CpuIdentity> {
         vendor,
         family,
         model,
+        phys_bits,
     })
 }
 
@@ -106,7 +113,7 @@ pub fn read(path: &Path) -> Result<Option<CpuIdentity>, String> {
 mod tests {
     use super::*;
 
-    const INTEL: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\nmodel name\t: INTEL(R) XEON(R) PLATINUM 8568Y+\n\nprocessor\t: 1\nvendor_id\t: Other\n";
+    const INTEL: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\nmodel name\t: INTEL(R) XEON(R) PLATINUM 8568Y+\naddress sizes\t: 46 bits physical, 57 bits virtual\n\nprocessor\t: 1\nvendor_id\t: Other\n";
     const AMD: &str =
         "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n";
     const ARM: &str =
@@ -122,11 +129,12 @@ mod tests {
                 arch: CpuArch::X86_64,
                 vendor: Some("GenuineIntel".into()),
                 family: Some(6),
-                model: Some(207)
+                model: Some(207),
+                phys_bits: Some(46),
             }
         );
         let a = parse(AMD).unwrap();
-        assert_eq!((a.family, a.model), (Some(25), Some(17)));
+        assert_eq!((a.family, a.model, a.phys_bits), (Some(25), Some(17), None));
         assert_eq!(parse(ARM).unwrap().arch, CpuArch::Arm64);
         assert_eq!(parse(ARM).unwrap().vendor, None);
         assert_eq!(parse(POWER).unwrap().arch, CpuArch::Ppc64);

@@ -40,4 +40,6 @@ pub struct VmmFacts {
     pub syntax: ConfigSyntax,
     /// `--iommu-backend`, if given.
     pub iommu_backend: Option<vfio_p2p_config::vm::IommuBackend>,
+    /// The VM's RAM in bytes (`--memory-gib`), for the address-space check.
+    pub ram: Option<u64>,
 }

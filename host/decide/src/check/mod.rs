@@ -5,18 +5,22 @@
 //! `facts` holds what the checks look at, `host_rules` and `vm_rules` the checks,
 //! `report` their outcome.
 
+mod address_rules;
 mod backend_rules;
+mod bar_mmap_rules;
 mod domain_rules;
 mod fabric_rules;
 mod facts;
 mod host_rules;
 mod report;
+mod reset_rules;
 mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
 pub use facts::{ConfigSyntax, Vmm, VmmFacts};
 pub use report::{CheckReport, CheckResult, Status};
+pub use reset_rules::reset_checks;
 
 use pci_config::Bdf;
 
@@ -50,6 +54,8 @@ pub fn run_checks(
         out.push(host_rules::check_reset(topo, g));
     }
     out.push(vm_rules::check_bars(&selected, vmm));
+    out.extend(bar_mmap_rules::check_bar_mmap(&selected, vmm));
+    out.extend(address_rules::check_address_space(topo, &selected, vmm));
     let assigned = |g: &Device| match plan {
         Ok(p) => p.clique_of(&g.bdf).is_some(),
         Err(_) => g.is_nvidia_gpu(),

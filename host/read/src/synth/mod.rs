@@ -6,6 +6,7 @@
 
 mod examples;
 mod fabric_tables;
+mod grace;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -78,6 +79,7 @@ pub fn x86_cpu(vendor: &str, family: u32, model: u32) -> vfio_p2p_model::CpuIden
         vendor: Some(vendor.to_string()),
         family: Some(family),
         model: Some(model),
+        phys_bits: None,
     }
 }
 
@@ -128,6 +130,12 @@ impl HostBuilder {
     /// An x86-64 CPU as `/proc/cpuinfo` prints it.
     pub fn x86_cpu(&mut self, vendor: &str, family: u32, model: u32) -> &mut Self {
         self.host.cpu = Some(x86_cpu(vendor, family, model));
+        self
+    }
+
+    /// The CPU as `/proc/cpuinfo` describes it (an arm64 host's, which names no vendor).
+    pub fn cpu(&mut self, cpu: vfio_p2p_model::CpuIdentity) -> &mut Self {
+        self.host.cpu = Some(cpu);
         self
     }
 
