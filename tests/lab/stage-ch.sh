@@ -43,13 +43,13 @@ EOF
 
 # ch_boot LIMIT: level B under CH, gen's arguments first (program name dropped), then the lab's
 ch_boot() {
+    local limit=$1
     jqr -r '.[1:][] | @sh' < /out/ch-gen.json | tr '\n' ' ' > /out/ch-args.sh
     eval "set -- $(cat /out/ch-args.sh)"
     set -- "$@" --kernel "$KERNEL" --initramfs "$INITRD_B" --cmdline "console=ttyS0 quiet panic=-1 lab_b=ch" \
         --serial "file=$O/${CH_LOG#/out/}" --console off --api-socket "path=$CH_API" --vsock "cid=3,socket=$CH_VSOCK"
     printf '%s\n' "$CH" "$@" > /out/ch-argv-run.txt
-    echo "== cloud-hypervisor, limit $1 s: $(tr '\n' ' ' < /out/ch-argv-run.txt)"
-    local limit=$1
+    echo "== cloud-hypervisor, limit $limit s: $(tr '\n' ' ' < /out/ch-argv-run.txt)"
     C timeout -k 5 "$limit" "$CH" "$@" < /dev/null > /out/ch.out 2>&1 &
     CH_PID=$!
 }

@@ -114,7 +114,8 @@ incus_vm() {
     incus_c init --empty --vm $INCUS_VM -p default -p vfio-p2p-$INCUS_VM -c security.secureboot=false ||
         { fail "incus init --vm failed"; return 1; }
     raw="$(incus_c profile get vfio-p2p-$INCUS_VM raw.qemu) -cpu max -kernel $KERNEL -initrd $INITRD_B"
-    raw="$raw -append 'console=ttyS1 quiet panic=-1 lab_b=incus' -serial file:$O/${INCUS_LOG#/out/}"
+    # ttyS0 is Incus's console (a ring buffer: incus console --show-log); the lab's is ttyS1
+    raw="$raw -append 'console=ttyS0 console=ttyS1 quiet panic=-1 lab_b=incus' -serial file:$O/${INCUS_LOG#/out/}"
     raw="$raw -qmp unix:$INCUS_QMP,server=on,wait=off"
     conf=$(printf '[machine]\naccel = "tcg"\n')
     for n in $(cut -d' ' -f1 /out/incus-gpus.txt); do
@@ -139,11 +140,15 @@ incus_check() {
 }
 
 # incus_wait LIMIT: level B's console (second serial port) until LAB-B-DONE, beating /out/heartbeat
+# (every minute a line: the console's size and QEMU's CPU ticks, to tell a slow guest from a stuck one)
 incus_wait() {
-    local t0; t0=$(up)
+    local t0 n=0 pid; t0=$(up)
+    pid=$(cat $R/run/incus/$INCUS_VM/qemu.pid 2> /dev/null)
     while ! grep -q LAB-B-DONE $INCUS_LOG 2> /dev/null; do
         awk -v u="$(up)" -v t="$t0" -v l="$1" 'BEGIN { exit !(u - t > l) }' && return 1
         up > /out/heartbeat
+        n=$((n + 1)); [ $((n % 12)) = 0 ] && echo "level B at $(up)s: console $(wc -c < $INCUS_LOG) bytes," \
+            "QEMU $pid $(awk '{ print "utime", $14, "stime", $15 }' /proc/$pid/stat 2> /dev/null || echo gone)"
         sleep 5
     done
 }
@@ -159,6 +164,10 @@ stage_incus() {
     printf 'name: %s\nmemory_mib: %s\nvcpus: %s\n' $INCUS_VM "$MEM_B" "$VCPUS_B" > /out/vm-incus.yaml
     incusd_start || { incusd_stop; return 1; }
     incus_profile && incus_vm || { incusd_stop; return 1; }
+    # check before the start, as an operator would: the GPUs on vfio-pci (a running VM holds
+    # their groups, which check opens), where Incus would bind them
+    ensure_vfio $GPUS_B
+    incus_check
     incus_expect_server
     t0=$(up)
     rc=0; incus_c start $INCUS_VM > /out/incus-start.log 2>&1 || rc=$?
@@ -169,11 +178,11 @@ stage_incus() {
     else
         cp $R/run/incus/$INCUS_VM/qemu.conf /out/incus-qemu.conf 2> /dev/null ||
             cp $R/var/log/incus/$INCUS_VM/qemu.conf /out/incus-qemu.conf 2> /dev/null
-        incus_check
         incus_wait "$(b_limit "$TIMEOUT_B_TCG")" || fail "level B under Incus did not finish"
         NOTE="level B as an Incus VM (TCG): $(awk "BEGIN { printf \"%.0f\", $(up) - $t0 }") s"
     fi
     incus_c info $INCUS_VM > /out/incus-info.txt 2>&1
+    incus_c console $INCUS_VM --show-log > /out/incus-console-ttyS0.log 2>&1
     for s in $INCUS_SRV; do kill $s 2> /dev/null; done
     incusd_stop
     tr -d '\r' < $INCUS_LOG | sed 's/^/B| /'
