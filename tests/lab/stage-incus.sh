@@ -115,7 +115,8 @@ incus_vm() {
         { fail "incus init --vm failed"; return 1; }
     raw="$(incus_c profile get vfio-p2p-$INCUS_VM raw.qemu) -cpu max -kernel $KERNEL -initrd $INITRD_B"
     # ttyS0 is Incus's console (a ring buffer: incus console --show-log); the lab's is ttyS1
-    raw="$raw -append 'console=ttyS0 console=ttyS1 quiet panic=-1 lab_b=incus' -serial file:$O/${INCUS_LOG#/out/}"
+    # (not quiet: the kernel's progress shows in both, the boot under TCG in TCG being slow)
+    raw="$raw -append 'console=ttyS0 console=ttyS1 panic=-1 lab_b=incus' -serial file:$O/${INCUS_LOG#/out/}"
     raw="$raw -qmp unix:$INCUS_QMP,server=on,wait=off"
     conf=$(printf '[machine]\naccel = "tcg"\n')
     for n in $(cut -d' ' -f1 /out/incus-gpus.txt); do
@@ -148,7 +149,9 @@ incus_wait() {
         awk -v u="$(up)" -v t="$t0" -v l="$1" 'BEGIN { exit !(u - t > l) }' && return 1
         up > /out/heartbeat
         n=$((n + 1)); [ $((n % 12)) = 0 ] && echo "level B at $(up)s: console $(wc -c < $INCUS_LOG) bytes," \
-            "QEMU $pid $(awk '{ print "utime", $14, "stime", $15 }' /proc/$pid/stat 2> /dev/null || echo gone)"
+            "QEMU $pid $(awk '{ print "utime", $14, "stime", $15 }' /proc/$pid/stat 2> /dev/null || echo gone)," \
+            "$({ echo '{"execute":"qmp_capabilities"}'; echo '{"execute":"query-status"}'; sleep 2; } |
+                C timeout 10 socat - UNIX-CONNECT:$INCUS_QMP 2>&1 | grep -o '"status": *"[a-z-]*"')"
         sleep 5
     done
 }
