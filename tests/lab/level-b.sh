@@ -91,6 +91,9 @@ if grep -qE 'lab_b=(incus|ch)' /proc/cmdline; then
     section WRONG vfio-p2p-agent expect --expect /tmp/wrong.json --format json
     echo "LAB-B-DONE up $(up)s"
     sync
+    # under Incus level A reads this console from Incus (incus console --show-log), which has
+    # nothing once QEMU is gone: level A stops the VM when it has read LAB-B-DONE
+    grep -q 'lab_b=incus' /proc/cmdline && sleep 900
     poweroff -f
 fi
 section EXPECT vfio-p2p-agent expect --format json

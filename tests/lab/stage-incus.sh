@@ -155,12 +155,14 @@ incus_wait() {
         awk -v u="$(up)" -v t="$t0" -v l="$1" 'BEGIN { exit !(u - t > l) }' && return 1
         up > /out/heartbeat
         # Incus's own console (ttyS0, its ring buffer), as `incus console --show-log` shows it
-        [ $((n % 3)) = 0 ] && incus_c console $INCUS_VM --show-log > $INCUS_TTYS0 2> /dev/null
+        # (the whole log each time; kept only when it is longer than what is kept)
+        [ $((n % 3)) = 0 ] && incus_c console $INCUS_VM --show-log > /out/incus-console-poll.log 2> /dev/null &&
+            [ "$(wc -c < /out/incus-console-poll.log)" -gt "$(wc -c < $INCUS_TTYS0)" ] && cp /out/incus-console-poll.log $INCUS_TTYS0
         n=$((n + 1)); [ $((n % 12)) = 0 ] && echo "level B at $(up)s: console $(wc -c < $INCUS_LOG) bytes," \
             "QEMU $pid $(awk '{ print "utime", $14, "stime", $15 }' /proc/$pid/stat 2> /dev/null || echo gone)," \
             "$(incus_qmp '{"execute":"query-status"}' | grep -o '"status": *"[a-z-]*"')," \
             "$(incus_qmp '{"execute":"human-monitor-command","arguments":{"command-line":"info registers"}}' | grep -o 'RIP=[0-9a-f]*' | head -n1)," \
-            "Incus's console (ttyS0) $(incus_c console $INCUS_VM --show-log 2>&1 | wc -c) bytes"
+            "Incus's console (ttyS0) $(wc -c < $INCUS_TTYS0) bytes"
         sleep 5
     done
 }
