@@ -1151,13 +1151,22 @@ stage_iommufd() {
     [ -z "$WHY" ]
 }
 
+# stage incus (Incus for real), in a file of its own
+# shellcheck source=tests/lab/stage-incus.sh
+. /stage-incus.sh
+# stage ch (Cloud Hypervisor for real), likewise
+# shellcheck source=tests/lab/stage-ch.sh
+. /stage-ch.sh
+
 # ------------------------------------------------------------------------------ main
 run_stage() {
     local name=$1 t0 res
     case " $LAB_STAGES " in *" $name "*) ;; *) echo "LAB-STAGE $name SKIP 0 not selected" | tee -a /out/stages.txt; return ;; esac
     echo "LAB-PROGRESS $name ..."
-    t0=$(up); WHY=""; NFAIL=0; NOTE=""
+    t0=$(up); WHY=""; NFAIL=0; NOTE=""; SKIP=""
+    # SKIP: what a stage that cannot run here (its program absent from the stack) says instead
     if "stage_$(echo "$name" | tr - _)" > /out/"$name".log 2>&1 && [ -z "$WHY" ]; then res=PASS; else res=FAIL; fi
+    [ -z "$SKIP" ] || { res=SKIP; NOTE=$SKIP; }
     sed "s/^/[$name] /" /out/"$name".log
     [ $NFAIL -le 3 ] || WHY="$WHY; ... $NFAIL failures in all, see $name.log"
     echo "LAB-STAGE $name $res $(awk "BEGIN { printf \"%.1f\", $(up) - $t0 }") ${WHY:-$NOTE}" | tee -a /out/stages.txt

@@ -3,7 +3,8 @@
 # /init of level B, the guest started from `vfio-p2p gen qemu`'s arguments. Runs our agent and
 # prints its results between markers on the console, which level A reads (level-a.sh b_section):
 #   LAB-B-SCAN-BEGIN / <JSON> / LAB-B-SCAN-END rc=N, the same for EXPECT and WRONG, LAB-B-DONE
-# (booted with lab_b=topo, by stage guest-topo: only TOPO, then LAB-B-DONE)
+# (booted with lab_b=topo, by stage guest-topo: only TOPO, then LAB-B-DONE; with lab_b=incus,
+# by stage incus: SCAN, EXPECT and WRONG against expectations fetched over vsock)
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -52,7 +53,49 @@ if grep -q 'lab_b=topo' /proc/cmdline; then
     sync
     poweroff -f
 fi
+# stage ch (stage-ch.sh) boots this guest under Cloud Hypervisor with lab_b=ch: CH has no vendor
+# override, so the stand-ins (1234:1111, class 0x0380) are shown to the agent as 10de:2330 here,
+# the way level A's present_as_nvidia does: vendor, device and a copy of config with the ids
+# patched, bind-mounted over the sysfs files; the capabilities in the copy are CH's own
+# shellcheck disable=SC2059 # the format is the escape
+byte() { printf "\\$(printf %03o "$1")"; }
+if grep -q 'lab_b=ch' /proc/cmdline; then
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat "$d/vendor"):$(cat "$d/device"):$(cat "$d/class")" = 0x1234:0x1111:0x038000 ] || continue
+        f=/tmp/nv/${d##*/}; mkdir -p "$f"
+        echo 0x10de > "$f/vendor"; echo 0x2330 > "$f/device"; cat "$d/config" > "$f/config"
+        { byte 0xde; byte 0x10; byte 0x30; byte 0x23; } | dd of="$f/config" conv=notrunc 2> /dev/null
+        for a in vendor device config; do mount --bind "$f/$a" "$d/$a"; done
+        echo "LAB-B: ${d##*/} shown as 10de:2330 (CH has no vendor override); at 0xd4:" \
+            "$(dd if="$d/config" bs=4 skip=53 count=2 2> /dev/null | hexdump -v -e '8/1 " %02x"')"
+    done
+fi
 section SCAN vfio-p2p-agent scan --format json
+# stage incus (stage-incus.sh) boots this guest as an Incus VM with lab_b=incus, stage ch with
+# lab_b=ch: the VMM picks the guest addresses, so level A makes the expectation from the VMM's
+# own report of them once the guest runs and serves it over vsock (port 7390; the wrong one,
+# every clique moved by one, on 7391)
+if grep -qE 'lab_b=(incus|ch)' /proc/cmdline; then
+    fetch() { # PORT FILE
+        local n=0
+        while [ $n -lt 20 ]; do
+            timeout 30 socat -u VSOCK-CONNECT:2:"$1" - > "$2" 2> /tmp/fetch.err && [ -s "$2" ] && return 0
+            n=$((n + 1)); sleep 3
+        done
+        echo "LAB-B: no expectation on vsock port $1: $(cat /tmp/fetch.err)"
+    }
+    fetch 7390 /tmp/expect.json
+    echo "LAB-B: expectation from level A: $(cat /tmp/expect.json)"
+    section EXPECT vfio-p2p-agent expect --expect /tmp/expect.json --format json
+    fetch 7391 /tmp/wrong.json
+    section WRONG vfio-p2p-agent expect --expect /tmp/wrong.json --format json
+    echo "LAB-B-DONE up $(up)s"
+    sync
+    # under Incus level A reads this console from Incus (incus console --show-log), which has
+    # nothing once QEMU is gone: level A stops the VM when it has read LAB-B-DONE
+    grep -q 'lab_b=incus' /proc/cmdline && sleep 900
+    poweroff -f
+fi
 section EXPECT vfio-p2p-agent expect --format json
 # must not pass: the harness moved every clique of the real expectation by one
 section WRONG vfio-p2p-agent expect --expect $FW/opt/vfio-p2p-lab/wrong-expect.json/raw --format json

@@ -227,9 +227,9 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     ));
     if let Some(d) = &domain {
         // the cliques the definition sets against the plan, as the hook checks them
-        let level = ctx.plan_options(&args.plan, None).p2p_level;
+        let options = ctx.plan_options(&args.plan, None);
         let fix = clique_fix(&args, d, &gpus);
-        report.extend(check::clique_checks(topo, d, level, &fix));
+        report.extend(check::clique_checks(topo, d, &options, &fix));
     }
     match vfio_p2p_emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

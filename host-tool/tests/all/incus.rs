@@ -267,3 +267,69 @@ fn gen_incus_refuses_what_incus_decides_itself() {
         "{err}"
     );
 }
+
+/// `check --incus-config` with `--allow-untranslated-p2p` on level A's sysfs.
+fn check_lab(config: &str) -> serde_json::Value {
+    let snapshot = format!(
+        "{}/../tests/fixtures/cloud-hypervisor/boot/snapshot",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (_, out, err) = vfio_p2p(&[
+        "--sysfs-root",
+        &snapshot,
+        "check",
+        "--incus-config",
+        config,
+        "--allow-untranslated-p2p",
+        "--format",
+        "json",
+    ]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"))
+}
+
+fn lab_findings(report: &serde_json::Value, status: &str) -> Vec<String> {
+    let checks = report["checks"].as_array().unwrap();
+    checks
+        .iter()
+        .filter(|c| c["status"] == status)
+        .map(|c| format!("{} {}", c["check"], c["subject"]))
+        .collect()
+}
+
+/// The lab's stage incus (tests/lab/stage-incus.sh): `incus config show --expanded` of the VM
+/// that Incus 7.0.2 made from `gen incus`'s profile in level A (tests/fixtures/incus/lab), read
+/// on level A's sysfs (the snapshot stage ch recorded: the same emulated host, whose switch has
+/// no ACS). The cliques are planned with the command's `--allow-untranslated-p2p`, as `gen` had
+/// them: the switch pair's shared clique is right, and without it clique-missing names both.
+#[test]
+fn check_plans_the_lab_vms_cliques_with_the_commands_options() {
+    let report = check_lab(&fixture("lab/expanded.yaml"));
+    let fails = lab_findings(&report, "fail");
+    assert!(
+        fails
+            .iter()
+            .all(|f| !f.contains("p2p-plan") && !f.contains("clique")),
+        "{fails:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let without = dir.path().join("no-clique.yaml");
+    let text: String = read("lab/expanded.yaml")
+        .lines()
+        .filter(|l| !l.contains("nvidia.clique"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&without, text).unwrap();
+    let missing: Vec<String> = lab_findings(&check_lab(without.to_str().unwrap()), "fail")
+        .into_iter()
+        .filter(|f| f.contains("clique-missing"))
+        .collect();
+    assert_eq!(missing.len(), 2, "{missing:?}");
+    assert!(
+        missing.iter().any(|f| f.contains("0000:13:00.0")),
+        "{missing:?}"
+    );
+    assert!(
+        missing.iter().any(|f| f.contains("0000:14:00.0")),
+        "{missing:?}"
+    );
+}

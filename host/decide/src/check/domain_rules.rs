@@ -91,29 +91,28 @@ pub fn domain_checks(
         return out;
     }
     out.extend(hidden_hypervisor(facts));
-    out.extend(gpu_cliques(
-        topo,
-        facts,
-        &gpus,
+    let options = PlanOptions {
         p2p_level,
-        &patch_fix(facts),
-    ));
+        ..PlanOptions::default()
+    };
+    out.extend(gpu_cliques(topo, facts, &gpus, &options, &patch_fix(facts)));
     out
 }
 
 /// The cliques a VM definition sets (facts from a libvirt domain or another stack's
 /// config, read into the same form) against the plan for its GPUs; `fix` tells how that
 /// stack's definition gets the planned cliques. A hidden hypervisor is `check`'s own.
+/// `options` are the plan's (`--p2p-level`, `--allow-untranslated-p2p`), as `gen` had them.
 pub fn clique_checks(
     topo: &Topology,
     facts: &DomainFacts,
-    p2p_level: PathKind,
+    options: &PlanOptions,
     fix: &str,
 ) -> Vec<CheckResult> {
     let mut out = Vec::new();
     let gpus = gpu_hostdevs(topo, facts, &mut out);
     if !gpus.is_empty() {
-        out.extend(gpu_cliques(topo, facts, &gpus, p2p_level, fix));
+        out.extend(gpu_cliques(topo, facts, &gpus, options, fix));
     }
     out
 }
@@ -122,17 +121,13 @@ fn gpu_cliques(
     topo: &Topology,
     facts: &DomainFacts,
     gpus: &BTreeMap<Bdf, Option<&str>>,
-    p2p_level: PathKind,
+    options: &PlanOptions,
     fix: &str,
 ) -> Vec<CheckResult> {
     let mut out = Vec::new();
     let has = cliques_set(facts, gpus, fix, &mut out);
     let selected: Vec<Bdf> = gpus.keys().copied().collect();
-    let options = PlanOptions {
-        p2p_level,
-        ..PlanOptions::default()
-    };
-    let planned = match plan(topo, &selected, &options) {
+    let planned = match plan(topo, &selected, options) {
         Ok(p) => p,
         Err(e) => {
             out.push(fail(
@@ -146,7 +141,7 @@ fn gpu_cliques(
     };
     out.extend(missing_cliques(&planned, gpus, &has, fix));
     out.extend(split_cliques(&planned, &has, fix));
-    out.extend(wrong_cliques(&planned, &has, p2p_level, fix));
+    out.extend(wrong_cliques(&planned, &has, options, fix));
     out
 }
 
@@ -308,7 +303,7 @@ fn missing_cliques(
 fn wrong_cliques(
     planned: &CliquePlan,
     has: &BTreeMap<Bdf, u8>,
-    p2p_level: PathKind,
+    options: &PlanOptions,
     fix: &str,
 ) -> Vec<CheckResult> {
     let mut by_clique: BTreeMap<u8, Vec<Bdf>> = BTreeMap::new();
@@ -323,7 +318,9 @@ fn wrong_cliques(
                     continue;
                 };
                 let ok = p.nvlink.is_some()
-                    || (p.path <= p2p_level && p.verdict != PairRoute::Untranslated);
+                    || (p.path <= options.p2p_level
+                        && (p.verdict != PairRoute::Untranslated
+                            || options.allow_untranslated_p2p));
                 if !ok {
                     out.push(fail(
                         "clique-path",
