@@ -91,8 +91,8 @@ pub fn init() -> Result<(), CudaError> {
 /// Driver API version (e.g. 13000 for CUDA 13.0). Needs [`init`] first.
 pub fn driver_version() -> Result<i32, CudaError> {
     let mut v = 0;
-    // SAFETY: v is a valid out pointer.
     check(
+        // SAFETY: v is a valid out pointer.
         unsafe { sys::cuDriverGetVersion(&mut v) },
         "cuDriverGetVersion",
         &"-",

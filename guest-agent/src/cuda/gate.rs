@@ -22,8 +22,8 @@ impl HostGate {
         gpu.bind()?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: host is a valid out pointer; a context is current.
         check(
+            // SAFETY: host is a valid out pointer; a context is current.
             unsafe { sys::cuMemHostAlloc(&mut host, 4, flags) },
             "cuMemHostAlloc",
             &gpu.bus_id,
@@ -33,8 +33,8 @@ impl HostGate {
             device: 0,
         };
         gate.close();
-        // SAFETY: host was allocated with CU_MEMHOSTALLOC_DEVICEMAP just above.
         check(
+            // SAFETY: host was allocated with CU_MEMHOSTALLOC_DEVICEMAP just above.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut gate.device, host, 0) },
             "cuMemHostGetDevicePointer",
             &gpu.bus_id,

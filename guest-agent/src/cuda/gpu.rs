@@ -48,8 +48,8 @@ pub fn parse_bus_id(s: &str) -> Option<Bdf> {
 /// How many GPUs the driver sees.
 fn device_count() -> Result<i32, CudaError> {
     let mut n = 0;
-    // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
     check(
+        // SAFETY: n is a valid out pointer; the driver is initialised by cuda::init.
         unsafe { sys::cuDeviceGetCount(&mut n) },
         "cuDeviceGetCount",
         &"-",
@@ -88,15 +88,15 @@ impl Gpu {
     fn bus_id_of(ordinal: i32) -> Result<(CUdevice, Bdf), CudaError> {
         let at = format!("#{ordinal}");
         let mut dev: CUdevice = 0;
-        // SAFETY: dev is a valid out pointer and ordinal < cuDeviceGetCount.
         check(
+            // SAFETY: dev is a valid out pointer and ordinal < cuDeviceGetCount.
             unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
             "cuDeviceGet",
             &at,
         )?;
         let mut buf = [0 as c_char; 64];
-        // SAFETY: buf has the length passed.
         check(
+            // SAFETY: buf has the length passed.
             unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) },
             "cuDeviceGetPCIBusId",
             &at,
@@ -130,22 +130,22 @@ impl Gpu {
         let (dev, bus_id) = Self::bus_id_of(ordinal)?;
         let at = bus_id.to_string();
         let mut name = [0 as c_char; 128];
-        // SAFETY: name has the length passed.
         check(
+            // SAFETY: name has the length passed.
             unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev) },
             "cuDeviceGetName",
             &at,
         )?;
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: uuid is a valid out pointer.
         check(
+            // SAFETY: uuid is a valid out pointer.
             unsafe { sys::cuDeviceGetUuid(&mut uuid, dev) },
             "cuDeviceGetUuid",
             &at,
         )?;
         let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: ctx is a valid out pointer; released in Drop.
         check(
+            // SAFETY: ctx is a valid out pointer; released in Drop.
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
             &at,
@@ -166,8 +166,8 @@ impl Gpu {
 
     pub fn attribute(&self, attr: CUdevice_attribute) -> Result<i32, CudaError> {
         let mut v = 0;
-        // SAFETY: v is a valid out pointer, dev a valid device.
         check(
+            // SAFETY: v is a valid out pointer, dev a valid device.
             unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.dev) },
             "cuDeviceGetAttribute",
             &self.bus_id,
@@ -183,8 +183,8 @@ impl Gpu {
         if CURRENT.with(Cell::get) == self.ctx {
             return Ok(());
         }
-        // SAFETY: ctx is a retained primary context, alive as long as self.
         check(
+            // SAFETY: ctx is a retained primary context, alive as long as self.
             unsafe { sys::cuCtxSetCurrent(self.ctx) },
             "cuCtxSetCurrent",
             &self.bus_id,
@@ -230,8 +230,8 @@ pub fn time_plain_context(bdf: Bdf) -> Result<(f64, f64), CudaError> {
         let at = bdf.to_string();
         let t = std::time::Instant::now();
         let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: ctx is a valid out pointer, dev a valid device; destroyed below.
         check(
+            // SAFETY: ctx is a valid out pointer, dev a valid device; destroyed below.
             unsafe { sys::cuCtxCreate_v2(&mut ctx, 0, dev) },
             "cuCtxCreate",
             &at,

@@ -37,8 +37,8 @@ fn fd_prop(gpu: &Gpu) -> CUmemAllocationProp {
 fn granular(gpu: &Gpu, bytes: usize) -> Result<usize, CudaError> {
     let prop = fd_prop(gpu);
     let mut g = 0usize;
-    // SAFETY: g and prop are valid for the call.
     check(
+        // SAFETY: g and prop are valid for the call.
         unsafe {
             sys::cuMemGetAllocationGranularity(
                 &mut g,
@@ -87,8 +87,8 @@ impl<'g> MappedMemory<'g> {
             bytes,
             mapped: false,
         };
-        // SAFETY: the range was just reserved with this size; the handle is at least that large.
         check(
+            // SAFETY: the range was just reserved with this size; the handle is at least that large.
             unsafe { sys::cuMemMap(ptr, bytes, 0, handle, 0) },
             "cuMemMap",
             &gpu.bus_id,
@@ -98,8 +98,8 @@ impl<'g> MappedMemory<'g> {
             location: device_location(gpu),
             flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range is mapped; desc is one valid descriptor.
         check(
+            // SAFETY: the range is mapped; desc is one valid descriptor.
             unsafe { sys::cuMemSetAccess(ptr, bytes, &desc, 1) },
             "cuMemSetAccess",
             &gpu.bus_id,
@@ -113,8 +113,8 @@ impl<'g> MappedMemory<'g> {
         let bytes = granular(gpu, bytes)?;
         let prop = fd_prop(gpu);
         let mut handle = 0;
-        // SAFETY: handle is a valid out pointer, prop a valid property set.
         check(
+            // SAFETY: handle is a valid out pointer, prop a valid property set.
             unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) },
             "cuMemCreate",
             &gpu.bus_id,
@@ -125,8 +125,8 @@ impl<'g> MappedMemory<'g> {
     /// A file descriptor another process can import this memory from.
     pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
         let mut fd: libc::c_int = -1;
-        // SAFETY: for POSIX_FILE_DESCRIPTOR the out parameter is an int.
         check(
+            // SAFETY: for POSIX_FILE_DESCRIPTOR the out parameter is an int.
             unsafe {
                 sys::cuMemExportToShareableHandle(
                     (&mut fd as *mut libc::c_int).cast(),
@@ -147,9 +147,9 @@ impl<'g> MappedMemory<'g> {
         use std::os::fd::AsRawFd;
         gpu.bind()?;
         let mut handle = 0;
-        // SAFETY: for POSIX_FILE_DESCRIPTOR the OS handle is the descriptor's value passed
-        // as a pointer-sized integer; fd stays open during the call.
         check(
+            // SAFETY: for POSIX_FILE_DESCRIPTOR the OS handle is the descriptor's value passed
+            // as a pointer-sized integer; fd stays open during the call.
             unsafe {
                 sys::cuMemImportFromShareableHandle(
                     &mut handle,
@@ -193,8 +193,8 @@ pub fn ipc_handle(gpu: &Gpu, ptr: CUdeviceptr) -> Result<[u8; IPC_HANDLE_BYTES],
     gpu.bind()?;
     // SAFETY: an all-zero handle is a valid out buffer.
     let mut h: CUipcMemHandle = unsafe { std::mem::zeroed() };
-    // SAFETY: h is a valid out pointer and ptr a live allocation of this context.
     check(
+        // SAFETY: h is a valid out pointer and ptr a live allocation of this context.
         unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) },
         "cuIpcGetMemHandle",
         &gpu.bus_id,
@@ -217,8 +217,8 @@ impl<'g> IpcOpened<'g> {
             *d = *s as libc::c_char;
         }
         let mut ptr = 0;
-        // SAFETY: ptr is a valid out pointer; h came from cuIpcGetMemHandle in the owner.
         check(
+            // SAFETY: ptr is a valid out pointer; h came from cuIpcGetMemHandle in the owner.
             unsafe {
                 sys::cuIpcOpenMemHandle_v2(
                     &mut ptr,

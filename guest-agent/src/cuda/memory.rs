@@ -14,8 +14,8 @@ impl<'g> DeviceBuffer<'g> {
     pub fn new(gpu: &'g Gpu, bytes: usize) -> Result<Self, CudaError> {
         gpu.bind()?;
         let mut ptr = 0;
-        // SAFETY: ptr is a valid out pointer; the GPU's context is current.
         check(
+            // SAFETY: ptr is a valid out pointer; the GPU's context is current.
             unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) },
             "cuMemAlloc",
             &gpu.bus_id,
@@ -46,8 +46,8 @@ impl<'g> DeviceBuffer<'g> {
     /// running when cuMemsetD32 returns, and the agent's streams do not wait for it.
     pub fn fill_u32(&self, value: u32) -> Result<(), CudaError> {
         self.gpu.bind()?;
-        // SAFETY: the range is this allocation.
         check(
+            // SAFETY: the range is this allocation.
             unsafe { sys::cuMemsetD32_v2(self.ptr, value, self.bytes / 4) },
             "cuMemsetD32",
             &self.gpu.bus_id,
@@ -59,8 +59,8 @@ impl<'g> DeviceBuffer<'g> {
     pub fn set_word(&self, i: usize, value: u32) -> Result<(), CudaError> {
         assert!((i + 1) * 4 <= self.bytes, "word {i} beyond the buffer");
         self.gpu.bind()?;
-        // SAFETY: the one word lies within this allocation (asserted above).
         check(
+            // SAFETY: the one word lies within this allocation (asserted above).
             unsafe { sys::cuMemsetD32_v2(self.ptr + 4 * i as u64, value, 1) },
             "cuMemsetD32",
             &self.gpu.bus_id,
@@ -72,8 +72,8 @@ impl<'g> DeviceBuffer<'g> {
     pub fn upload<T: Copy>(&self, data: &[T]) -> Result<(), CudaError> {
         assert!(std::mem::size_of_val(data) <= self.bytes);
         self.gpu.bind()?;
-        // SAFETY: the source is a live slice of the size passed, within this allocation.
         check(
+            // SAFETY: the source is a live slice of the size passed, within this allocation.
             unsafe {
                 sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), std::mem::size_of_val(data))
             },

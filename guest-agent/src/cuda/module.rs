@@ -81,8 +81,8 @@ impl<'g> Module<'g> {
         for k in Kernel::ALL {
             let name = CString::new(k.name()).expect("kernel names have no NUL");
             let mut f = std::ptr::null_mut();
-            // SAFETY: module is loaded, name is NUL-terminated, f a valid out pointer.
             check(
+                // SAFETY: module is loaded, name is NUL-terminated, f a valid out pointer.
                 unsafe { sys::cuModuleGetFunction(&mut f, module.raw, name.as_ptr()) },
                 "cuModuleGetFunction",
                 &gpu.bus_id,

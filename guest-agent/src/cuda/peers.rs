@@ -20,16 +20,16 @@ pub struct PeerAttributes {
 
 pub fn attributes(src: &Gpu, dst: &Gpu) -> Result<PeerAttributes, CudaError> {
     let mut can = 0;
-    // SAFETY: can is a valid out pointer, both devices valid.
     check(
+        // SAFETY: can is a valid out pointer, both devices valid.
         unsafe { sys::cuDeviceCanAccessPeer(&mut can, src.dev, dst.dev) },
         "cuDeviceCanAccessPeer",
         &src.bus_id,
     )?;
     let attr = |a: CUdevice_P2PAttribute| -> Result<i32, CudaError> {
         let mut v = 0;
-        // SAFETY: v is a valid out pointer, both devices valid.
         check(
+            // SAFETY: v is a valid out pointer, both devices valid.
             unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, src.dev, dst.dev) },
             "cuDeviceGetP2PAttribute",
             &src.bus_id,

@@ -13,8 +13,8 @@ impl<'g> Stream<'g> {
     pub fn new(gpu: &'g Gpu) -> Result<Self, CudaError> {
         gpu.bind()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: raw is a valid out pointer; the GPU's context is current.
         check(
+            // SAFETY: raw is a valid out pointer; the GPU's context is current.
             unsafe {
                 sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
             },
@@ -93,8 +93,8 @@ impl<'g> Event<'g> {
     pub fn new(gpu: &'g Gpu) -> Result<Self, CudaError> {
         gpu.bind()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: raw is a valid out pointer; the GPU's context is current.
         check(
+            // SAFETY: raw is a valid out pointer; the GPU's context is current.
             unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
             "cuEventCreate",
             &gpu.bus_id,
@@ -124,8 +124,8 @@ impl<'g> Event<'g> {
     /// Milliseconds from `start` to this event (both completed).
     pub fn since(&self, start: &Event<'_>) -> Result<f64, CudaError> {
         let mut ms = 0f32;
-        // SAFETY: both events are live and recorded; ms is a valid out pointer.
         check(
+            // SAFETY: both events are live and recorded; ms is a valid out pointer.
             unsafe { sys::cuEventElapsedTime(&mut ms, start.raw, self.raw) },
             "cuEventElapsedTime",
             &self.gpu.bus_id,
