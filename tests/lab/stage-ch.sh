@@ -64,7 +64,8 @@ stage_ch() {
     ensure_vfio $GPUS_B
     C "$CH" --version > /out/ch-version.txt 2>&1
     echo "$(head -n1 /out/ch-version.txt)"
-    printf 'name: lab-b-ch\nmemory_mib: %s\nvcpus: %s\n' "$MEM_B" "$VCPUS_B" > /out/vm-ch.yaml
+    # console: none: the lab adds its own serial (a file it reads back), as the recording did
+    printf 'name: lab-b-ch\nmemory_mib: %s\nvcpus: %s\nconsole: none\n' "$MEM_B" "$VCPUS_B" > /out/vm-ch.yaml
     vp plan --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json > /out/plan-ch.json
     rc=0; vp gen cloud-hypervisor --config $O/vm-ch.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json \
         --expect-out $O/expect-ch-gen.json > /out/ch-gen.json || rc=$?

@@ -352,6 +352,28 @@ fn check_disks(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow
     Ok(())
 }
 
+/// The NVSwitches a whole-baseboard VM (fabric: full-passthrough) gets beside its GPUs, with
+/// the warning that Fabric Manager moves into the guest. The NCCL file describes the guest's
+/// GPUs and NICs only; the NVSwitches go into VM definitions.
+fn passthrough_nvswitches(
+    target: GenTarget,
+    ctx: &Context,
+    gpus: &[pci_config::Bdf],
+) -> Vec<pci_config::Bdf> {
+    if target == GenTarget::Nccl {
+        return Vec::new();
+    }
+    let nvswitches =
+        vfio_p2p_decide::fabric::passthrough_nvswitches(&ctx.topo, ctx.fabric.model, gpus);
+    if !nvswitches.is_empty() {
+        tracing::warn!(
+            "fabric: full-passthrough: the VM has the whole baseboard, so its {} NVSwitches go in too; Fabric Manager must run in the guest (the guest driver's version, FABRIC_MODE=0), not on the host",
+            nvswitches.len()
+        );
+    }
+    nvswitches
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -379,17 +401,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             None => anyhow::anyhow!("--nics: {e}"),
         }
     })?;
-    // The NCCL file describes the guest's GPUs and NICs; the NVSwitches go into VM definitions.
-    let nvswitches = match args.target {
-        GenTarget::Nccl => Vec::new(),
-        _ => vfio_p2p_decide::fabric::passthrough_nvswitches(topo, ctx.fabric.model, &gpus),
-    };
-    if !nvswitches.is_empty() {
-        tracing::warn!(
-            "fabric: full-passthrough: the VM has the whole baseboard, so its {} NVSwitches go in too; Fabric Manager must run in the guest (the guest driver's version, FABRIC_MODE=0), not on the host",
-            nvswitches.len()
-        );
-    }
+    let nvswitches = passthrough_nvswitches(args.target, &ctx, &gpus);
     let nics: Vec<pci_config::Bdf> = nics.into_iter().chain(nvswitches).collect();
     let mut layout = guest_layout::decide_with_nics(
         topo,

@@ -14,6 +14,7 @@ use super::sim::{write_tree, SimKernel};
 use super::state::BindState;
 use vfio_p2p_model::{HostRecord, ResetPolicy, Topology};
 use vfio_p2p_read::binding::{device_dir, read_binding, read_reset_method};
+use vfio_p2p_read::read_host;
 use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
 /// GPU A alone below its root port; GPU B on a root port's bus shared with a NIC.
@@ -51,9 +52,9 @@ impl Host {
     fn root(&self) -> &Path {
         self.dir.path()
     }
-    /// The topology `bind`'s caller has read (of the record the tree was written from).
+    /// The topology `bind`'s caller reads: the tree as it is now.
     fn topo(&self) -> Topology {
-        Topology::from_record(&self.host)
+        Topology::from_record(&read_host(self.root()).unwrap())
     }
     fn methods(&self, bdf: Bdf) -> String {
         read_reset_method(self.root(), bdf).unwrap().join(" ")
