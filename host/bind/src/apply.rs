@@ -274,6 +274,18 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
         })
     }
 
+    /// One write through the writer; a failure names the device, the file and the value.
+    fn write(&mut self, bdf: Bdf, w: &SysfsWrite) -> Result<(), MoveError> {
+        self.writer
+            .write(self.root, &w.file, &w.value)
+            .map_err(|source| MoveError::Write {
+                bdf,
+                file: w.file.clone(),
+                value: w.value.clone(),
+                source,
+            })
+    }
+
     /// Moves one device to `target` and checks that it got there.
     fn move_device(&mut self, bdf: Bdf, target: &Target, log: bool) -> Result<Moved, MoveError> {
         let before = self.read(bdf)?;
@@ -282,14 +294,7 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
             self.touched.push((bdf, before.clone()));
         }
         for w in &writes {
-            self.writer
-                .write(self.root, &w.file, &w.value)
-                .map_err(|source| MoveError::Write {
-                    bdf,
-                    file: w.file.clone(),
-                    value: w.value.clone(),
-                    source,
-                })?;
+            self.write(bdf, w)?;
         }
         let after = self.read(bdf)?;
         if !reached(&after, target) {
@@ -325,14 +330,7 @@ impl<'a, W: SysfsWriter> Transaction<'a, W> {
         if log {
             self.touched_resets.push((bdf, was));
         }
-        self.writer
-            .write(self.root, &w.file, &w.value)
-            .map_err(|source| MoveError::Write {
-                bdf,
-                file: w.file.clone(),
-                value: w.value.clone(),
-                source,
-            })?;
+        self.write(bdf, &w)?;
         let now = read(self)?;
         if now.join(" ") != methods.trim() {
             return Err(MoveError::NotReached {
