@@ -3,11 +3,9 @@
 //! opened (read-only where asked), the first one booting. CI installs the tools (see
 //! real_tools.rs); a missing one fails unless VFIO_P2P_SKIP_REAL_TOOLS=1.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command as Process, Stdio};
 
-use crate::real::{domxml_to_native, have, on_this_machines_nodes, validate, vfio_p2p};
+use crate::real::{domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p};
 
 /// A vm.yaml in `dir` with three raw disk images there (the boot disk, one on SATA, one
 /// read-only) plus `extra` lines.
@@ -169,21 +167,7 @@ fn qemu_with(argv: &[String], qmp: &str) -> (bool, String, String) {
             _ => v.clone(),
         });
     }
-    let mut child = Process::new("timeout")
-        .args(["120", "qemu-system-x86_64", "-S", "-qmp", "stdio"])
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(qmp.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = qemu_fed(120, &["-S", "-qmp", "stdio"], &args, qmp.as_bytes());
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -316,22 +300,8 @@ fn the_default_console_is_the_terminal_with_the_monitor_behind_it() {
         };
         args.extend([pair[0].clone(), v]);
     }
-    let mut child = Process::new("timeout")
-        .args(["120", "qemu-system-x86_64", "-S"])
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Ctrl-a c: to the monitor; then quit
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"\x01cquit\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = qemu_fed(120, &["-S"], &args, b"\x01cquit\n");
     assert!(
         out.status.success(),
         "{}{}",

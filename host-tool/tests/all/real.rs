@@ -1,8 +1,9 @@
 //! What the real-tool tests share: finding the tools, running vfio-p2p, libvirt's schema
 //! and argv generator, and the examples' NUMA nodes mapped onto this machine's.
 
+use std::io::Write;
 use std::path::Path;
-use std::process::Command as Process;
+use std::process::{Command as Process, Output, Stdio};
 
 /// Whether `tool` can run; panics when it can't and skipping wasn't asked for.
 pub fn have(tool: &str) -> bool {
@@ -160,4 +161,21 @@ pub fn on_this_machines_nodes(text: &str) -> String {
         out.push_str(&map(&rest[..end]));
         rest = &rest[end..];
     }
+}
+
+/// `qemu-system-x86_64 FIRST… ARGS…` under `timeout SECS`, with `stdin` written to it (QMP
+/// commands or monitor keys) and its output collected.
+pub fn qemu_fed(secs: u32, first: &[&str], args: &[String], stdin: &[u8]) -> Output {
+    let mut child = Process::new("timeout")
+        .arg(secs.to_string())
+        .arg("qemu-system-x86_64")
+        .args(first)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
 }

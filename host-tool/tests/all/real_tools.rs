@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command as Process, Stdio};
 
-use crate::real::{domxml_to_native, have, on_this_machines_nodes, validate, vfio_p2p};
+use crate::real::{domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p};
 
 /// `(id, clique)` of every vfio-pci device in a QEMU argv printed by libvirt.
 fn vfio_cliques(argv: &str) -> Vec<(String, Option<u64>)> {
@@ -179,32 +179,12 @@ fn qemu_accepts_the_generated_machine() {
                 args.push(k.clone());
                 args.push(v);
             }
-            let mut child = Process::new("timeout")
-                .args([
-                    "300",
-                    "qemu-system-x86_64",
-                    "-S",
-                    "-display",
-                    "none",
-                    "-nodefaults",
-                    "-qmp",
-                    "stdio",
-                ])
-                .args(&args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(
-                    b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-pci\"}\n{\"execute\":\"quit\"}\n",
-                )
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
+            let out = qemu_fed(
+                300,
+                &["-S", "-display", "none", "-nodefaults", "-qmp", "stdio"],
+                &args,
+                b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-pci\"}\n{\"execute\":\"quit\"}\n",
+            );
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
                 out.status.success(),
