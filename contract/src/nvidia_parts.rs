@@ -133,6 +133,24 @@ pub fn c2c_superchip(device: u16) -> Option<&'static str> {
     }
 }
 
+/// The 8-GPU board (HGX or DGX) an NVLink-5 GPU sits on, where the fourth-generation
+/// NVSwitches are no PCI devices of the host but sit behind the baseboard's ConnectX-7
+/// bridge, and the NVLink Subnet Manager (NVLSM) must run beside Fabric Manager (NVIDIA's
+/// Fabric Manager user guide, "Systems Using Fourth Generation NVSwitches" and "NVIDIA HGX
+/// B200/B300 GPU Baseboard"). IDs from pci.ids: 2901 `GB100 [B200]`, 2909 `GB100 [HGX
+/// B200 168GB]`, 2920 `GB100 [TS4 / B100]`, 29bc `GB102 [B100]` (also the guide's lspci
+/// sample of that baseboard), 3182 `GB110 [B300 SXM6 AC]`. Grace-Blackwell trays (2941,
+/// 31c2, 31c3) are not on the list: their NVLink switches are trays of their own, whose
+/// NVOS runs NVLSM, not the compute tray.
+pub fn nvlink5_hgx_board(device: u16) -> Option<&'static str> {
+    match device {
+        0x2901 | 0x2909 => Some("HGX B200"),
+        0x2920 | 0x29bc => Some("HGX B100"),
+        0x3182 => Some("HGX B300"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +200,16 @@ mod tests {
         assert_eq!(nvswitch_gen(0x1aef), None);
         assert_eq!(nvswitch_gen(0x22ac), None);
         assert!(!is_nvswitch_bridge(0x22ac));
+    }
+
+    #[test]
+    fn nvlink5_boards_are_hgx_blackwell_not_grace_trays_or_hopper() {
+        for id in [0x2901, 0x2909, 0x2920, 0x29bc, 0x3182] {
+            assert!(nvlink5_hgx_board(id).is_some(), "{id:#x}");
+        }
+        // GB200/GB300 trays (NVLSM on the switch trays), H200, B200's neighbours in pci.ids
+        for id in [0x2941, 0x31c2, 0x31c3, 0x2335, 0x2900, 0x3180] {
+            assert_eq!(nvlink5_hgx_board(id), None, "{id:#x}");
+        }
     }
 }

@@ -20,7 +20,7 @@ use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
-use vfio_p2p_model::fabric_state::{FabricState, FmConfigFile};
+use vfio_p2p_model::fabric_state::{FabricState, FmConfigFile, NvlsmProbe};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
 use vfio_p2p_model::Topology;
@@ -151,6 +151,8 @@ pub struct Probes {
     pub libvirt_version: Option<Result<LibvirtVersion, String>>,
     pub iommu: Option<IommuFacts>,
     pub fm_config: Option<FmConfigFile>,
+    /// NVLSM beside Fabric Manager, asked with `fm_config` (where an NVLink-5 GPU is).
+    pub nvlsm: Option<NvlsmProbe>,
 }
 
 /// A command's starting point: every input a command decides from, read once, before
@@ -213,7 +215,7 @@ impl Context {
             topo.add_nvlinks(&nvidia_smi::parse(text, name)?)?;
         }
         let fabric_notes = fabric_notes(&topo, &host, &fabric);
-        let probes = probe(&source, &fabric, needs)?;
+        let probes = probe(&source, &topo, &fabric, needs)?;
         Ok(Context {
             source,
             host,
@@ -458,7 +460,12 @@ fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<Stri
 /// The probes `needs` asks for, run once, before anything is decided: QEMU's and
 /// libvirt's versions, iommufd below the root, Fabric Manager's config file (only where
 /// the board has a fabric model).
-fn probe(source: &HostSource, fabric: &Fabric, needs: &Needs) -> anyhow::Result<Probes> {
+fn probe(
+    source: &HostSource,
+    topo: &Topology,
+    fabric: &Fabric,
+    needs: &Needs,
+) -> anyhow::Result<Probes> {
     let fm_config = match (needs.fm_config, source.probe_root()) {
         (false, _) => None,
         (true, _) if fabric.model.is_none() => {
@@ -482,7 +489,20 @@ fn probe(source: &HostSource, fabric: &Fabric, needs: &Needs) -> anyhow::Result<
             Err(_) => IommuFacts::not_probed("no live host (an example or a snapshot)"),
         }),
         fm_config,
+        nvlsm: needs.fm_config.then(|| nvlsm_probe(source, topo)),
     })
+}
+
+/// NVLSM beside FM, probed where an NVLink-5 board's GPU is on the host.
+fn nvlsm_probe(source: &HostSource, topo: &Topology) -> NvlsmProbe {
+    let all: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
+    match source.probe_root() {
+        _ if vfio_p2p_decide::check::nvlink5_board(topo, &all).is_none() => {
+            NvlsmProbe::NotProbed("no NVLink-5 GPU".into())
+        }
+        Ok(root) => NvlsmProbe::Probed(host_probe::nvlsm::probe(root)),
+        Err(why) => NvlsmProbe::NotProbed(why.to_string()),
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use vfio_p2p_decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
 use vfio_p2p_decide::clique_plan::plan;
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::domain::DomainFacts;
-use vfio_p2p_model::fabric_state::FmConfigFile;
+use vfio_p2p_model::fabric_state::{FmConfigFile, NvlsmProbe};
 use vfio_p2p_model::DeviceKind;
 use vfio_p2p_read::domain_xml::read_domain_xml_file;
 use vfio_p2p_read::incus::read_incus_config_file;
@@ -163,6 +163,10 @@ fn domain_nics(topo: &vfio_p2p_model::Topology) -> impl Fn(&DomainFacts) -> Vec<
     }
 }
 
+fn not_asked() -> NvlsmProbe {
+    NvlsmProbe::NotProbed("not asked".into())
+}
+
 pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let needs = Needs {
         qemu_version: args.qemu.clone(),
@@ -225,6 +229,13 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         &fm_config,
         &reserved,
     ));
+    let nvlsm = ctx.probes.nvlsm.clone().unwrap_or_else(not_asked);
+    report.extend(Vec::from_iter(check::nvlsm_checks(
+        topo,
+        &gpus,
+        ctx.fabric.model,
+        &nvlsm,
+    )));
     if let Some(d) = &domain {
         // the cliques the definition sets against the plan, as the hook checks them
         let options = ctx.plan_options(&args.plan, None);

@@ -1,6 +1,7 @@
 //! NVIDIA Fabric Manager's view of an NVSwitch board, as the readers make it: its
 //! partitions (`read::fm_capture`, FM's live API, the embedded examples' tables) and
-//! its config file (`read::fm_config`).
+//! its config file (`read::fm_config`), and on NVLink-5 boards the NVLink Subnet Manager
+//! beside it (`read::host_probe::nvlsm`).
 //!
 //! FM names a GPU by its *physical id* (the baseboard module id NVML reports as
 //! `nvmlDeviceGetModuleId`) and, when FM can see it, its PCI address.
@@ -116,4 +117,40 @@ pub enum FmConfigFile {
         path: String,
         fabric_mode: Option<u8>,
     },
+}
+
+/// The NVLink Subnet Manager (NVLSM) beside Fabric Manager on an NVLink-5 board
+/// (`read::host_probe::nvlsm`), as the preflight sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NvlsmProbe {
+    /// Not looked at (an example, a snapshot, no NVLink-5 GPU on the host): why.
+    NotProbed(String),
+    Probed(NvlsmFacts),
+}
+
+/// What the host shows of NVLSM and Fabric Manager: installed files, ib_umad, the
+/// running daemons.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NvlsmFacts {
+    /// NVLSM's binary, where installed.
+    pub nvlsm_binary: Option<String>,
+    /// Fabric Manager's binary, where installed.
+    pub fm_binary: Option<String>,
+    /// `/sys/class/infiniband_mad` exists: `ib_umad` is loaded, without which NVLSM
+    /// cannot send its management datagrams.
+    pub umad: bool,
+    /// The running `nvlsm`, if any.
+    pub nvlsm: Option<Daemon>,
+    /// The running `nv-fabricmanager`, if any.
+    pub fm: Option<Daemon>,
+}
+
+/// A running daemon, from `/proc/PID/cmdline`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Daemon {
+    pub pid: u32,
+    /// The management port GUID on its command line (`-g`, `--guid`,
+    /// `--fm-sm-mgmt-port-guid`): the ConnectX-7 bridge port FM and NVLSM must share.
+    pub port_guid: Option<u64>,
 }

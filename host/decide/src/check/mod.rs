@@ -12,6 +12,7 @@ mod domain_rules;
 mod fabric_rules;
 mod facts;
 mod host_rules;
+mod nvlsm_rules;
 mod report;
 mod reset_rules;
 mod vm_rules;
@@ -19,6 +20,7 @@ mod vm_rules;
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
 pub use facts::{ConfigSyntax, Vmm, VmmFacts};
+pub use nvlsm_rules::{nvlink5_board, nvlsm_checks};
 pub use report::{CheckReport, CheckResult, Status};
 pub use reset_rules::reset_checks;
 

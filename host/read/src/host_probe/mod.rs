@@ -5,6 +5,7 @@
 
 pub mod iommufd;
 pub mod kvm_probe;
+pub mod nvlsm;
 pub mod vfio_ioctl;
 
 use std::collections::BTreeMap;
