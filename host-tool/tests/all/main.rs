@@ -32,6 +32,7 @@ mod kubevirt;
 mod libvirt_patch;
 mod nccl_dump;
 mod nics;
+mod nvlsm;
 mod place;
 mod plan_check;
 mod printed_fixes;
