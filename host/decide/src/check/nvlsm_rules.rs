@@ -69,7 +69,7 @@ fn judge(f: &NvlsmFacts) -> Result<String, (Status, String, String)> {
                 format!("{INSTALL}; or run both in FM's service VM, with the ConnectX-7 bridge's limited PFs"),
             )),
             Some(fm) => fail(
-                format!("{fm} but no NVLSM: Fabric Manager cannot bring up the NVLink fabric"),
+                format!("Fabric Manager is installed ({fm}), NVLSM is not: FM cannot bring up the NVLink fabric"),
                 INSTALL.into(),
             ),
         };
@@ -86,7 +86,10 @@ fn judge(f: &NvlsmFacts) -> Result<String, (Status, String, String)> {
             (None, Some(fm)) => format!("Fabric Manager runs (pid {}) without NVLSM", fm.pid),
             (Some(sm), _) => format!("NVLSM runs (pid {}) without Fabric Manager", sm.pid),
         };
-        return fail(format!("{binary} installed, but {which}"), RESTART.into());
+        return fail(
+            format!("NVLSM is installed ({binary}), but {which}"),
+            RESTART.into(),
+        );
     };
     let guid = |d: &vfio_p2p_model::fabric_state::Daemon| {
         d.port_guid

@@ -127,6 +127,9 @@ mod tests {
             "proc/31082/cmdline",
             b"/usr/bin/nv-fabricmanager\0-c\0/usr/share/nvidia/nvswitch/fabricmanager.cfg\0-g\x000x7425540300353de9\0",
         );
+        // A later process of the same name (a helper it started): not the daemon.
+        write(root, "proc/31099/comm", b"nvlsm\n");
+        write(root, "proc/31099/cmdline", b"nvlsm\0");
         write(root, "proc/1/comm", b"systemd\n");
         write(root, "proc/self/comm", b"nvlsm\n");
         let f = probe(root);
