@@ -362,7 +362,7 @@ fn load_fabric(
                 LiveFabric::not_asked("fabric: full-passthrough: Fabric Manager runs in the VM")
             }
             FabricManagerSource::Live(_)
-                if host.fabric == FabricMode::Auto && topo.nvswitches().next().is_none() =>
+                if host.fabric == FabricMode::Auto && !vfio_p2p_decide::fabric::fm_board(topo) =>
             {
                 LiveFabric::not_asked("no NVSwitch on this host")
             }
@@ -439,7 +439,7 @@ impl LiveFabric {
 /// What the run should hear about the fabric: partitions that planning cannot follow
 /// because FM did not answer.
 fn fabric_notes(topo: &Topology, host: &HostConfig, fabric: &Fabric) -> Vec<String> {
-    let nvswitches = topo.nvswitches().next().is_some();
+    let nvswitches = vfio_p2p_decide::fabric::fm_board(topo);
     match (fabric.model, &fabric.state) {
         (Some(FabricModel::SharedNvswitch), None) => vec![format!(
             "fabric: shared-nvswitch, but Fabric Manager's partitions are unknown, so GPU sets are not checked against them: {}",

@@ -1,13 +1,17 @@
 //! `check` on an HGX B200 root (synthetic, its GPUs 10de:2901): the
 //! `nvlink-subnet-manager` row is read from the root's files and processes, once, and
-//! fails or passes with them; an H100 root shows no such row.
+//! fails or passes with them; an H100 root shows no such row. And `fabric: auto` asks
+//! Fabric Manager on such a board although no NVSwitch is on its PCI tree.
 
 use std::fs;
 use std::path::Path;
 
 use serde_json::Value;
+use vfio_p2p_bind::sim::write_tree;
 use vfio_p2p_model::Topology;
-use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+use vfio_p2p_read::synth::{example, Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
+
+use crate::fm_standin::{board, standin_library};
 
 fn root_with_gpu(dir: &Path, device: u16) {
     let mut b = HostBuilder::new("hgx b200 root");
@@ -104,4 +108,38 @@ fn no_row_on_an_h100_root() {
     let dir = tempfile::tempdir().unwrap();
     root_with_gpu(dir.path(), 0x2330);
     assert!(rows(dir.path()).is_empty());
+}
+
+/// The partitions `topo` shows below a root whose socket-0 GPUs the stand-in FM's board
+/// holds, with those GPUs' device ID set to `device`; FM asked under `fabric: auto`.
+fn partitions_seen(device: u16) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let mut record = example("dual-socket-pcie").unwrap();
+    for d in record.devices.iter_mut().filter(|d| d.device == 0x26b9) {
+        d.device = device;
+        d.config[2..4].copy_from_slice(&device.to_le_bytes());
+    }
+    write_tree(&record, dir.path()).unwrap();
+    let fm = dir.path().join("fm-standin.json");
+    fs::write(&fm, board().to_string()).unwrap();
+    let out = crate::cli::vfio_p2p()
+        .arg("--sysfs-root")
+        .arg(dir.path())
+        .args(["topo", "--format", "json"])
+        .env("VFIO_P2P_FM_LIBRARY", standin_library())
+        .env("VFIO_P2P_FM_STANDIN", &fm)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["fabric"]["state"]["partitions"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+#[test]
+fn auto_asks_fabric_manager_on_an_nvlink5_board_without_pci_nvswitches() {
+    assert_eq!(partitions_seen(0x2901), 3);
+    // L40S: no NVSwitch board, FM is not asked.
+    assert_eq!(partitions_seen(0x26b9), 0);
 }

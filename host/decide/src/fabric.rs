@@ -22,6 +22,15 @@ use vfio_p2p_model::fabric_state::FabricPartition;
 use vfio_p2p_model::fabric_state::FabricState;
 use vfio_p2p_model::Topology;
 
+/// A board whose NVLink fabric Fabric Manager runs, which `fabric: auto` asks FM about:
+/// NVSwitches on the PCI tree (HGX A100/H100/H200), or the GPUs of an NVLink-5 board,
+/// whose NVSwitches sit behind the baseboard's ConnectX-7 bridge and are no PCI devices
+/// of the host (HGX B100/B200/B300).
+pub fn fm_board(topo: &Topology) -> bool {
+    let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
+    topo.nvswitches().next().is_some() || crate::check::nvlink5_board(topo, &gpus).is_some()
+}
+
 /// The model planning follows: `fabric:` as configured, `auto` meaning shared NVSwitch
 /// when FM's partitions are known, else none.
 pub fn resolve_model(mode: FabricMode, partitions_known: bool) -> Option<FabricModel> {
