@@ -413,6 +413,22 @@ fn guest_address_space(
     Ok(space)
 }
 
+/// The libvirt domain for the libvirt version targeted, with a warning for each form an
+/// older libvirt gets instead of its element.
+fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
+    let version = ctx.libvirt_version();
+    if !version.has_override() {
+        tracing::warn!("{}", libvirt::set_form_warning(version));
+    }
+    if !version.has_maxphysaddr() {
+        tracing::warn!("{}", libvirt::maxphysaddr_form_warning(version));
+    }
+    if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
+        tracing::warn!("{}", libvirt::iommufd_form_warning(version));
+    }
+    libvirt::domain(vm, version)
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -491,19 +507,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let format = args.format.unwrap_or_default();
     let text = match args.target {
         GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
-        GenTarget::Libvirt => {
-            let version = ctx.libvirt_version();
-            if !version.has_override() {
-                tracing::warn!("{}", libvirt::set_form_warning(version));
-            }
-            if !version.has_maxphysaddr() {
-                tracing::warn!("{}", libvirt::maxphysaddr_form_warning(version));
-            }
-            if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
-                tracing::warn!("{}", libvirt::iommufd_form_warning(version));
-            }
-            libvirt::domain(&vm, version)
-        }
+        GenTarget::Libvirt => libvirt_domain(&ctx, &vm),
         GenTarget::CloudHypervisor => {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");
