@@ -72,3 +72,45 @@ fn a_snapshot_keeps_the_hosts_width() {
         .status
         .success());
 }
+
+fn stderr(host: &[&str], target: &str) -> String {
+    let out = crate::cli::vfio_p2p()
+        .args(host)
+        .args(["gen", target])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// A window ending above 1 TiB: where the host's width is unknown (flat-vm, a VM's capture)
+/// gen says it cannot check; where it is known it says nothing; Incus is told what loses it.
+#[test]
+fn a_window_above_one_tib_is_warned_of_where_nothing_can_refuse_it() {
+    let unknown = "does not say its physical address width";
+    assert!(stderr(&["--example", "flat-vm"], "qemu").contains(unknown));
+    assert!(!stderr(&["--example", "hgx-h100"], "qemu").contains(unknown));
+    let incus = stderr(&["--example", "hgx-h100"], "incus");
+    assert!(
+        incus.contains("migration.stateful=true gets kvm64")
+            && incus.contains("limits.memory.hotplug"),
+        "{incus}"
+    );
+    // two GPUs of dual-socket-pcie with 16 GiB of RAM end below 1 TiB: no warning
+    let small = crate::cli::vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "incus",
+            "--gpus",
+            "05:00.0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&small.stderr).contains("migration.stateful"));
+}

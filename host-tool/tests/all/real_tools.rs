@@ -102,9 +102,15 @@ fn generated_domains_validate_and_carry_cliques() {
 /// below 8.7 a `-global` on the host CPU type in `<qemu:commandline>`, passed as it is.
 #[test]
 fn libvirt_gives_the_guest_the_hosts_width() {
-    if !have("virt-xml-validate") || !have("virsh") {
+    if !have("virt-xml-validate") || !have("virsh") || !have("qemu-system-x86_64") {
         return;
     }
+    // the -global names a property of the CPU type libvirt's host-passthrough starts
+    let help = Process::new("qemu-system-x86_64")
+        .args(["-device", "host-x86_64-cpu,help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("host-phys-bits=<bool>"));
     let dir = tempfile::tempdir().unwrap();
     for version in ["9.0", "8.7", "8.6"] {
         let args = [
