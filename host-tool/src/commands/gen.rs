@@ -14,6 +14,7 @@ use vfio_p2p_collector::store::Store;
 use vfio_p2p_config::vm::GuestTopology;
 use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_contract::Expectation;
+use vfio_p2p_decide::address_space::{self, GuestAddressSpace};
 use vfio_p2p_decide::clique_offset;
 use vfio_p2p_decide::expectation;
 use vfio_p2p_decide::fleet_verdict::DomainPlan;
@@ -374,6 +375,60 @@ fn passthrough_nvswitches(
     nvswitches
 }
 
+/// The guest's address space for vm.yaml's RAM and the GPUs' window on the host's width
+/// (`address sizes`), or the refusal naming vm.yaml's `memory_mib` line and the fix. An
+/// unknown width refuses nothing; it is warned of where the window ends above 1 TiB.
+fn guest_address_space(
+    args: &GenArgs,
+    config: &VmConfig,
+    topo: &vfio_p2p_model::Topology,
+    window: u64,
+) -> anyhow::Result<GuestAddressSpace> {
+    let bits = topo.cpu.as_ref().and_then(|c| c.phys_bits);
+    let space = address_space::for_vm(config.memory_mib << 20, window, bits).map_err(|e| {
+        let at = match (&args.config, config.memory_at) {
+            (Some(p), Some(at)) => {
+                format!("{}:{}:{}: memory_mib", p.display(), at.line(), at.column())
+            }
+            (Some(p), None) => format!(
+                "{}: memory_mib (the default, {})",
+                p.display(),
+                config.memory_mib
+            ),
+            (None, _) => format!(
+                "memory_mib (the default, {}; --config vm.yaml sets it)",
+                config.memory_mib
+            ),
+        };
+        anyhow::anyhow!("{at}: {e} (host: {})", topo.source)
+    })?;
+    if bits.is_none() && !space.fits_qemu_default && args.target != GenTarget::Nccl {
+        tracing::warn!(
+            "{} does not say its physical address width (no `address sizes` in proc/cpuinfo): {} MiB of RAM and the {} GiB 64-bit window end above 1 TiB, and gen cannot check they fit; generate on the host or from its `vfio-p2p snapshot`",
+            topo.source,
+            config.memory_mib,
+            window.div_ceil(1 << 30)
+        );
+    }
+    Ok(space)
+}
+
+/// The libvirt domain for the libvirt version targeted, with a warning for each form an
+/// older libvirt gets instead of its element.
+fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
+    let version = ctx.libvirt_version();
+    if !version.has_override() {
+        tracing::warn!("{}", libvirt::set_form_warning(version));
+    }
+    if !version.has_maxphysaddr() {
+        tracing::warn!("{}", libvirt::maxphysaddr_form_warning(version));
+    }
+    if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
+        tracing::warn!("{}", libvirt::iommufd_form_warning(version));
+    }
+    libvirt::domain(vm, version)
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -429,6 +484,11 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         .filter_map(|g| topo.device(&g.host))
         .collect();
     let hole64 = mmio::hole64_size(&devices);
+    let address_space = match args.target {
+        // the NCCL file describes GPUs, not a VM's memory
+        GenTarget::Nccl => address_space::for_vm(0, hole64, None)?,
+        _ => guest_address_space(&args, &config, topo, hole64)?,
+    };
     let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let vm = VmDefinition {
@@ -437,6 +497,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         expectation: &expectation,
         expectation_source,
         hole64,
+        address_space,
         iommu_backend: iommu_backend(&ctx, config.iommu_backend, has_cliques),
     };
     if args.target == GenTarget::Nccl {
@@ -446,16 +507,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let format = args.format.unwrap_or_default();
     let text = match args.target {
         GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
-        GenTarget::Libvirt => {
-            let version = ctx.libvirt_version();
-            if !version.has_override() {
-                tracing::warn!("{}", libvirt::set_form_warning(version));
-            }
-            if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
-                tracing::warn!("{}", libvirt::iommufd_form_warning(version));
-            }
-            libvirt::domain(&vm, version)
-        }
+        GenTarget::Libvirt => libvirt_domain(&ctx, &vm),
         GenTarget::CloudHypervisor => {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");
@@ -469,7 +521,10 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
         GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
         GenTarget::Incus => {
-            for w in incus::guest_io_warnings(&vm) {
+            for w in incus::guest_io_warnings(&vm)
+                .into_iter()
+                .chain(incus::address_space_warning(&vm))
+            {
                 tracing::warn!("{w}");
             }
             let form = incus_clique_form(incus.unwrap_or_else(|| Err("not asked".into())));

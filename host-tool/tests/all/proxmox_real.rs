@@ -1,6 +1,7 @@
 //! `gen proxmox` and `check --proxmox-conf` against what Proxmox VE's own code did with
 //! them: qemu-server's hostpci parser and `-device` builder, pve-common's `split_args`, then
-//! Debian sid's QEMU 11.1 (tests/fixtures/proxmox, recorded by its `record` script).
+//! Debian sid's QEMU 11.1; and qemu-server's `cpu` parser and -cpu builder (tests/fixtures/proxmox,
+//! recorded by its `record` script).
 
 use crate::recording;
 
@@ -133,4 +134,18 @@ fn x_vga_hides_the_hypervisor_in_qemu_server_and_check_fails_it() {
     assert!(!check_fails(&gen_proxmox())
         .iter()
         .any(|f| f.starts_with("hypervisor-visible") || f.starts_with("clique")));
+}
+
+#[test]
+fn qemu_server_gives_the_guest_the_hosts_width_from_our_cpu_line() {
+    // qemu-server's own `cpu` parser and -cpu builder (CPUConfig::get_cpu_options)
+    assert!(gen_proxmox().contains("\ncpu: host,phys-bits=host\n"));
+    let cpu = block("cpu-options.pl gen-proxmox.conf");
+    assert!(
+        cpu.trim().starts_with("-cpu host,") && cpu.trim().ends_with(",host-phys-bits=true"),
+        "{cpu}"
+    );
+    // the property is checked: a misspelt value is refused, so `host` was understood
+    let typo = block("cpu-options.pl phys-bits-typo.conf");
+    assert!(typo.contains("phys-bits: invalid format"), "{typo}");
 }

@@ -97,6 +97,59 @@ fn generated_domains_validate_and_carry_cliques() {
     assert!(argv.contains("\"x-nv-gpudirect-clique\":1"), "{argv}");
 }
 
+/// The host's width through libvirt: from 8.7 `<maxphysaddr mode='passthrough'/>`, which
+/// libvirt's schema takes and its argv generator turns into `host-phys-bits=on` on `-cpu`;
+/// below 8.7 a `-global` on the host CPU type in `<qemu:commandline>`, passed as it is.
+#[test]
+fn libvirt_gives_the_guest_the_hosts_width() {
+    if !have("virt-xml-validate") || !have("virsh") || !have("qemu-system-x86_64") {
+        return;
+    }
+    // the -global names a property of the CPU type libvirt's host-passthrough starts
+    let help = Process::new("qemu-system-x86_64")
+        .args(["-device", "host-x86_64-cpu,help"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("host-phys-bits=<bool>"));
+    let dir = tempfile::tempdir().unwrap();
+    for version in ["9.0", "8.7", "8.6"] {
+        let args = [
+            "--example",
+            "hgx-h100",
+            "gen",
+            "libvirt",
+            "--libvirt-version",
+            version,
+        ];
+        let xml = vfio_p2p(&args, None);
+        let element = version != "8.6";
+        assert_eq!(
+            xml.contains("<maxphysaddr mode='passthrough'/>"),
+            element,
+            "{version}"
+        );
+        let path = dir.path().join(format!("{version}.xml"));
+        std::fs::write(&path, &xml).unwrap();
+        validate(&path);
+        let argv = domxml_to_native(&on_this_machines_nodes(&xml));
+        let cpu = argv
+            .split(" -cpu ")
+            .nth(1)
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_default();
+        assert_eq!(
+            cpu.contains(",host-phys-bits=on"),
+            element,
+            "{version}: -cpu {cpu}"
+        );
+        assert_eq!(
+            argv.contains("-global host-x86_64-cpu.host-phys-bits=on"),
+            !element,
+            "{version}: {argv}"
+        );
+    }
+}
+
 #[test]
 fn patched_domain_validates_and_carries_cliques() {
     if !have("virt-xml-validate") || !have("virsh") {

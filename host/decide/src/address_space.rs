@@ -119,6 +119,80 @@ pub fn fits_qemu_default(ram: u64, window: u64) -> bool {
     base + window <= 1u64 << QEMU_DEFAULT_PHYS_BITS
 }
 
+/// The fix for a VM whose RAM and window do not fit: the largest RAM that does, or fewer
+/// GPUs when the window alone is too wide.
+pub fn refusal_fix(p: &AddressPlan) -> String {
+    match p.largest_ram {
+        0 => "fewer GPUs in this VM: their window alone exceeds the address space".to_string(),
+        l => format!(
+            "at most {} GiB of RAM for this VM (memory_mib: {}), or fewer GPUs",
+            l / GIB,
+            l >> 20
+        ),
+    }
+}
+
+/// The narrowest width Cloud Hypervisor is given: QEMU's long-standing default.
+const MIN_GUEST_PHYS_BITS: u8 = QEMU_DEFAULT_PHYS_BITS;
+
+/// The address space decided for one VM, which every emitter renders: the guest gets the
+/// host's width (QEMU `host-phys-bits=on`, libvirt `<maxphysaddr mode='passthrough'/>`,
+/// Proxmox `phys-bits=host`), and Cloud Hypervisor a fixed width that holds RAM and window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestAddressSpace {
+    /// The plan on the host's width; `None` where the host's width is unknown (an example
+    /// or a snapshot without `address sizes`), which nothing can then be refused on.
+    pub plan: Option<AddressPlan>,
+    /// Cloud Hypervisor's `--cpus max_phys_bits`: the narrowest width from 40 up in which RAM
+    /// and window fit (CH gives the guest the smaller of it and the host's).
+    pub max_phys_bits: u8,
+    /// Whether QEMU's default 40 bits would keep the window too ([`fits_qemu_default`]).
+    pub fits_qemu_default: bool,
+}
+
+/// RAM and window do not fit the host's width: the refusal `gen` prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} GiB of RAM and the {} GiB 64-bit MMIO window the GPUs' BARs need do not fit the guest's {}-bit physical address space ({} GiB; the host CPU has {host_bits} bits): {}", .ram / GIB, .window / GIB, .plan.phys_bits, (1u64 << .plan.phys_bits) / GIB, refusal_fix(.plan))]
+pub struct DoesNotFit {
+    pub ram: u64,
+    pub window: u64,
+    pub host_bits: u8,
+    pub plan: AddressPlan,
+}
+
+/// The address space of a VM with `ram` bytes of RAM and a `window`-byte 64-bit window on a
+/// host whose CPU has `host_bits` physical address bits (`None`: unknown), or the refusal.
+pub fn for_vm(
+    ram: u64,
+    window: u64,
+    host_bits: Option<u8>,
+) -> Result<GuestAddressSpace, DoesNotFit> {
+    let needed = (MIN_GUEST_PHYS_BITS..=OVMF_MAX_PHYS_BITS)
+        .find(|&b| plan(ram, window, b).fits)
+        .unwrap_or(OVMF_MAX_PHYS_BITS);
+    let Some(host_bits) = host_bits else {
+        return Ok(GuestAddressSpace {
+            plan: None,
+            max_phys_bits: needed,
+            fits_qemu_default: fits_qemu_default(ram, window),
+        });
+    };
+    let p = plan(ram, window, host_bits);
+    if !p.fits {
+        return Err(DoesNotFit {
+            ram,
+            window,
+            host_bits,
+            plan: p,
+        });
+    }
+    Ok(GuestAddressSpace {
+        max_phys_bits: needed.min(p.phys_bits),
+        plan: Some(p),
+        fits_qemu_default: fits_qemu_default(ram, window),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +244,42 @@ mod tests {
         assert!(fits_qemu_default(64 * GIB, 288 * GIB));
         assert!(!fits_qemu_default(768 * GIB, 288 * GIB));
         assert!(plan(768 * GIB, 288 * GIB, 46).fits);
+    }
+
+    /// gen's decision: refused exactly past the largest RAM the plan names (41 bits, two
+    /// H100s' 544 GiB window), with that RAM in the message; Cloud Hypervisor gets the
+    /// narrowest width from 40 up that holds RAM and window; an unknown width refuses nothing.
+    #[test]
+    fn gen_refuses_past_the_largest_ram_and_sizes_cloud_hypervisor() {
+        let largest = plan(64 * GIB, 544 * GIB, 41).largest_ram;
+        assert_eq!(largest, 1022 * GIB);
+        let ok = for_vm(largest, 544 * GIB, Some(41)).unwrap();
+        assert_eq!((ok.max_phys_bits, ok.plan.unwrap().phys_bits), (41, 41));
+        let e = for_vm(largest + GIB, 544 * GIB, Some(41)).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("at most 1022 GiB of RAM for this VM (memory_mib: 1046528)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("41-bit physical address space (2048 GiB"),
+            "{text}"
+        );
+        assert!(for_vm(64 * GIB, 2080 * GIB, Some(39))
+            .unwrap_err()
+            .to_string()
+            .contains("fewer GPUs in this VM"));
+        assert_eq!(
+            for_vm(16 * GIB, 416 * GIB, Some(52)).unwrap().max_phys_bits,
+            40
+        );
+        assert_eq!(
+            for_vm(768 * GIB, 288 * GIB, Some(46))
+                .unwrap()
+                .max_phys_bits,
+            41
+        );
+        let unknown = for_vm(60 * TIB, 2080 * GIB, None).unwrap();
+        assert_eq!((unknown.plan, unknown.max_phys_bits), (None, 46));
     }
 }

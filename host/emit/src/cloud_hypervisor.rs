@@ -6,7 +6,8 @@
 //! is refused before rendering (`decide::clique_offset::cloud_hypervisor`). Cloud Hypervisor has no emulated switches or expander buses; every
 //! device lands on PCI segment 0, whose 64-bit aperture covers all of the guest's
 //! physical address space above RAM, so no `--platform`/`--pci-segment` knob is needed
-//! for one segment; `max_phys_bits` must cover RAM plus the BARs.
+//! for one segment; `max_phys_bits` must cover RAM plus the BARs (CH gives the guest the
+//! smaller of it and the host's width, 46 when not given: vmm/src/vm.rs `physical_bits`).
 
 use super::vm::VmDefinition;
 use vfio_p2p_config::vm::IommuBackend;
@@ -32,11 +33,12 @@ pub fn argv(vm: &VmDefinition) -> Result<(Vec<String>, Vec<String>), CloudHyperv
     let c = vm.config;
     let mut warnings = Vec::new();
     let mut a: Vec<String> = vec![CLOUD_HYPERVISOR_BINARY.into()];
-    // Guest physical space must hold RAM (below and above 4 GiB) and the 64-bit window.
-    let needed = (c.memory_mib << 20) + vm.hole64 + (4 << 30);
-    let phys_bits = (64 - needed.leading_zeros()).max(40);
+    // the width that holds RAM and the 64-bit window (decide::address_space::for_vm)
     a.push("--cpus".into());
-    a.push(format!("boot={},max_phys_bits={phys_bits}", c.vcpus));
+    a.push(format!(
+        "boot={},max_phys_bits={}",
+        c.vcpus, vm.address_space.max_phys_bits
+    ));
     a.push("--memory".into());
     a.push(format!("size={}M", c.memory_mib));
     if vm.iommu_backend == IommuBackend::Iommufd {

@@ -118,6 +118,23 @@ pub fn guest_io_warnings(vm: &VmDefinition) -> Vec<String> {
     w
 }
 
+/// Where RAM and window end above QEMU's default 40 bits: what keeps the host's width in an
+/// Incus VM (its `-cpu host`, whose host-phys-bits QEMU turns on) and what loses it.
+pub fn address_space_warning(vm: &VmDefinition) -> Option<String> {
+    if vm.address_space.fits_qemu_default {
+        return None;
+    }
+    Some(format!(
+        "{} MiB of RAM and the {} GiB 64-bit window end above QEMU's default 40 bits: Incus starts the VM with \
+         `-cpu host`, which has the host's width, but in a cluster a VM with migration.stateful=true gets kvm64 \
+         and 40 bits, and loses its GPUs (leave migration.stateful off); Incus also reserves memory hotplug room \
+         between RAM and window (limits.memory.hotplug, the host's memory by default): set it to false or check \
+         the sum with `vfio-p2p check --memory-gib`",
+        vm.config.memory_mib,
+        vm.hole64_gib()
+    ))
+}
+
 /// Instance keys: vCPUs, memory, host NUMA nodes, the 64-bit window, and the cliques'
 /// `raw.qemu.conf` when the server lacks the device key.
 fn config_keys(vm: &VmDefinition, form: CliqueForm) -> Vec<(&'static str, String)> {

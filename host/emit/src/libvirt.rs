@@ -16,7 +16,7 @@ use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT
 
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::QEMU_NS;
-use vfio_p2p_model::vmm::{LibvirtVersion, IOMMUFD_SINCE, OVERRIDE_SINCE};
+use vfio_p2p_model::vmm::{LibvirtVersion, IOMMUFD_SINCE, MAXPHYSADDR_SINCE, OVERRIDE_SINCE};
 
 /// Why an older libvirt gets iommufd through `<qemu:commandline>`; printed as a warning.
 pub fn iommufd_form_warning(version: LibvirtVersion) -> String {
@@ -25,6 +25,18 @@ pub fn iommufd_form_warning(version: LibvirtVersion) -> String {
          using <qemu:commandline> -object iommufd and an iommufd property per hostdev; libvirt still sets up the VFIO \
          group, and QEMU must be allowed to open /dev/iommu and /dev/vfio/devices/* (qemu.conf cgroup_device_acl, \
          namespaces = []); upgrade libvirt"
+    )
+}
+
+/// The host's width for libvirt before `<maxphysaddr>`: a global property of the CPU type
+/// libvirt's host-passthrough starts (`-cpu host`), which is how QEMU applies `-cpu` options.
+pub const HOST_PHYS_BITS_GLOBAL: &str = "host-x86_64-cpu.host-phys-bits=on";
+
+/// Why an older libvirt gets the host's width through `<qemu:commandline>`; a warning.
+pub fn maxphysaddr_form_warning(version: LibvirtVersion) -> String {
+    format!(
+        "libvirt {version} has no <maxphysaddr> (needs {MAXPHYSADDR_SINCE}): using <qemu:commandline> \
+         -global {HOST_PHYS_BITS_GLOBAL} to give the guest the host's physical address width; upgrade libvirt"
     )
 }
 
@@ -101,7 +113,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
     write_machine(w, vm);
     write_numa_tune(w, vm);
-    write_cpu(w, vm);
+    write_cpu(w, vm, version);
     let _ = writeln!(w, "  <devices>");
     write_root_bus(w, vm);
     write_bridges(w, vm);
@@ -278,24 +290,32 @@ fn write_numa_tune(w: &mut String, vm: &VmDefinition) {
 }
 
 /// host-passthrough keeps the hypervisor CPUID bit: the driver reads the clique only then.
-/// With guest NUMA nodes, one cell each.
-fn write_cpu(w: &mut String, vm: &VmDefinition) {
+/// `<maxphysaddr mode='passthrough'/>` (libvirt ≥ 8.7) gives the guest the host's width
+/// (`host-phys-bits=on`). With guest NUMA nodes, one cell each.
+fn write_cpu(w: &mut String, vm: &VmDefinition, version: LibvirtVersion) {
     let l = vm.layout;
-    if l.numa_nodes.is_empty() {
+    if l.numa_nodes.is_empty() && !version.has_maxphysaddr() {
         let _ = writeln!(w, "  <cpu mode='host-passthrough'/>");
         return;
     }
-    let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
-    for (i, n) in l.numa_nodes.iter().enumerate() {
-        let (cpus, mem) = vm.numa_share(i);
-        let _ = writeln!(
-            w,
-            "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'/>",
-            n.id,
-            cpulist(&cpus)
-        );
+    let _ = writeln!(w, "  <cpu mode='host-passthrough'>");
+    if version.has_maxphysaddr() {
+        let _ = writeln!(w, "    <maxphysaddr mode='passthrough'/>");
     }
-    let _ = writeln!(w, "    </numa>\n  </cpu>");
+    if !l.numa_nodes.is_empty() {
+        let _ = writeln!(w, "    <numa>");
+        for (i, n) in l.numa_nodes.iter().enumerate() {
+            let (cpus, mem) = vm.numa_share(i);
+            let _ = writeln!(
+                w,
+                "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'/>",
+                n.id,
+                cpulist(&cpus)
+            );
+        }
+        let _ = writeln!(w, "    </numa>");
+    }
+    let _ = writeln!(w, "  </cpu>");
 }
 
 /// pcie.0 with the 64-bit hole; no automatic USB controller or balloon: they would add
@@ -382,6 +402,10 @@ fn write_bridge_target(w: &mut String, b: &GuestBridge) {
 fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersion) {
     let cliques = clique_entries(&vm.layout.gpus);
     let mut args: Vec<String> = vec!["-fw_cfg".into(), vm.fw_cfg_expectation()];
+    if !version.has_maxphysaddr() {
+        args.push("-global".into());
+        args.push(HOST_PHYS_BITS_GLOBAL.into());
+    }
     if vm.config.firmware == Firmware::Uefi {
         args.push("-fw_cfg".into());
         args.push(format!(
@@ -500,5 +524,7 @@ mod tests {
         assert!("nine".parse::<LibvirtVersion>().is_err());
         assert!("9".parse::<LibvirtVersion>().is_err());
         assert!("9.0.0.1".parse::<LibvirtVersion>().is_err());
+        assert!("8.7".parse::<LibvirtVersion>().unwrap().has_maxphysaddr());
+        assert!(!"8.6.0".parse::<LibvirtVersion>().unwrap().has_maxphysaddr());
     }
 }

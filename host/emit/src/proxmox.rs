@@ -50,7 +50,8 @@ pub fn config(vm: &VmDefinition) -> Result<String, String> {
          # Never add x-vga=1 or cpu hidden=1: a hidden hypervisor makes the driver ignore the cliques.\n",
         c.name
     );
-    out.push_str("machine: q35\ncpu: host\n");
+    // phys-bits=host: qemu-server writes `-cpu host,…,host-phys-bits=true` (CPUConfig.pm)
+    out.push_str("machine: q35\ncpu: host,phys-bits=host\n");
     if c.firmware == Firmware::Uefi {
         out.push_str("bios: ovmf\n");
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_config::vm_devices::{Disk, DiskBus};
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
+use vfio_p2p_decide::address_space::GuestAddressSpace;
 use vfio_p2p_decide::guest_layout::GuestLayout;
 
 /// How the expectation reaches QEMU's fw_cfg.
@@ -25,6 +26,8 @@ pub struct VmDefinition<'a> {
     pub expectation_source: ExpectationSource,
     /// Size of the guest's 64-bit PCI MMIO window, bytes.
     pub hole64: u64,
+    /// The guest's physical address width as decided for RAM and window.
+    pub address_space: GuestAddressSpace,
     /// The backend decided for this VM: legacy or iommufd (`auto` is resolved before).
     pub iommu_backend: IommuBackend,
 }

@@ -112,6 +112,11 @@ pub const IOMMUFD_SINCE: LibvirtVersion = LibvirtVersion {
     minor: 1,
 };
 
+/// The first libvirt with `<maxphysaddr>` in `<cpu>` (NEWS.rst, v8.7.0: "qemu: Add support
+/// for specifying vCPU physical address size in bits"); `mode='passthrough'` becomes QEMU's
+/// `host-phys-bits=on`.
+pub const MAXPHYSADDR_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 7 };
+
 impl FromStr for LibvirtVersion {
     type Err = String;
 
@@ -144,5 +149,9 @@ impl LibvirtVersion {
 
     pub fn has_iommufd(&self) -> bool {
         *self >= IOMMUFD_SINCE
+    }
+
+    pub fn has_maxphysaddr(&self) -> bool {
+        *self >= MAXPHYSADDR_SINCE
     }
 }

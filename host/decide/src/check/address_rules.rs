@@ -4,7 +4,9 @@
 
 use super::facts::VmmFacts;
 use super::report::{result, CheckResult, Status};
-use crate::address_space::{fits_qemu_default, plan, Placement, QEMU_DEFAULT_PHYS_BITS};
+use crate::address_space::{
+    fits_qemu_default, plan, refusal_fix, Placement, QEMU_DEFAULT_PHYS_BITS,
+};
 use crate::mmio;
 use vfio_p2p_model::{Device, Topology};
 
@@ -49,16 +51,12 @@ pub(super) fn check_address_space(
         p.largest_ram / GIB
     );
     Some(if !p.fits {
-        let fix = match p.largest_ram {
-            0 => "fewer GPUs in this VM: their window alone exceeds the address space".to_string(),
-            l => format!("at most {} GiB of RAM for this VM, or fewer GPUs", l / GIB),
-        };
         result(
             "address-space",
             None,
             Status::Fail,
             format!("{saw}: it does not fit"),
-            Some(fix),
+            Some(refusal_fix(&p)),
         )
     } else if !fits_qemu_default(ram, window) {
         result(

@@ -210,6 +210,10 @@ fn cpuinfo_text(cpu: &CpuIdentity) -> String {
             if let Some(m) = cpu.model {
                 let _ = writeln!(t, "model\t\t: {m}");
             }
+            if let Some(b) = cpu.phys_bits {
+                // the reader keeps the physical bits only; the virtual ones are not known here
+                let _ = writeln!(t, "address sizes\t: {b} bits physical");
+            }
         }
         CpuArch::Arm64 => t.push_str("CPU implementer\t: (not kept)\n"),
         CpuArch::Ppc64 => t.push_str("cpu\t\t: POWER (model not kept)\n"),

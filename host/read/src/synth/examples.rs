@@ -71,8 +71,8 @@ fn hgx_h100() -> HostRecord {
     let mut b = HostBuilder::new("example hgx-h100");
     b.numa_node(0, "0-55,112-167")
         .numa_node(1, "56-111,168-223");
-    // Sapphire Rapids Xeon (family 6, model 143), as on HGX H100 servers.
-    b.x86_cpu("GenuineIntel", 6, 143);
+    // Sapphire Rapids Xeon (family 6, model 143), as on HGX H100 servers: 46 bits physical.
+    b.x86_cpu("GenuineIntel", 6, 143).address_bits(46);
     b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 intel_iommu=on iommu=pt");
     let nvsw_hb = b.host_bridge(0, 0x00);
     let rp = b.root_port(nvsw_hb, Some(0), Some(ACS_ISOLATING));
@@ -112,8 +112,8 @@ fn hgx_h100() -> HostRecord {
 fn dual_socket_pcie() -> HostRecord {
     let mut b = HostBuilder::new("example dual-socket-pcie");
     b.numa_node(0, "0-31,64-95").numa_node(1, "32-63,96-127");
-    // EPYC Genoa (family 25, model 17).
-    b.x86_cpu("AuthenticAMD", 25, 17);
+    // EPYC Genoa (family 25, model 17): 52 bits physical (SME off; on, it says fewer).
+    b.x86_cpu("AuthenticAMD", 25, 17).address_bits(52);
     b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda2 intel_iommu=on iommu=pt");
     for (bus, numa) in [(0x00u8, 0u32), (0x80, 1)] {
         let hb = b.host_bridge(0, bus);

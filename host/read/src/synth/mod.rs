@@ -133,6 +133,14 @@ impl HostBuilder {
         self
     }
 
+    /// The CPU's physical address width (`address sizes : N bits physical`).
+    pub fn address_bits(&mut self, bits: u8) -> &mut Self {
+        if let Some(c) = self.host.cpu.as_mut() {
+            c.phys_bits = Some(bits);
+        }
+        self
+    }
+
     /// The CPU as `/proc/cpuinfo` describes it (an arm64 host's, which names no vendor).
     pub fn cpu(&mut self, cpu: vfio_p2p_model::CpuIdentity) -> &mut Self {
         self.host.cpu = Some(cpu);
