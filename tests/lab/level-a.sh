@@ -540,6 +540,31 @@ b_section() {
     tr -d '\r' < "${2:-/out/level-b.log}" | sed -n "s/^LAB-B-$1-END rc=//p"
 }
 
+# scan_matches_plan LOG SCAN PLAN [OFFSET]: the agent's scan in LOG (kept in SCAN) exited 0 and
+# finds GPUS_B with PLAN's cliques; with OFFSET, every clique's capability sits there. 1: no scan
+scan_matches_plan() {
+    local rc want got
+    rc=$(b_section SCAN "$1" "$2")
+    [ "$rc" = 0 ] || fail "agent scan exited '$rc'"
+    is_json "$2" || { fail "agent scan printed no JSON"; return 1; }
+    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < "$3")
+    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < "$2")
+    echo "cliques in the guest: [$got], planned: [$want]"
+    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
+    [ -z "${4:-}" ] || jqr -e --arg o "$4" 'all(.gpus[]; if .clique == null then .cap_offset == null else .cap_offset == $o end)' < "$2" > /dev/null ||
+        fail "cap_offset is not $4 for every GPU with a clique"
+}
+
+# expect_verdicts LOG NAME: the agent's `expect` in LOG passed the right expectation (exit 0) and
+# found the wrong one wrong (exit 1, a report: not a crash); reports in /out/NAME-{EXPECT,WRONG}.json
+expect_verdicts() {
+    local rc
+    rc=$(b_section EXPECT "$1" "/out/$2-EXPECT.json")
+    [ "$rc" = 0 ] || fail "agent expect exited '$rc'"
+    rc=$(b_section WRONG "$1" "/out/$2-WRONG.json")
+    [ "$rc" = 1 ] || fail "agent expect with the wrong expectation exited '$rc', not 1"
+}
+
 stage_guest() {
     local accel rc got want
     [ -s /out/gen.json ] && is_json /out/expect.json || { fail "no arguments from gen qemu (stage gen failed or not run)"; return 1; }
@@ -559,16 +584,8 @@ stage_guest() {
     echo "LAB-PROGRESS $NOTE"
     tr -d '\r' < /out/level-b.log | sed 's/^/B| /'
     grep -q LAB-B-DONE /out/level-b.log || { fail "level B ($accel) did not finish"; return 1; }
-    rc=$(b_section SCAN)
-    [ "$rc" = 0 ] || fail "agent scan exited $rc"
-    is_json /out/b-SCAN.json || { fail "agent scan printed no JSON (not implemented?)"; return 1; }
     # the guest sees every assigned GPU with the plan's clique, at QEMU 7.2's offset 0xc8
-    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-b.json)
-    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-SCAN.json)
-    echo "cliques in the guest: [$got], planned: [$want]"
-    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
-    jqr -e 'all(.gpus[]; if .clique == null then .cap_offset == null else .cap_offset == "0xc8" end)' < /out/b-SCAN.json > /dev/null ||
-        fail "cap_offset is not 0xc8 for every GPU with a clique"
+    scan_matches_plan /out/level-b.log /out/b-SCAN.json /out/plan-b.json 0xc8 || return 1
     rc=$(b_section EXPECT)
     [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"
     is_json /out/b-EXPECT.json || fail "agent expect printed no JSON report"
@@ -612,13 +629,7 @@ stage_guest_wrap() {
     n=$(tr -d '\r' < /out/level-b-wrap.log | grep -c '^vfio-p2p qemu-wrap: .* added x-nv-gpudirect-clique=')
     echo "wrapper added $n clique(s), plan has $want"
     [ "$n" = "$want" ] || fail "the wrapper logged $n added cliques, the plan has $want"
-    rc=$(b_section SCAN /out/level-b-wrap.log)
-    [ "$rc" = 0 ] || fail "agent scan exited $rc"
-    is_json /out/b-SCAN.json || { fail "agent scan printed no JSON"; return 1; }
-    want=$(jqr -r --arg g "$GPUS_B" '[.assignments as $a | $g | split(" ")[] | $a[.] | tostring] | sort | join(" ")' < /out/plan-b.json)
-    got=$(jqr -r '[.gpus[].clique | tostring] | sort | join(" ")' < /out/b-SCAN.json)
-    echo "cliques in the guest: [$got], planned: [$want]"
-    [ "$got" = "$want" ] || fail "agent scan finds cliques [$got], plan says [$want]"
+    scan_matches_plan /out/level-b-wrap.log /out/b-SCAN.json /out/plan-b.json || return 1
     rc=$(b_section EXPECT /out/level-b-wrap.log)
     cat /out/b-EXPECT.json
     [ "$rc" = 0 ] || fail "agent expect (fw_cfg) exited '$rc'"

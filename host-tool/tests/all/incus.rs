@@ -333,3 +333,140 @@ fn check_plans_the_lab_vms_cliques_with_the_commands_options() {
         "{missing:?}"
     );
 }
+
+/// The lab's stage incus run to its end (tests/fixtures/incus/lab/boot, kept by its `record`
+/// script): Incus 7.0.2 started level B from `gen incus`'s profile and the agent in it read the
+/// cliques. `boot(name)`: one of its files.
+fn boot(name: &str) -> String {
+    read(&format!("lab/boot/{name}"))
+}
+
+fn boot_json(name: &str) -> serde_json::Value {
+    serde_json::from_str(&boot(name)).unwrap_or_else(|e| panic!("lab/boot/{name}: {e}"))
+}
+
+#[test]
+fn todays_gen_incus_is_the_profile_incus_booted_the_lab_guest_from() {
+    let snapshot = format!(
+        "{}/../tests/fixtures/cloud-hypervisor/boot/snapshot",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let vm = fixture("lab/boot/vm.yaml");
+    let server = fixture("server.json");
+    let (code, out, err) = vfio_p2p(&[
+        "--sysfs-root",
+        &snapshot,
+        "gen",
+        "incus",
+        "--config",
+        &vm,
+        "--gpus",
+        "0000:13:00.0,0000:14:00.0,0000:81:00.0",
+        "--allow-untranslated-p2p",
+        "--incus-server",
+        &server,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        boot("profile.yaml"),
+        "gen incus changed since Incus booted the lab's guest from it: run the stage again (tests/fixtures/incus/lab/boot/record)"
+    );
+}
+
+/// `[device "dev-incus_gpuN"]` sections of the QEMU configuration Incus wrote: (qdev id, host
+/// address, the clique Incus gave QEMU).
+fn incus_gpu_devices(conf: &str) -> Vec<(String, String, Option<String>)> {
+    let mut out = Vec::new();
+    for section in conf.split("\n[").skip(1) {
+        let Some(id) = section
+            .strip_prefix("device \"")
+            .and_then(|s| s.split('"').next())
+            .filter(|id| id.starts_with("dev-incus_gpu"))
+        else {
+            continue;
+        };
+        let value = |key: &str| {
+            section.lines().find_map(|l| {
+                l.strip_prefix(&format!("{key} = \""))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            })
+        };
+        out.push((
+            id.to_string(),
+            value("host").unwrap(),
+            value("x-nv-gpudirect-clique"),
+        ));
+    }
+    out
+}
+
+/// The guest address QEMU reported (query-pci) for the device with this qdev id.
+fn guest_bdf(query: &serde_json::Value, qdev: &str) -> String {
+    fn find(devs: &[serde_json::Value], qdev: &str) -> Option<String> {
+        devs.iter().find_map(|d| {
+            if d["qdev_id"] == qdev {
+                let n = |k: &str| d[k].as_u64().unwrap();
+                return Some(format!(
+                    "0000:{:02x}:{:02x}.{}",
+                    n("bus"),
+                    n("slot"),
+                    n("function")
+                ));
+            }
+            find(d["pci_bridge"]["devices"].as_array()?, qdev)
+        })
+    }
+    query["return"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|bus| find(bus["devices"].as_array()?, qdev))
+        .unwrap_or_else(|| panic!("{qdev} not in QEMU's query-pci"))
+}
+
+#[test]
+fn the_agent_under_incus_found_the_planned_cliques_at_0xc8() {
+    let plan = boot_json("plan.json");
+    let scan = boot_json("scan.json");
+    let query = boot_json("query-pci.json");
+    let devices = incus_gpu_devices(&boot("qemu.conf"));
+    assert_eq!(devices.len(), 3, "{devices:?}");
+    for (qdev, host, clique) in &devices {
+        let planned = &plan["assignments"][host];
+        // Incus passed gen's nvidia.clique to QEMU as it was planned
+        assert_eq!(
+            clique.as_deref().map(|c| c.parse::<u64>().unwrap()),
+            planned.as_u64(),
+            "{qdev} ({host}) in Incus's QEMU configuration"
+        );
+        let guest = guest_bdf(&query, qdev);
+        let seen = scan["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["bdf"] == guest.as_str())
+            .unwrap_or_else(|| panic!("{guest} ({host}) not in the agent's scan"));
+        assert_eq!(&seen["clique"], planned, "{host} at {guest}");
+        let offset = if planned.is_null() {
+            serde_json::Value::Null
+        } else {
+            "0xc8".into()
+        };
+        assert_eq!(seen["cap_offset"], offset, "{host} at {guest}");
+    }
+    let statuses = |name: &str| -> Vec<String> {
+        boot_json(name)["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(statuses("expect.json").iter().all(|s| s == "ok"));
+    assert!(statuses("wrong.json").iter().all(|s| s != "ok"));
+    let console = boot("console.txt");
+    assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
+    assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
+    assert!(boot("version.txt").starts_with("Server version: 7.0.2"));
+}
