@@ -7,6 +7,7 @@
 pub mod address_space;
 pub mod check;
 pub mod clique_offset;
+pub mod cloud_hypervisor;
 pub mod clique_plan;
 pub mod expectation;
 pub mod fabric;
