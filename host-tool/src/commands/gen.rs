@@ -502,8 +502,13 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let backend = iommu_backend(&ctx, config.iommu_backend, has_cliques);
     if args.target == GenTarget::CloudHypervisor {
-        ch_decide::refusal(&config, &layout, backend)
-            .map_err(|r| anyhow::anyhow!("{}{}", vm_yaml_at(&args, r.at.map(|a| (a.line(), a.column()))), r.why))?;
+        ch_decide::refusal(&config, &layout, backend).map_err(|r| {
+            anyhow::anyhow!(
+                "{}{}",
+                vm_yaml_at(&args, r.at.map(|a| (a.line(), a.column()))),
+                r.why
+            )
+        })?;
     }
     let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let vm = VmDefinition {

@@ -61,7 +61,9 @@ fn guest_addresses_follow_the_virtio_devices_then_the_device_order() {
         // a GPU and its audio function: two numbers, the GPU first (its host function 0)
         assert_eq!(ch.gpus[0].other_functions[0].guest.device, first as u8 + 1);
         assert!(ch.bridges.is_empty() && ch.numa_nodes.is_empty());
-        assert!(ch.passed().all(|d| d.parent == ROOT_BUS && d.numa_node.is_none()));
+        assert!(ch
+            .passed()
+            .all(|d| d.parent == ROOT_BUS && d.numa_node.is_none()));
         assert_eq!(ch.topology, GuestTopology::Flat);
         // the plan's cliques and host devices stay as they were
         let hosts = |l: &GuestLayout| -> Vec<(Bdf, Option<u8>)> {
@@ -94,7 +96,11 @@ fn the_root_bus_holds_31_devices() {
     assert!(err.to_string().contains("has 31 device numbers"), "{err}");
 }
 
-fn refused(yaml: &str, backend: IommuBackend, clique: Option<u8>) -> Result<(), (Option<u64>, String)> {
+fn refused(
+    yaml: &str,
+    backend: IommuBackend,
+    clique: Option<u8>,
+) -> Result<(), (Option<u64>, String)> {
     let (_, l) = layout(2, clique);
     refusal(&config(yaml), &l, backend).map_err(|r| (r.at.map(|a| a.line()), r.why.to_string()))
 }
@@ -104,10 +110,26 @@ fn refused(yaml: &str, backend: IommuBackend, clique: Option<u8>) -> Result<(), 
 fn refuses_what_cloud_hypervisor_cannot_take_at_its_line() {
     let legacy = IommuBackend::Legacy;
     let cases = [
-        ("name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n", 3, "Cloud Hypervisor has only virtio disks: /i/a.raw has `bus: sata`"),
-        ("name: a\ndisks:\n  - path: /i/ok.raw\n  - path: /i/a,b.raw\n", 4, "cannot take a path with a comma in its options: /i/a,b.raw"),
-        ("name: a\nnetwork:\n  mode: user\n", 3, "Cloud Hypervisor has no user-mode networking"),
-        ("name: a\nconsole: socket\nconsole_socket: /run/a,b.sock\n", 3, "a comma in its options: /run/a,b.sock"),
+        (
+            "name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n",
+            3,
+            "Cloud Hypervisor has only virtio disks: /i/a.raw has `bus: sata`",
+        ),
+        (
+            "name: a\ndisks:\n  - path: /i/ok.raw\n  - path: /i/a,b.raw\n",
+            4,
+            "cannot take a path with a comma in its options: /i/a,b.raw",
+        ),
+        (
+            "name: a\nnetwork:\n  mode: user\n",
+            3,
+            "Cloud Hypervisor has no user-mode networking",
+        ),
+        (
+            "name: a\nconsole: socket\nconsole_socket: /run/a,b.sock\n",
+            3,
+            "a comma in its options: /run/a,b.sock",
+        ),
     ];
     for (yaml, line, why) in cases {
         let (at, text) = refused(yaml, legacy, None).unwrap_err();
@@ -116,7 +138,10 @@ fn refuses_what_cloud_hypervisor_cannot_take_at_its_line() {
     }
     let fine = "name: a\ndisks:\n  - path: /i/a.raw\n    readonly: true\nnetwork: {bridge: br0}\nconsole: socket\nconsole_socket: /run/a.sock\n";
     assert_eq!(refused(fine, legacy, Some(0)), Ok(()));
-    assert_eq!(refused("name: a\nnetwork: {mode: none}\n", legacy, None), Ok(()));
+    assert_eq!(
+        refused("name: a\nnetwork: {mode: none}\n", legacy, None),
+        Ok(())
+    );
 }
 
 /// Under iommufd CH cannot map peer BARs: cliques are refused there, and only there.
@@ -124,7 +149,10 @@ fn refuses_what_cloud_hypervisor_cannot_take_at_its_line() {
 fn refuses_cliques_under_iommufd() {
     let (at, text) = refused("name: a\n", IommuBackend::Iommufd, Some(3)).unwrap_err();
     assert_eq!(at, None);
-    assert!(text.contains("the 1 P2P clique(s) would be advertised"), "{text}");
+    assert!(
+        text.contains("the 1 P2P clique(s) would be advertised"),
+        "{text}"
+    );
     assert_eq!(refused("name: a\n", IommuBackend::Iommufd, None), Ok(()));
     assert_eq!(refused("name: a\n", IommuBackend::Legacy, Some(3)), Ok(()));
 }
