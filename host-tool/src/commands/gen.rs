@@ -435,6 +435,28 @@ fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
     libvirt::domain(vm, version)
 }
 
+/// The layout the target gets: the machine as it is (`--as-is`), Cloud Hypervisor's root
+/// bus numbered as CH creates devices, or the tree decided (a warning for each pair whose
+/// label a mirror changes).
+fn target_layout(
+    args: &GenArgs,
+    config: &VmConfig,
+    topo: &vfio_p2p_model::Topology,
+    mut layout: guest_layout::GuestLayout,
+) -> anyhow::Result<guest_layout::GuestLayout> {
+    if args.as_is {
+        layout.as_is();
+    } else if args.target == GenTarget::CloudHypervisor {
+        layout = ch_decide::guest_layout(config, &layout)
+            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?;
+    } else if layout.topology == GuestTopology::Mirror {
+        for d in guest_paths::label_differences(topo, &layout) {
+            tracing::warn!("{d}");
+        }
+    }
+    Ok(layout)
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -464,7 +486,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     })?;
     let nvswitches = passthrough_nvswitches(args.target, &ctx, &gpus);
     let nics: Vec<pci_config::Bdf> = nics.into_iter().chain(nvswitches).collect();
-    let mut layout = guest_layout::decide_with_nics(
+    let layout = guest_layout::decide_with_nics(
         topo,
         &gpus,
         &nics,
@@ -475,17 +497,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
-    if args.as_is {
-        layout.as_is();
-    } else if args.target == GenTarget::CloudHypervisor {
-        // CH puts every device on its root bus, numbered as it creates them
-        layout = ch_decide::guest_layout(&config, &layout)
-            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?;
-    } else if layout.topology == GuestTopology::Mirror {
-        for d in guest_paths::label_differences(topo, &layout) {
-            tracing::warn!("{d}");
-        }
-    }
+    let layout = target_layout(&args, &config, topo, layout)?;
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     expectation::add_fabric(&mut expectation, topo, &ctx.fabric);
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
