@@ -228,3 +228,40 @@ fn warnings_wrap_to_the_width() {
         }
     }
 }
+
+/// Cloud Hypervisor numbers the `--device`s in the order given, so gen passes them in the
+/// order of the guest addresses it expects (decide::cloud_hypervisor): the GPU and its audio
+/// function, then a NIC whose host address is lower.
+#[test]
+fn cloud_hypervisor_passes_devices_in_the_order_of_their_guest_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let expect = dir.path().join("expect.json");
+    let (ok, out, err) = gen(
+        dir.path(),
+        "name: a\n",
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "cloud-hypervisor",
+            "--gpus",
+            "85:00.0",
+            "--nics",
+            "0b:00.0",
+            "--format",
+            "argv",
+            "--expect-out",
+            expect.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let devices: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("path=/sys/bus/pci/devices/"))
+        .map(|l| &l[..12])
+        .collect();
+    assert_eq!(devices, ["0000:85:00.0", "0000:85:00.1", "0000:0b:00.0"]);
+    // the rng at 00:01.0 (`--console off`: no console of CH's), the GPU next
+    let e = std::fs::read_to_string(&expect).unwrap();
+    assert!(e.contains("\"guest_bdf\":\"0000:00:02.0\""), "{e}");
+}
