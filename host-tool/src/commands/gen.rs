@@ -16,6 +16,7 @@ use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_contract::Expectation;
 use vfio_p2p_decide::address_space::{self, GuestAddressSpace};
 use vfio_p2p_decide::clique_offset;
+use vfio_p2p_decide::cloud_hypervisor as ch_decide;
 use vfio_p2p_decide::expectation;
 use vfio_p2p_decide::fleet_verdict::DomainPlan;
 use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
@@ -315,6 +316,14 @@ fn incus_clique_form(server: Result<IncusServer, String>) -> CliqueForm {
     CliqueForm::RawQemuConf
 }
 
+/// `vm.yaml:LINE:COL: ` for a refusal about that place of the config file, else nothing.
+fn vm_yaml_at(args: &GenArgs, at: Option<(u64, u64)>) -> String {
+    match (&args.config, at) {
+        (Some(p), Some((line, column))) => format!("{}:{line}:{column}: ", p.display()),
+        _ => String::new(),
+    }
+}
+
 /// vm.yaml's disks, looked for: on this host a missing image is an error naming it, its
 /// line and the fix; generated from an example or a snapshot (for another machine) it is
 /// a warning. A complete VM (qemu, libvirt, cloud-hypervisor) without disks is warned of.
@@ -336,10 +345,7 @@ fn check_disks(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow
         let Some(why) = vfio_p2p_read::disk_image::unusable(&d.path) else {
             continue;
         };
-        let at = match (&args.config, d.at) {
-            (Some(p), Some(at)) => format!("{}:{}:{}: ", p.display(), at.line(), at.column()),
-            _ => String::new(),
-        };
+        let at = vm_yaml_at(args, d.at.map(|a| (a.line(), a.column())));
         let path = d.path.display();
         let text = format!(
             "{at}disks: {path} {why}: create it (`qemu-img create -f {} {path} 64G`) or copy the guest's image there",
@@ -429,6 +435,28 @@ fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
     libvirt::domain(vm, version)
 }
 
+/// The layout the target gets: the machine as it is (`--as-is`), Cloud Hypervisor's root
+/// bus numbered as CH creates devices, or the tree decided (a warning for each pair whose
+/// label a mirror changes).
+fn target_layout(
+    args: &GenArgs,
+    config: &VmConfig,
+    topo: &vfio_p2p_model::Topology,
+    mut layout: guest_layout::GuestLayout,
+) -> anyhow::Result<guest_layout::GuestLayout> {
+    if args.as_is {
+        layout.as_is();
+    } else if args.target == GenTarget::CloudHypervisor {
+        layout = ch_decide::guest_layout(config, &layout)
+            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?;
+    } else if layout.topology == GuestTopology::Mirror {
+        for d in guest_paths::label_differences(topo, &layout) {
+            tracing::warn!("{d}");
+        }
+    }
+    Ok(layout)
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -458,7 +486,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     })?;
     let nvswitches = passthrough_nvswitches(args.target, &ctx, &gpus);
     let nics: Vec<pci_config::Bdf> = nics.into_iter().chain(nvswitches).collect();
-    let mut layout = guest_layout::decide_with_nics(
+    let layout = guest_layout::decide_with_nics(
         topo,
         &gpus,
         &nics,
@@ -469,13 +497,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
-    if args.as_is {
-        layout.as_is();
-    } else if layout.topology == GuestTopology::Mirror {
-        for d in guest_paths::label_differences(topo, &layout) {
-            tracing::warn!("{d}");
-        }
-    }
+    let layout = target_layout(&args, &config, topo, layout)?;
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     expectation::add_fabric(&mut expectation, topo, &ctx.fabric);
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
@@ -489,8 +511,18 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         GenTarget::Nccl => address_space::for_vm(0, hole64, None)?,
         _ => guest_address_space(&args, &config, topo, hole64)?,
     };
-    let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
+    let backend = iommu_backend(&ctx, config.iommu_backend, has_cliques);
+    if args.target == GenTarget::CloudHypervisor {
+        ch_decide::refusal(&config, &layout, backend).map_err(|r| {
+            anyhow::anyhow!(
+                "{}{}",
+                vm_yaml_at(&args, r.at.map(|a| (a.line(), a.column()))),
+                r.why
+            )
+        })?;
+    }
+    let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let vm = VmDefinition {
         config: &config,
         layout: &layout,
@@ -498,7 +530,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         expectation_source,
         hole64,
         address_space,
-        iommu_backend: iommu_backend(&ctx, config.iommu_backend, has_cliques),
+        iommu_backend: backend,
     };
     if args.target == GenTarget::Nccl {
         warn_unknown_cpu(topo);
@@ -512,7 +544,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");
             }
-            let (argv, warnings) = cloud_hypervisor::argv(&vm)?;
+            let (argv, warnings) = cloud_hypervisor::argv(&vm);
             for w in warnings {
                 tracing::warn!("{w}");
             }

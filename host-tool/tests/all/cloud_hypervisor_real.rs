@@ -186,3 +186,128 @@ fn the_agent_under_cloud_hypervisor_found_the_planned_cliques_at_0xd4() {
     assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
     assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
 }
+
+/// `gen cloud-hypervisor --expect-out` on the booted host, for `yaml` (`vm.yaml` as the lab
+/// wrote it, or another): gen's arguments and each GPU's expected guest address by host.
+fn gen_expecting(yaml: &str) -> (Vec<String>, Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, expect) = (dir.path().join("vm.yaml"), dir.path().join("expect.json"));
+    std::fs::write(&config, yaml).unwrap();
+    let out = crate::cli::vfio_p2p()
+        .args([
+            "--sysfs-root",
+            &boot_path("snapshot"),
+            "gen",
+            "cloud-hypervisor",
+        ])
+        .args([
+            "--gpus",
+            BOOT_GPUS,
+            "--allow-untranslated-p2p",
+            "--format",
+            "json",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .arg("--expect-out")
+        .arg(&expect)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let argv: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&expect).unwrap()).unwrap();
+    let gpus = e["gpus"].as_array().unwrap().iter();
+    let by_host = gpus
+        .map(|g| {
+            (
+                g["host_bdf"].as_str().unwrap().into(),
+                g["guest_bdf"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    (argv, by_host)
+}
+
+/// Where CH put each GPU it booted (vm.info's device tree, by gen's `id=gpuN`), by host.
+fn cloud_hypervisors_addresses() -> Vec<(String, String)> {
+    let info = boot_json("vm-info.json");
+    let gen: Vec<String> = serde_json::from_value(boot_json("gen.json")).unwrap();
+    gen.iter()
+        .filter(|a| a.starts_with("path="))
+        .map(|d| {
+            let host = d.split('/').nth(5).unwrap();
+            let id = d.split(",id=").nth(1).unwrap().split(',').next().unwrap();
+            let guest = info["device_tree"][id]["pci_bdf"].as_str().unwrap();
+            (host.to_string(), guest.to_string())
+        })
+        .collect()
+}
+
+/// The options of a CH command line that make a PCI device ahead of the VFIO devices
+/// (decide::cloud_hypervisor: virtio devices; `--console off` takes CH's console away).
+fn pci_makers(argv: &[String]) -> Vec<String> {
+    let makers = [
+        "--disk",
+        "--net",
+        "--rng",
+        "--fs",
+        "--pmem",
+        "--vsock",
+        "--balloon",
+        "--watchdog",
+        "--vdpa",
+    ];
+    let mut out = Vec::new();
+    for (i, a) in argv.iter().enumerate() {
+        if makers.contains(&a.as_str())
+            || (a == "--console" && argv.get(i + 1).is_some_and(|v| v == "off"))
+        {
+            out.push(if a == "--console" {
+                "--console off".into()
+            } else {
+                a.clone()
+            });
+        }
+    }
+    out.sort();
+    out
+}
+
+/// gen's expectation names the guest addresses CH v54 gave the GPUs it booted (vm.info),
+/// for gen's own arguments and for the lab's additions: CH numbers its root bus as it
+/// creates devices, virtio devices (console, disks, NICs, rng, …, vsock) first, then the
+/// `--device`s in order.
+#[test]
+fn gen_expects_the_guest_addresses_cloud_hypervisor_gave() {
+    let ch = cloud_hypervisors_addresses();
+    assert_eq!(
+        ch.iter().map(|(_, g)| g.as_str()).collect::<Vec<_>>(),
+        ["0000:00:03.0", "0000:00:04.0", "0000:00:05.0"]
+    );
+    // what CH made ahead of them: its entropy device, then the lab's vsock (--console off)
+    let info = boot_json("vm-info.json");
+    let tree = &info["device_tree"];
+    assert_eq!(tree["_virtio-pci-__rng"]["pci_bdf"], "0000:00:01.0");
+    assert_eq!(tree["_virtio-pci-_vsock0"]["pci_bdf"], "0000:00:02.0");
+    let ran: Vec<String> = boot("argv-run.txt").lines().map(String::from).collect();
+    assert_eq!(pci_makers(&ran), ["--console off", "--vsock"]);
+    // the lab's vm.yaml (console: none): gen writes no console, so CH's own (--console tty)
+    // takes 00:01.0, its rng 00:02.0; the lab traded that console for its vsock
+    let (argv, expected) = gen_expecting(&boot("vm.yaml"));
+    assert_eq!(pci_makers(&argv), Vec::<String>::new());
+    assert_eq!(expected, ch, "gen's expectation for its own arguments");
+    // the lab's devices from vm.yaml (a serial console: gen writes --console off; verify:
+    // vsock: gen writes the vsock): gen's arguments make what the lab's did
+    let lab = format!(
+        "{}console: serial\nverify: vsock\nvsock_cid: 3\n",
+        boot("vm.yaml").replace("console: none\n", "")
+    );
+    let (argv, expected) = gen_expecting(&lab);
+    assert_eq!(pci_makers(&argv), pci_makers(&ran));
+    assert_eq!(expected, ch, "gen's expectation for the lab's devices");
+}

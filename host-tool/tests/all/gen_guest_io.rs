@@ -88,6 +88,8 @@ fn a_whole_vm_without_disks_is_warned_of() {
 #[test]
 fn cloud_hypervisor_refuses_what_it_cannot_do_and_says_what_it_leaves() {
     let dir = tempfile::tempdir().unwrap();
+    let expect = dir.path().join("expect.json");
+    let expect_arg = expect.to_str().unwrap();
     let ch = [
         "--example",
         "flat-vm",
@@ -95,23 +97,36 @@ fn cloud_hypervisor_refuses_what_it_cannot_do_and_says_what_it_leaves() {
         "cloud-hypervisor",
         "--format",
         "argv",
+        "--expect-out",
+        expect_arg,
     ];
-    let (ok, _, err) = gen(
-        dir.path(),
-        "name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n",
-        &ch,
-    );
-    assert!(
-        !ok && err.contains("Cloud Hypervisor has only virtio disks"),
-        "{err}"
-    );
-    let (ok, _, err) = gen(dir.path(), "name: a\nnetwork: {mode: user}\n", &ch);
-    assert!(
-        !ok && err.contains("Cloud Hypervisor has no user-mode networking"),
-        "{err}"
-    );
-    let (ok, _, err) = gen(dir.path(), "name: a\ndisks:\n  - path: /i/a,b.raw\n", &ch);
-    assert!(!ok && err.contains("comma"), "{err}");
+    // each refusal names vm.yaml's line (decide::cloud_hypervisor::refusal) and writes nothing
+    let refusals = [
+        (
+            "name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n",
+            "vm.yaml:3:11: Cloud Hypervisor has only virtio disks: /i/a.raw has `bus: sata`; use `bus: virtio`",
+        ),
+        (
+            "name: a\nnetwork: {mode: user}\n",
+            "vm.yaml:2:10: Cloud Hypervisor has no user-mode networking: use `network: {bridge: br0}`",
+        ),
+        (
+            "name: a\ndisks:\n  - path: /i/a,b.raw\n",
+            "vm.yaml:3:11: Cloud Hypervisor cannot take a path with a comma in its options: /i/a,b.raw; rename the file",
+        ),
+        (
+            "name: a\nconsole: socket\nconsole_socket: /run/a,b.sock\n",
+            "vm.yaml:3:17: Cloud Hypervisor cannot take a path with a comma in its options: /run/a,b.sock",
+        ),
+    ];
+    for (yaml, want) in refusals {
+        let (ok, _, err) = gen(dir.path(), yaml, &ch);
+        assert!(!ok && err.contains(want), "{want:?} in {err}");
+        assert!(
+            !expect.exists(),
+            "{yaml}: refused, yet the expectation was written"
+        );
+    }
     let (ok, out, err) = gen(
         dir.path(),
         "name: train-01\ndisks:\n  - path: /i/a.raw\n    readonly: true\nnetwork:\n  bridge: br0\n  mac: 52:54:00:00:00:01\nconsole: socket\n",
@@ -212,4 +227,41 @@ fn warnings_wrap_to_the_width() {
             );
         }
     }
+}
+
+/// Cloud Hypervisor numbers the `--device`s in the order given, so gen passes them in the
+/// order of the guest addresses it expects (decide::cloud_hypervisor): the GPU and its audio
+/// function, then a NIC whose host address is lower.
+#[test]
+fn cloud_hypervisor_passes_devices_in_the_order_of_their_guest_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let expect = dir.path().join("expect.json");
+    let (ok, out, err) = gen(
+        dir.path(),
+        "name: a\n",
+        &[
+            "--example",
+            "dual-socket-pcie",
+            "gen",
+            "cloud-hypervisor",
+            "--gpus",
+            "85:00.0",
+            "--nics",
+            "0b:00.0",
+            "--format",
+            "argv",
+            "--expect-out",
+            expect.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    let devices: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("path=/sys/bus/pci/devices/"))
+        .map(|l| &l[..12])
+        .collect();
+    assert_eq!(devices, ["0000:85:00.0", "0000:85:00.1", "0000:0b:00.0"]);
+    // the rng at 00:01.0 (`--console off`: no console of CH's), the GPU next
+    let e = std::fs::read_to_string(&expect).unwrap();
+    assert!(e.contains("\"guest_bdf\":\"0000:00:02.0\""), "{e}");
 }

@@ -159,6 +159,9 @@ pub struct GuestDevices {
     pub disks: Vec<Disk>,
     pub network: Option<Network>,
     pub console: Console,
+    /// Where vm.yaml sets `network:` and `console_socket:` (for a VMM's refusal of them).
+    pub network_at: Option<Location>,
+    pub console_socket_at: Option<Location>,
 }
 
 /// `disks:`, `network:`, `console:` and `console_socket:` checked together.
@@ -169,6 +172,8 @@ pub fn devices(
     console_socket: Option<Spanned<PathBuf>>,
 ) -> Result<GuestDevices, FieldError> {
     Ok(GuestDevices {
+        network_at: network.as_ref().map(|n| n.referenced),
+        console_socket_at: console_socket.as_ref().map(|p| p.referenced),
         disks: disk_list(disks)?,
         network: match network {
             Some(n) => network_of(n)?,

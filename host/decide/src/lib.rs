@@ -8,6 +8,7 @@ pub mod address_space;
 pub mod check;
 pub mod clique_offset;
 pub mod clique_plan;
+pub mod cloud_hypervisor;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;

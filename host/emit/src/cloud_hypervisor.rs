@@ -1,5 +1,8 @@
 //! Cloud Hypervisor command line: one `--device path=/sys/bus/pci/devices/BDF/` per GPU
-//! function, with `x_nv_gpudirect_clique` on the GPU where the plan gives one.
+//! function, with `x_nv_gpudirect_clique` on the GPU where the plan gives one, in the
+//! order of the guest addresses `decide::cloud_hypervisor::guest_layout` gave them (CH
+//! numbers them in `--device` order). What CH cannot take is refused there
+//! (`decide::cloud_hypervisor::refusal`); this only renders.
 //!
 //! Cloud Hypervisor always writes the capability at 0xD4 and checks nothing, so a GPU
 //! with a capability already starting there would get a corrupt capability list: that
@@ -11,25 +14,14 @@
 
 use super::vm::VmDefinition;
 use vfio_p2p_config::vm::IommuBackend;
-use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
+use vfio_p2p_config::vm_devices::{Console, Network};
 
 pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CloudHypervisorError {
-    #[error("Cloud Hypervisor under iommufd cannot map peer BARs (it pins them with IOMMU_IOAS_MAP; the dma-buf path is cloud-hypervisor issue #8895): with vfio_p2p_dma=on the VM does not boot, with it off the {cliques} P2P clique(s) would be advertised and fault. Use --iommu-backend legacy for this VM, or leave it without cliques")]
-    IommufdCliques { cliques: usize },
-    #[error("Cloud Hypervisor has only virtio disks: {path} has `bus: sata`; use `bus: virtio` (the guest needs virtio-blk, which every Linux has)")]
-    SataDisk { path: String },
-    #[error("Cloud Hypervisor cannot take a path with a comma in its options: {path}; rename the file or link it from a path without one")]
-    CommaInPath { path: String },
-    #[error("Cloud Hypervisor has no user-mode networking: use `network: {{bridge: br0}}` (a tap in a host bridge) or `mode: none`")]
-    UserNetwork,
-}
-
-/// The command line, program first (the clique offsets decided, `decide::clique_offset`),
-/// and warnings about what the operator must add (the NIC's tap to its bridge).
-pub fn argv(vm: &VmDefinition) -> Result<(Vec<String>, Vec<String>), CloudHypervisorError> {
+/// The command line, program first (the clique offsets decided, `decide::clique_offset`;
+/// the layout and what CH takes, `decide::cloud_hypervisor`), and warnings about what the
+/// operator must add (the NIC's tap to its bridge).
+pub fn argv(vm: &VmDefinition) -> (Vec<String>, Vec<String>) {
     let c = vm.config;
     let mut warnings = Vec::new();
     let mut a: Vec<String> = vec![CLOUD_HYPERVISOR_BINARY.into()];
@@ -42,34 +34,30 @@ pub fn argv(vm: &VmDefinition) -> Result<(Vec<String>, Vec<String>), CloudHyperv
     a.push("--memory".into());
     a.push(format!("size={}M", c.memory_mib));
     if vm.iommu_backend == IommuBackend::Iommufd {
-        let ids: std::collections::BTreeSet<u8> =
-            vm.layout.gpus.iter().filter_map(|g| g.clique).collect();
-        let cliques = ids.len();
-        if cliques > 0 {
-            return Err(CloudHypervisorError::IommufdCliques { cliques });
-        }
-        // without cliques no peer DMA is promised, and BAR mapping (which fails) is off
+        // without cliques (refused with them) no peer DMA is promised, and BAR mapping
+        // (which fails) is off
         a.push("--platform".into());
         a.push("iommufd=on,vfio_p2p_dma=off".into());
     }
+    let mut functions = Vec::new();
     for g in vm.layout.passed() {
-        let mut functions = vec![(g.host, g.id.clone(), g.clique)];
+        functions.push((g.guest, g.host, &g.id, g.clique));
         functions.extend(
             g.other_functions
                 .iter()
-                .map(|f| (f.host, f.id.clone(), None)),
+                .map(|f| (f.guest, f.host, &f.id, None)),
         );
-        functions.sort_by_key(|f| f.0);
-        for (host, id, clique) in functions {
-            let mut d = format!("path=/sys/bus/pci/devices/{host}/,id={id}");
-            if let Some(c) = clique {
-                d.push_str(&format!(",x_nv_gpudirect_clique={c}"));
-            }
-            a.push("--device".into());
-            a.push(d);
-        }
     }
-    guest_io(vm, &mut a, &mut warnings)?;
+    functions.sort_by_key(|f| f.0);
+    for (_, host, id, clique) in functions {
+        let mut d = format!("path=/sys/bus/pci/devices/{host}/,id={id}");
+        if let Some(c) = clique {
+            d.push_str(&format!(",x_nv_gpudirect_clique={c}"));
+        }
+        a.push("--device".into());
+        a.push(d);
+    }
+    guest_io(vm, &mut a, &mut warnings);
     if let Some(r) = c.report {
         // hybrid vsock: the guest's connections to CID 2 port P arrive at SOCKET_P on the host
         a.push("--vsock".into());
@@ -78,7 +66,7 @@ pub fn argv(vm: &VmDefinition) -> Result<(Vec<String>, Vec<String>), CloudHyperv
             r.cid, c.name
         ));
     }
-    Ok((a, warnings))
+    (a, warnings)
 }
 
 /// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.
@@ -86,36 +74,18 @@ pub fn tap_name(vm: &str) -> String {
     format!("tap-{vm}").chars().take(15).collect()
 }
 
-/// A path for an option value: Cloud Hypervisor splits them at commas.
-fn ch_path(p: &std::path::Path) -> Result<String, CloudHypervisorError> {
-    let path = p.display().to_string();
-    if path.contains(',') {
-        return Err(CloudHypervisorError::CommaInPath { path });
-    }
-    Ok(path)
-}
-
 /// vm.yaml's disks (Cloud Hypervisor boots the first and reads its format itself), the
-/// NIC (a tap it creates; adding it to the bridge is the operator's) and the serial console.
-fn guest_io(
-    vm: &VmDefinition,
-    a: &mut Vec<String>,
-    warnings: &mut Vec<String>,
-) -> Result<(), CloudHypervisorError> {
+/// NIC (a tap it creates; adding it to the bridge is the operator's) and the serial console;
+/// SATA disks, user networking and paths with commas were refused before.
+fn guest_io(vm: &VmDefinition, a: &mut Vec<String>, warnings: &mut Vec<String>) {
     let c = vm.config;
     for d in &c.devices.disks {
-        if d.bus == DiskBus::Sata {
-            return Err(CloudHypervisorError::SataDisk {
-                path: d.path.display().to_string(),
-            });
-        }
         let ro = if d.readonly { ",readonly=on" } else { "" };
         a.push("--disk".into());
-        a.push(format!("path={}{ro}", ch_path(&d.path)?));
+        a.push(format!("path={}{ro}", d.path.display()));
     }
     match &c.devices.network {
-        None => {}
-        Some(Network::User { .. }) => return Err(CloudHypervisorError::UserNetwork),
+        None | Some(Network::User { .. }) => {}
         Some(n @ Network::Bridge { bridge, .. }) => {
             let tap = tap_name(&c.name);
             let mut v = format!("tap={tap}");
@@ -130,16 +100,20 @@ fn guest_io(
         }
     }
     let serial = match &c.devices.console {
-        Console::None => return Ok(()),
+        // nothing: CH's defaults (no serial port, the virtio console on its terminal)
+        Console::None => return,
         Console::Serial => "tty".to_string(),
         Console::Socket(_) => format!(
             "socket={}",
-            ch_path(&c.devices.console.socket_path(&c.name).unwrap_or_default())?
+            c.devices
+                .console
+                .socket_path(&c.name)
+                .unwrap_or_default()
+                .display()
         ),
     };
     // the guest's ttyS0; the virtio console would take the terminal too
     a.extend(["--serial".into(), serial, "--console".into(), "off".into()]);
-    Ok(())
 }
 
 /// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.
