@@ -90,9 +90,10 @@ stage_ch() {
     # Cloud Hypervisor's clique capability sits at 0xd4; the expectation is made from CH's addresses
     scan_matches_plan $CH_LOG /out/b-ch-SCAN.json /out/plan-ch.json 0xd4 || return 1
     expect_verdicts $CH_LOG b-ch
-    # gen's own expectation guesses the guest addresses; CH picks them: say whether they agree
+    # gen's --expect-out predicts CH's numbering (decide/cloud_hypervisor.rs); the lab's argv adds
+    # `--console off` (one number fewer) and `--vsock` (one more), so the GPUs land where gen said
     if jqr -e --slurpfile ch $O/ch-vm-info.json '[.gpus[].guest_bdf] | sort == ([$ch[0].device_tree[] | select(.id | test("^gpu[0-9]+$")) | .pci_bdf] | sort)' \
         < /out/expect-ch-gen.json > /dev/null 2>&1; then echo "gen's --expect-out addresses are CH's"
-    else echo "gen's --expect-out addresses differ from CH's: $(jqr -c '[.gpus[].guest_bdf]' < /out/expect-ch-gen.json)"; fi
+    else fail "gen's --expect-out addresses $(jqr -c '[.gpus[].guest_bdf]' < /out/expect-ch-gen.json) are not CH's (ch-vm-info.json)"; fi
     [ -z "$WHY" ]
 }
