@@ -171,20 +171,7 @@ fn the_agent_under_cloud_hypervisor_found_the_planned_cliques_at_0xd4() {
     }
     assert_eq!(checked, 3);
     // expect passed on the expectation made from CH's addresses and failed on the wrong one
-    let statuses = |name: &str| -> Vec<String> {
-        let r = boot_json(name);
-        r["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g["status"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert!(statuses("expect.json").iter().all(|s| s == "ok"));
-    assert!(statuses("wrong.json").iter().all(|s| s != "ok"));
-    let console = boot("console.txt");
-    assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
-    assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
+    recording::assert_agent_verdicts("cloud-hypervisor/boot");
 }
 
 /// `gen cloud-hypervisor --expect-out` on the booted host, for `yaml` (`vm.yaml` as the lab

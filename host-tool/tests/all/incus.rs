@@ -455,18 +455,6 @@ fn the_agent_under_incus_found_the_planned_cliques_at_0xc8() {
         };
         assert_eq!(seen["cap_offset"], offset, "{host} at {guest}");
     }
-    let statuses = |name: &str| -> Vec<String> {
-        boot_json(name)["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g["status"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert!(statuses("expect.json").iter().all(|s| s == "ok"));
-    assert!(statuses("wrong.json").iter().all(|s| s != "ok"));
-    let console = boot("console.txt");
-    assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
-    assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
+    crate::recording::assert_agent_verdicts("incus/lab/boot");
     assert!(boot("version.txt").starts_with("Server version: 7.0.2"));
 }

@@ -22,3 +22,31 @@ pub fn block(dir: &str, cmd: &str) -> String {
     let body = &rest[rest.find('\n').unwrap() + 1..];
     body[..body.find("\n$ ").unwrap_or(body.len())].to_string()
 }
+
+/// A lab boot kept under `tests/fixtures/DIR/` (`expect.json`, `wrong.json`, `console.txt`):
+/// the agent's `expect` passed every GPU of the right expectation and none of the wrong one
+/// (every clique moved by one), with the exit codes level B printed.
+pub fn assert_agent_verdicts(dir: &str) {
+    let statuses = |name: &str| -> Vec<String> {
+        let report: serde_json::Value = serde_json::from_str(&fixture(dir, name)).unwrap();
+        report["gpus"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{dir}/{name}: no gpus"))
+            .iter()
+            .map(|g| g["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let right = statuses("expect.json");
+    assert!(
+        !right.is_empty() && right.iter().all(|s| s == "ok"),
+        "{right:?}"
+    );
+    let wrong = statuses("wrong.json");
+    assert!(
+        !wrong.is_empty() && wrong.iter().all(|s| s != "ok"),
+        "{wrong:?}"
+    );
+    let console = fixture(dir, "console.txt");
+    assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
+    assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
+}
