@@ -101,20 +101,23 @@ stage_address_space() {
     jqr --arg mx "$((AS_RAM - 3))" '. as $a | [range(length) as $i | if $i > 0 and $a[$i - 1] == "-m" then $a[$i] + ",slots=1,maxmem=\($mx)G" else $a[$i] end]' \
         < /out/gen-addr.json > /out/gen-addr-ours.json
     jqr 'map(if . == "host,host-phys-bits=on" then "host,host-phys-bits=off" else . end)' < /out/gen-addr-ours.json > /out/gen-addr-naive.json
-    # naive first, once (boot_b would take a refusal for broken nested KVM and go to TCG for good)
+    # Both under TCG: under nested KVM level A's own QEMU (7.2, TCG) aborted as this level B
+    # started ("tcg_handle_interrupt: assertion failed: (qemu_mutex_iothread_locked())"), which
+    # takes every later stage with it; not bisected (OVMF, 46 bits or the maxmem region)
     ADDR_GEN=/out/gen-addr-naive.json ADDR_LOG=/out/level-b-addr-naive.log
-    boot_b_once run_b_addr /out/level-b-addr-naive.log "$(b_accel)"
-    echo "== naive ($(b_accel))"; tr -d '\r' < /out/level-b-addr-naive.log | grep -E 'LAB-B-ADDR|phys-bits|QEMU exit|LAB-B-DONE'
+    boot_b_once run_b_addr /out/level-b-addr-naive.log tcg
+    echo "== naive (tcg)"; tr -d '\r' < /out/level-b-addr-naive.log | grep -E 'LAB-B-ADDR|phys-bits|QEMU exit|LAB-B-DONE'
     ADDR_GEN=/out/gen-addr-ours.json ADDR_LOG=/out/level-b-addr-ours.log
-    boot_b run_b_addr /out/level-b-addr-ours.log
-    secs_ours=$B_SECS
-    echo "== ours ($B_ACCEL, $B_SECS s)"; tr -d '\r' < /out/level-b-addr-ours.log | grep -E 'LAB-B-ADDR|phys-bits|QEMU exit|LAB-B-DONE'
+    secs_ours=$(up)
+    boot_b_once run_b_addr /out/level-b-addr-ours.log tcg
+    secs_ours=$(awk "BEGIN { printf \"%.0f\", $(up) - $secs_ours }")
+    echo "== ours (tcg, $secs_ours s)"; tr -d '\r' < /out/level-b-addr-ours.log | grep -E 'LAB-B-ADDR|phys-bits|QEMU exit|LAB-B-DONE'
     # ours keeps the device, where check said; the naive layout does not
     addr_kept /out/level-b-addr-ours.log $((lo * GIB)) $((hi * GIB)) ||
         fail "ours: level B does not have the ivshmem's 64-bit BAR inside its width and check's window $lo–$hi GiB"
     addr_kept /out/level-b-addr-naive.log && fail "naive: level B kept the ivshmem's 64-bit BAR: nothing to prove"
     # the flip: each log judged as the other layout's must fail
     addr_kept /out/level-b-addr-naive.log $((lo * GIB)) $((hi * GIB)) && fail "the naive log passes as ours"
-    NOTE="RAM ${AS_RAM} GiB: ours ($bits bits) BAR at $(tr -d '\r' < /out/level-b-addr-ours.log | sed -n 's/^LAB-B-ADDR bar2 [^ ]* \([^ ]*\).*/\1/p') in check's $lo–$hi GiB (level B $B_ACCEL ${secs_ours}s); naive: $(tr -d '\r' < /out/level-b-addr-naive.log | grep -o 'phys-bits too low ([0-9]*)' | head -n1)${largest:+; check refuses $AS_HUGE GiB, at most $largest}"
+    NOTE="RAM ${AS_RAM} GiB: ours ($bits bits) BAR at $(tr -d '\r' < /out/level-b-addr-ours.log | sed -n 's/^LAB-B-ADDR bar2 [^ ]* \([^ ]*\).*/\1/p') in check's $lo–$hi GiB (level B tcg ${secs_ours}s); naive: $(tr -d '\r' < /out/level-b-addr-naive.log | grep -o 'phys-bits too low ([0-9]*)' | head -n1)${largest:+; check refuses $AS_HUGE GiB, at most $largest}"
     [ -z "$WHY" ]
 }
