@@ -130,7 +130,7 @@ stage_reset() {
         dmesg_since "handover-$b" | sed "/vfio-p2p-lab: end-$b starts/q" > /out/reset-dmesg-$b.txt
         echo "$b level A's kernel log (pciehp dynamic debug):"; grep pciehp_reset_slot /out/reset-dmesg-$b.txt | sed 's/^/  /'
         # two lines per reset (mask, unmask): open, close and sysfs
-        [ "$(grep -c "$(port_bdf "$b"): pciehp_reset_slot: SLOTCTRL" /out/reset-dmesg-$b.txt)" -ge 6 ] ||
+        [ "$(grep -c "$(port_bdf "$b"): pciehp: pciehp_reset_slot: SLOTCTRL" /out/reset-dmesg-$b.txt)" -ge 6 ] ||
             fail "$b: level A's kernel log has not 3 slot resets of its port $(port_bdf "$b") (pciehp_reset_slot)"
         echo "$b handover (check --deep opens and closes the VFIO device):"; reset_events "handover-$b" | sed 's/^/  /'
         echo "$b sysfs reset:"; reset_events "sysfs-$b" | sed 's/^/  /'
