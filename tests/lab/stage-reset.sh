@@ -65,7 +65,7 @@ reset_policy() { printf 'reset: %s\n' "$1" > $R$RESET_ROOT/etc/vfio-p2p/host.yam
 reset_row() { jqr -r --arg b "$2" '.checks[] | select(.check == "reset-policy" and .subject == $b) | "\(.status | ascii_downcase) \(.saw)"' < "$1"; }
 
 stage_reset() {
-    local b rc row before offered n=0 other
+    local b rc row before offered n=0 other KLOG="slot resets in dmesg (pciehp dynamic debug)"
     RESET_GPUS="$GPU_SW0 $GPU_RP"   # behind a switch downstream port; behind a root port
     mkdir -p $R$RESET_ROOT/etc/vfio-p2p
     for d in sys dev proc run boot; do ln -sfn /$d $R$RESET_ROOT/$d; done
@@ -129,9 +129,16 @@ stage_reset() {
         reset_mark "end-$b"; dmesg_mark "end-$b"
         dmesg_since "handover-$b" | sed "/vfio-p2p-lab: end-$b starts/q" > /out/reset-dmesg-$b.txt
         echo "$b level A's kernel log (pciehp dynamic debug):"; grep pciehp_reset_slot /out/reset-dmesg-$b.txt | sed 's/^/  /'
-        # two lines per reset (mask, unmask): open, close and sysfs
-        [ "$(grep -c "$(port_bdf "$b"): pciehp: pciehp_reset_slot: SLOTCTRL" /out/reset-dmesg-$b.txt)" -ge 6 ] ||
-            fail "$b: level A's kernel log has not 3 slot resets of its port $(port_bdf "$b") (pciehp_reset_slot)"
+        # two lines per reset (mask, unmask): open, close and sysfs; only where the kernel has that
+        # debug line (6.1, 6.12; sid's 7.2 has none: its log names a reset once per bridge, "unlocked
+        # secondary bus reset via: pciehp_reset_slot", which an earlier stage may have used up)
+        if grep -q 'pciehp_reset_slot' /proc/dynamic_debug/control; then
+            [ "$(grep -c "$(port_bdf "$b"): pciehp: pciehp_reset_slot: SLOTCTRL" /out/reset-dmesg-$b.txt)" -ge 6 ] ||
+                fail "$b: level A's kernel log has not 3 slot resets of its port $(port_bdf "$b") (pciehp_reset_slot)"
+        else
+            KLOG="no pciehp_reset_slot debug line in this kernel: the resets are asserted from the trace only"
+            echo "note: $KLOG"
+        fi
         echo "$b handover (check --deep opens and closes the VFIO device):"; reset_events "handover-$b" | sed 's/^/  /'
         echo "$b sysfs reset:"; reset_events "sysfs-$b" | sed 's/^/  /'
         bus_reset_seen "handover-$b" "$b" vfio_pci_core && n=$((n + 1)) ||
@@ -145,6 +152,6 @@ stage_reset() {
     rc=0; rvp unbind $RESET_GPUS || rc=$?
     [ $rc = 0 ] && [ "$(state $RESET_GPUS)" = "$before" ] || fail "unbind: exit $rc, $(state $RESET_GPUS), before: $before"
     cp $TR/trace /out/reset-trace.txt
-    NOTE="flr refused by kernel and check; bus: $n handover(s) reset the stand-in's own port (kprobe pci_reset_secondary_bus from vfio-pci)"
+    NOTE="flr refused by kernel and check; bus: $n handover(s) reset the stand-in's own port (kprobe pci_reset_secondary_bus from vfio-pci; $KLOG)"
     [ -z "$WHY" ]
 }
