@@ -1168,6 +1168,11 @@ stage_iommufd() {
 # stage ch (Cloud Hypervisor for real), likewise
 # shellcheck source=tests/lab/stage-ch.sh
 . /stage-ch.sh
+# stages reset and address-space (issue #32), likewise
+# shellcheck source=tests/lab/stage-reset.sh
+. /stage-reset.sh
+# shellcheck source=tests/lab/stage-address-space.sh
+. /stage-address-space.sh
 
 # ------------------------------------------------------------------------------ main
 run_stage() {

@@ -53,6 +53,20 @@ if grep -q 'lab_b=topo' /proc/cmdline; then
     sync
     poweroff -f
 fi
+# stage address-space (level-a.sh) boots this guest with lab_b=addr: its physical address width
+# and where the firmware put the 64-bit BAR of level A's ivshmem (1af4:1110, BAR 2: 64-bit
+# prefetchable), from sysfs and the kernel's own log, then off
+if grep -q 'lab_b=addr' /proc/cmdline; then
+    echo "LAB-B-ADDR bits $(sed -n 's/^address sizes.*: \([0-9]*\) bits physical.*/\1/p' /proc/cpuinfo | head -n1)"
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat "$d/vendor"):$(cat "$d/device")" = 0x1af4:0x1110 ] || continue
+        echo "LAB-B-ADDR bar2 ${d##*/} $(sed -n 3p "$d/resource")"
+    done
+    dmesg | grep -E 'root bus resource \[mem|addressable|BAR 2|bridge window .*64bit' | sed 's/^/LAB-B-ADDR dmesg /'
+    echo "LAB-B-DONE up $(up)s"
+    sync
+    poweroff -f
+fi
 # stage ch (stage-ch.sh) boots this guest under Cloud Hypervisor with lab_b=ch: CH has no vendor
 # override, so the stand-ins (1234:1111, class 0x0380) are shown to the agent as 10de:2330 here,
 # the way level A's present_as_nvidia does: vendor, device and a copy of config with the ids
