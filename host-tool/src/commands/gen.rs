@@ -391,7 +391,13 @@ fn guest_address_space(
     window: u64,
 ) -> anyhow::Result<GuestAddressSpace> {
     let bits = topo.cpu.as_ref().and_then(|c| c.phys_bits);
-    let space = address_space::for_vm(config.memory_mib << 20, window, bits).map_err(|e| {
+    let space = address_space::for_vm(
+        config.memory_mib << 20,
+        window,
+        bits,
+        address_space::GuestVendor::of(topo.cpu.as_ref()),
+    )
+    .map_err(|e| {
         let at = match (&args.config, config.memory_at) {
             (Some(p), Some(at)) => {
                 format!("{}:{}:{}: memory_mib", p.display(), at.line(), at.column())
@@ -508,7 +514,9 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let hole64 = mmio::hole64_size(&devices);
     let address_space = match args.target {
         // the NCCL file describes GPUs, not a VM's memory
-        GenTarget::Nccl => address_space::for_vm(0, hole64, None)?,
+        GenTarget::Nccl => {
+            address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
+        }
         _ => guest_address_space(&args, &config, topo, hole64)?,
     };
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());

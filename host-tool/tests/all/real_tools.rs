@@ -493,3 +493,60 @@ fn qemu_wrap_edits_are_what_qemu_accepts() {
         }
     }
 }
+
+/// Whether QEMU starts a q35 guest of `ram_gib` GiB on CPU model `cpu` at 40 bits with its
+/// default 32 GiB 64-bit hole (the RAM is never touched: `reserve=off`, `-S`), or refuses it
+/// ("phys-bits too low").
+fn qemu_starts(cpu: &str, ram_gib: u64) -> bool {
+    let args: Vec<String> = [
+        "-machine",
+        "q35,memory-backend=m",
+        "-accel",
+        "tcg",
+        "-cpu",
+        &format!("{cpu},phys-bits=40"),
+        "-object",
+        &format!("memory-backend-ram,id=m,size={ram_gib}G,reserve=off"),
+        "-m",
+        &format!("{ram_gib}G"),
+        "-nodefaults",
+        "-display",
+        "none",
+        "-S",
+        "-monitor",
+        "stdio",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = qemu_fed(30, &[], &args, b"quit\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    !err.contains("phys-bits too low")
+}
+
+/// The address-space model's largest RAM is where QEMU itself stops starting the guest, on an
+/// AMD vCPU (RAM moved above 1 TiB at the HyperTransport range: 978 GiB) and an Intel one (990
+/// GiB): QEMU takes the largest and refuses one GiB more.
+#[test]
+fn the_largest_ram_is_where_qemu_stops_starting_the_guest() {
+    use vfio_p2p_decide::address_space::{plan, GuestVendor};
+    if !have("qemu-system-x86_64") {
+        return;
+    }
+    const GIB: u64 = 1 << 30;
+    for (cpu, vendor) in [
+        ("EPYC", GuestVendor::Amd),
+        ("Skylake-Server", GuestVendor::Other),
+    ] {
+        let largest = plan(64 * GIB, 32 * GIB, 40, vendor).largest_ram / GIB;
+        assert!(
+            qemu_starts(cpu, largest),
+            "{cpu}: QEMU refused {largest} GiB"
+        );
+        assert!(
+            !qemu_starts(cpu, largest + 1),
+            "{cpu}: QEMU took {} GiB",
+            largest + 1
+        );
+    }
+}

@@ -5,7 +5,7 @@
 use super::facts::VmmFacts;
 use super::report::{result, CheckResult, Status};
 use crate::address_space::{
-    fits_qemu_default, plan, refusal_fix, Placement, QEMU_DEFAULT_PHYS_BITS,
+    fits_qemu_default, plan, refusal_fix, GuestVendor, Placement, QEMU_DEFAULT_PHYS_BITS,
 };
 use crate::mmio;
 use vfio_p2p_model::{Device, Topology};
@@ -34,7 +34,8 @@ pub(super) fn check_address_space(
             Some("run check on the host itself (an arm64 or captured host does not say)".into()),
         ));
     };
-    let p = plan(ram, window, bits);
+    let vendor = GuestVendor::of(topo.cpu.as_ref());
+    let p = plan(ram, window, bits, vendor);
     let placed = match p.placement {
         Placement::Dynamic => "OVMF's dynamic window, the top eighth",
         Placement::Classic => "above RAM",
@@ -58,12 +59,12 @@ pub(super) fn check_address_space(
             format!("{saw}: it does not fit"),
             Some(refusal_fix(&p)),
         )
-    } else if !fits_qemu_default(ram, window) {
+    } else if !fits_qemu_default(ram, window, vendor) {
         result(
             "address-space",
             None,
             Status::Warn,
-            format!("{saw}; QEMU's default {QEMU_DEFAULT_PHYS_BITS} bits would leave the window above what the guest addresses, and its GPUs would be lost"),
+            format!("{saw}; a named CPU model's {QEMU_DEFAULT_PHYS_BITS} bits (QEMU's default without host-phys-bits; libvirt's host-model) would leave the window above what the guest addresses: QEMU 7.1+ refuses to start, older ones lose its GPUs"),
             Some(format!("give the guest the host's width: {HOST_BITS_FIX}")),
         )
     } else {
