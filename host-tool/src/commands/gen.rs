@@ -23,6 +23,8 @@ use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
 use vfio_p2p_decide::guest_paths;
 use vfio_p2p_decide::iommu_backend;
 use vfio_p2p_decide::mmio;
+use vfio_p2p_decide::proxmox as proxmox_decide;
+use vfio_p2p_decide::vm_refusal::Refusal;
 use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
 use vfio_p2p_emit::libvirt;
@@ -316,6 +318,12 @@ fn incus_clique_form(server: Result<IncusServer, String>) -> CliqueForm {
     CliqueForm::RawQemuConf
 }
 
+/// A VMM's refusal as gen prints it: `vm.yaml:LINE:COL: why` where a line is known.
+fn refused<W: std::fmt::Display>(args: &GenArgs, r: Refusal<W>) -> anyhow::Error {
+    let at = vm_yaml_at(args, r.at.map(|a| (a.line(), a.column())));
+    anyhow::anyhow!("{at}{}", r.why)
+}
+
 /// `vm.yaml:LINE:COL: ` for a refusal about that place of the config file, else nothing.
 fn vm_yaml_at(args: &GenArgs, at: Option<(u64, u64)>) -> String {
     match (&args.config, at) {
@@ -521,14 +529,14 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     };
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let backend = iommu_backend(&ctx, config.iommu_backend, has_cliques);
-    if args.target == GenTarget::CloudHypervisor {
-        ch_decide::refusal(&config, &layout, backend).map_err(|r| {
-            anyhow::anyhow!(
-                "{}{}",
-                vm_yaml_at(&args, r.at.map(|a| (a.line(), a.column()))),
-                r.why
-            )
-        })?;
+    match args.target {
+        GenTarget::CloudHypervisor => {
+            ch_decide::refusal(&config, &layout, backend).map_err(|r| refused(&args, r))?
+        }
+        GenTarget::Proxmox => {
+            proxmox_decide::refusal(&config, &layout).map_err(|r| refused(&args, r))?
+        }
+        _ => {}
     }
     let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let vm = VmDefinition {
@@ -559,7 +567,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             qemu::render(&argv, format)
         }
         GenTarget::Nccl => nccl::topology_xml(&vm, topo),
-        GenTarget::Proxmox => proxmox::config(&vm).map_err(anyhow::Error::msg)?,
+        GenTarget::Proxmox => proxmox::config(&vm),
         GenTarget::Incus => {
             for w in incus::guest_io_warnings(&vm)
                 .into_iter()

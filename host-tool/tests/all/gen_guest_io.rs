@@ -265,3 +265,22 @@ fn cloud_hypervisor_passes_devices_in_the_order_of_their_guest_addresses() {
     let e = std::fs::read_to_string(&expect).unwrap();
     assert!(e.contains("\"guest_bdf\":\"0000:00:02.0\""), "{e}");
 }
+
+/// Proxmox's refusal (decide::proxmox::refusal) names vm.yaml's line and writes nothing.
+#[test]
+fn proxmox_refuses_a_disk_path_qemu_server_would_split_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "name: a\ndisks:\n  - path: /i/a=b.raw\n";
+    let args = ["--example", "flat-vm", "gen", "proxmox"];
+    let (ok, out, err) = gen(dir.path(), yaml, &args);
+    assert!(!ok && out.is_empty(), "{out}{err}");
+    assert!(
+        err.contains("vm.yaml:3:11: Proxmox cannot take a disk path with ',' or '=': /i/a=b.raw; rename the file"),
+        "{err}"
+    );
+    let (ok, out, err) = gen(dir.path(), "name: a\ndisks:\n  - path: /i/a.raw\n", &args);
+    assert!(
+        ok && out.contains("virtio0: /i/a.raw,format=raw"),
+        "{out}{err}"
+    );
+}

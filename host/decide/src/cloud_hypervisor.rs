@@ -21,7 +21,6 @@
 //! else moves them.
 
 use pci_config::Bdf;
-use serde_saphyr::Location;
 
 use crate::guest_layout::{GuestLayout, ROOT_BUS};
 use vfio_p2p_config::vm::{GuestTopology, IommuBackend, VmConfig};
@@ -106,12 +105,8 @@ pub enum Unsupported {
     UserNetwork,
 }
 
-/// A refusal and the vm.yaml line it is about (`None`: not from a line of vm.yaml).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Refusal {
-    pub at: Option<Location>,
-    pub why: Unsupported,
-}
+/// A refusal of CH's and the vm.yaml line it is about.
+pub type Refusal = crate::vm_refusal::Refusal<Unsupported>;
 
 /// Refuses what CH cannot run: cliques under iommufd (`backend`, resolved), then
 /// vm.yaml's disks (a SATA one, a path with a comma: CH splits its options at commas),

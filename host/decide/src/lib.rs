@@ -21,4 +21,6 @@ pub mod nvlink;
 pub mod pair_links;
 pub mod placement;
 pub mod plan_reach;
+pub mod proxmox;
 pub mod reset;
+pub mod vm_refusal;

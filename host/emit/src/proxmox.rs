@@ -22,26 +22,18 @@ use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::mmio;
 
-/// qemu-server accepts `hostpci0` … `hostpci15`.
-pub const MAX_HOSTPCI: usize = 16;
-
 /// The QEMU device id qemu-server gives the single-function entry `hostpciN`.
 pub fn hostpci_id(index: usize) -> String {
     format!("hostpci{index}")
 }
 
-/// The configuration lines, or why the VM does not fit Proxmox's hostpci slots.
-pub fn config(vm: &VmDefinition) -> Result<String, String> {
+/// The configuration lines (what qemu-server cannot take was refused before:
+/// `decide::proxmox::refusal`).
+pub fn config(vm: &VmDefinition) -> String {
     let mut functions = Vec::new();
     for g in vm.layout.passed() {
         functions.push((g.host, g.clique, true));
         functions.extend(g.other_functions.iter().map(|f| (f.host, None, false)));
-    }
-    if functions.len() > MAX_HOSTPCI {
-        return Err(format!(
-            "{} GPU and NIC functions do not fit Proxmox's {MAX_HOSTPCI} hostpci entries (hostpci0..hostpci15): give the VM fewer GPUs or NICs",
-            functions.len()
-        ));
     }
     let c = vm.config;
     let mut out = format!(
@@ -74,22 +66,19 @@ pub fn config(vm: &VmDefinition) -> Result<String, String> {
     }
     let line: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
     out.push_str(&format!("args: {}\n", line.join(" ")));
-    guest_io(vm, &mut out)?;
-    Ok(out)
+    guest_io(vm, &mut out);
+    out
 }
 
 /// vm.yaml's disks (by absolute path, which qemu-server takes from root; the first boots),
 /// the NIC (`net0`: a bridge, or Proxmox's user-mode NAT without one) and the serial console
 /// (`qm terminal VMID`; qemu-server picks the socket's path).
-fn guest_io(vm: &VmDefinition, out: &mut String) -> Result<(), String> {
+fn guest_io(vm: &VmDefinition, out: &mut String) {
     let c = vm.config;
     let (mut virtio, mut sata) = (0, 0);
     let mut boot = None;
     for d in &c.devices.disks {
         let path = d.path.display().to_string();
-        if path.contains(',') || path.contains('=') {
-            return Err(format!("Proxmox cannot take a disk path with ',' or '=': {path}; rename the file or link it from a path without them"));
-        }
         let key = match d.bus {
             DiskBus::Virtio => format!("virtio{virtio}"),
             DiskBus::Sata => format!("sata{sata}"),
@@ -119,5 +108,4 @@ fn guest_io(vm: &VmDefinition, out: &mut String) -> Result<(), String> {
     if c.devices.console != Console::None {
         out.push_str("serial0: socket\n");
     }
-    Ok(())
 }
