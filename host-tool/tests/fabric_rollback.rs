@@ -52,6 +52,17 @@ fn active(fm: &std::path::Path) -> Vec<u64> {
         .collect()
 }
 
+/// `gpus` onto vfio-pci, on the host as the tree under `root` describes it now.
+fn bind_to_vfio(
+    root: &std::path::Path,
+    kernel: &mut SimKernel,
+    gpus: &[Bdf],
+    opts: &SessionOptions,
+) {
+    let topo = Topology::from_record(&read_host(root).unwrap());
+    bind(root, &topo, kernel, gpus, &BindOptions::default(), opts).unwrap();
+}
+
 #[test]
 fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -83,16 +94,7 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     fm["fail_activate"] = json!({ "1": "nvlink_error" });
     fs::write(&fm_state, fm.to_string()).unwrap();
     let mut kernel = SimKernel::new(&host);
-    let topo = Topology::from_record(&read_host(root).unwrap());
-    bind(
-        root,
-        &topo,
-        &mut kernel,
-        &gpus,
-        &BindOptions::default(),
-        &opts,
-    )
-    .unwrap();
+    bind_to_vfio(root, &mut kernel, &gpus, &opts);
     assert!(bindings(root)
         .iter()
         .all(|b| b.driver.as_deref() == Some("vfio-pci")));
@@ -120,16 +122,7 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
     drop(session);
 
     fs::write(&fm_state, board().to_string()).unwrap();
-    let topo = Topology::from_record(&read_host(root).unwrap());
-    bind(
-        root,
-        &topo,
-        &mut kernel,
-        &gpus,
-        &BindOptions::default(),
-        &opts,
-    )
-    .unwrap();
+    bind_to_vfio(root, &mut kernel, &gpus, &opts);
     let mut session = FmSession::open("127.0.0.1:6666").unwrap();
     let r = activate_or_roll_back(root, &mut kernel, &mut session, 1, &gpus, "vm1", &opts).unwrap();
     assert_eq!(r.resets.len(), 2);

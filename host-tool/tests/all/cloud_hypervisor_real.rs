@@ -85,23 +85,7 @@ fn boot_path(name: &str) -> String {
 
 #[test]
 fn todays_argv_is_the_one_cloud_hypervisor_booted() {
-    let out = crate::cli::vfio_p2p()
-        .args([
-            "--sysfs-root",
-            &boot_path("snapshot"),
-            "gen",
-            "cloud-hypervisor",
-        ])
-        .args(["--config", &boot_path("vm.yaml"), "--gpus", BOOT_GPUS])
-        .args(["--allow-untranslated-p2p", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let today: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    let (today, _) = gen_expecting(&boot("vm.yaml"));
     let recorded: Vec<String> = serde_json::from_value(boot_json("gen.json")).unwrap();
     assert_eq!(
         today, recorded,
@@ -143,32 +127,13 @@ fn todays_argv_is_the_one_cloud_hypervisor_booted() {
 #[test]
 fn the_agent_under_cloud_hypervisor_found_the_planned_cliques_at_0xd4() {
     let plan = boot_json("plan.json");
-    let info = boot_json("vm-info.json");
     let scan = boot_json("scan.json");
-    let gen: Vec<String> = serde_json::from_value(boot_json("gen.json")).unwrap();
-    let mut checked = 0;
-    for d in gen.iter().filter(|a| a.starts_with("path=")) {
-        // path=/sys/bus/pci/devices/HOST/,id=ID[,x_nv_gpudirect_clique=K]
-        let host = d.split('/').nth(5).unwrap();
-        let id = d.split(",id=").nth(1).unwrap().split(',').next().unwrap();
-        let planned = &plan["assignments"][host];
-        // where CH put it (its own report), and what the agent read there
-        let guest = info["device_tree"][id]["pci_bdf"].as_str().unwrap();
-        let seen = scan["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["bdf"] == guest)
-            .unwrap_or_else(|| panic!("{guest} ({host}) not in the agent's scan"));
-        assert_eq!(&seen["clique"], planned, "{host} at {guest}");
-        let offset = if planned.is_null() {
-            serde_json::Value::Null
-        } else {
-            "0xd4".into()
-        };
-        assert_eq!(seen["cap_offset"], offset, "{host} at {guest}");
-        checked += 1;
+    // where CH put each GPU (its own report), and what the agent read there
+    let placed = cloud_hypervisors_addresses();
+    for (host, guest) in &placed {
+        recording::assert_scan_found(&scan, host, guest, &plan["assignments"][host], "0xd4");
     }
+    let checked = placed.len();
     assert_eq!(checked, 3);
     // expect passed on the expectation made from CH's addresses and failed on the wrong one
     recording::assert_agent_verdicts("cloud-hypervisor/boot");

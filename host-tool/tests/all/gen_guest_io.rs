@@ -169,36 +169,22 @@ fn proxmox_and_incus_write_what_their_stacks_take() {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/fixtures/incus/server.json"
     );
-    let (ok, out, err) = gen(
-        dir.path(),
-        yaml,
-        &[
-            "--example",
-            "flat-vm",
-            "gen",
-            "incus",
-            "--incus-server",
-            server,
-        ],
-    );
+    let incus = [
+        "--example",
+        "flat-vm",
+        "gen",
+        "incus",
+        "--incus-server",
+        server,
+    ];
+    let (ok, out, err) = gen(dir.path(), yaml, &incus);
     assert!(ok, "{err}");
     assert!(
         out.contains("  eth0:\n    type: \"nic\"\n    nictype: \"bridged\"\n    parent: \"vmbr0\"\n    hwaddr: \"52:54:00:ab:00:01\"\n"),
         "{out}"
     );
     assert!(err.contains("warning: gen incus writes no disks"), "{err}");
-    let (ok, _, err) = gen(
-        dir.path(),
-        "name: a\nnetwork: {mode: user}\n",
-        &[
-            "--example",
-            "flat-vm",
-            "gen",
-            "incus",
-            "--incus-server",
-            server,
-        ],
-    );
+    let (ok, _, err) = gen(dir.path(), "name: a\nnetwork: {mode: user}\n", &incus);
     assert!(
         ok && err.contains("Incus has no user-mode networking"),
         "{err}"

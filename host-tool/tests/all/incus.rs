@@ -441,19 +441,7 @@ fn the_agent_under_incus_found_the_planned_cliques_at_0xc8() {
             "{qdev} ({host}) in Incus's QEMU configuration"
         );
         let guest = guest_bdf(&query, qdev);
-        let seen = scan["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["bdf"] == guest.as_str())
-            .unwrap_or_else(|| panic!("{guest} ({host}) not in the agent's scan"));
-        assert_eq!(&seen["clique"], planned, "{host} at {guest}");
-        let offset = if planned.is_null() {
-            serde_json::Value::Null
-        } else {
-            "0xc8".into()
-        };
-        assert_eq!(seen["cap_offset"], offset, "{host} at {guest}");
+        crate::recording::assert_scan_found(&scan, host, &guest, planned, "0xc8");
     }
     crate::recording::assert_agent_verdicts("incus/lab/boot");
     assert!(boot("version.txt").starts_with("Server version: 7.0.2"));

@@ -50,3 +50,27 @@ pub fn assert_agent_verdicts(dir: &str) {
     assert!(console.contains("LAB-B-EXPECT-END rc=0"), "{console}");
     assert!(console.contains("LAB-B-WRONG-END rc=1"), "{console}");
 }
+
+/// The agent's scan (`scan`) of a lab boot saw the GPU passed from `host` at `guest` with the
+/// `planned` clique (JSON null: none), its capability at `offset` when it has one.
+pub fn assert_scan_found(
+    scan: &serde_json::Value,
+    host: &str,
+    guest: &str,
+    planned: &serde_json::Value,
+    offset: &str,
+) {
+    let seen = scan["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["bdf"] == guest)
+        .unwrap_or_else(|| panic!("{guest} ({host}) not in the agent's scan"));
+    assert_eq!(&seen["clique"], planned, "{host} at {guest}");
+    let offset = if planned.is_null() {
+        serde_json::Value::Null
+    } else {
+        offset.into()
+    };
+    assert_eq!(seen["cap_offset"], offset, "{host} at {guest}");
+}

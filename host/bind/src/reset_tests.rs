@@ -181,12 +181,9 @@ fn refused_before_any_write() {
         "{e}"
     );
     // with the NIC in the same VM it goes
-    let both = BindOptions {
-        reset: ResetPolicy::Bus,
-        ..BindOptions::default()
-    };
     assert!(k.log.is_empty());
-    bind(h.root(), &h.topo(), &mut k, &[h.b, h.nic], &both, &opts()).unwrap();
+    let bus = policy(ResetPolicy::Bus);
+    bind(h.root(), &h.topo(), &mut k, &[h.b, h.nic], &bus, &opts()).unwrap();
     assert_eq!(h.methods(h.b), "bus");
     // a method the kernel does not list for the device
     std::fs::write(

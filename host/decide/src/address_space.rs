@@ -111,14 +111,20 @@ fn layout(
     let space = 1u64 << bits;
     let eighth = space >> 3;
     let end = align_up(ram_end(ram, window, vendor), GIB);
-    let classic_base = align_up(end, pow2_floor(window));
+    let (classic_base, classic_fits) = classic(end, window, space);
     // OVMF's condition for the dynamic window: smaller than 1/8, and 1/8 above the classic
     // base still below the top
     if window < eighth && classic_base + eighth < space {
         return (Placement::Dynamic, end, space - eighth, eighth, true);
     }
-    let fits = classic_base.checked_add(window).is_some_and(|e| e <= space);
-    (Placement::Classic, end, classic_base, window, fits)
+    (Placement::Classic, end, classic_base, window, classic_fits)
+}
+
+/// OVMF's classic window above RAM ending at `end`: its base (aligned to the window rounded
+/// down to a power of two) and whether it ends within `space`.
+fn classic(end: u64, window: u64, space: u64) -> (u64, bool) {
+    let base = align_up(end, pow2_floor(window));
+    (base, base.checked_add(window).is_some_and(|e| e <= space))
 }
 
 /// The largest RAM (whole GiB, at least 3) that fits; 0 when none does. RAM's end only grows
@@ -161,11 +167,8 @@ pub fn plan(ram: u64, window: u64, host_bits: u8, vendor: GuestVendor) -> Addres
 /// `host-phys-bits`), where OVMF places it above RAM and the guest addresses 1 TiB.
 pub fn fits_qemu_default(ram: u64, window: u64, vendor: GuestVendor) -> bool {
     let window = align_up(window.max(GIB), GIB);
-    let base = align_up(
-        align_up(ram_end(ram, window, vendor), GIB),
-        pow2_floor(window),
-    );
-    base + window <= 1u64 << QEMU_DEFAULT_PHYS_BITS
+    let end = align_up(ram_end(ram, window, vendor), GIB);
+    classic(end, window, 1u64 << QEMU_DEFAULT_PHYS_BITS).1
 }
 
 /// The fix for a VM whose RAM and window do not fit: the largest RAM that does, or fewer
