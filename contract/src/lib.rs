@@ -91,6 +91,21 @@ pub struct Expectation {
     /// absent: no fabric (PCIe or direct NVLink only), and the agent checks none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<ExpectedFabric>,
+    /// The guest's NUMA nodes as the host built them where GPU memory is a NUMA node
+    /// (Grace: CPU nodes first, then each GPU's memory node and its generic-initiator
+    /// companions); absent elsewhere, and the agent checks no nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<ExpectedNuma>,
+}
+
+/// The guest NUMA topology a Grace VM was given (#38).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedNuma {
+    /// How many nodes the guest has, `0..nodes` (CPU nodes first).
+    pub nodes: u32,
+    /// `distances[i][j]`: the SLIT distance from guest node `i` to `j`, as
+    /// `/sys/devices/system/node/nodeI/distance` lists it; `nodes` rows of `nodes`.
+    pub distances: Vec<Vec<u32>>,
 }
 
 /// The Fabric Manager partition a VM was given (shared-NVSwitch model) or the
@@ -121,6 +136,11 @@ pub struct ExpectedGpu {
     /// FM's physical id), when the host planned on a fabric; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module_id: Option<u32>,
+    /// The guest NUMA nodes tied to this GPU by `acpi-generic-initiator` (Grace: its
+    /// memory node and companions, each without CPUs and memory), in guest node ids;
+    /// empty where GPUs are not NUMA nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub numa_nodes: Vec<u32>,
 }
 
 /// Whether P2P should work between two GPUs.
@@ -157,6 +177,8 @@ pub enum ExpectationError {
     Version { found: u32 },
     #[error("{what} {bdf} is listed twice; each GPU and pair appears once")]
     Duplicate { what: &'static str, bdf: String },
+    #[error("numa: {0}")]
+    Numa(String),
 }
 
 impl Expectation {
@@ -169,6 +191,7 @@ impl Expectation {
             pairs: Vec::new(),
             report: None,
             fabric: None,
+            numa: None,
         }
     }
 
@@ -191,6 +214,7 @@ impl Expectation {
         }
         let e: Expectation = serde_json::from_str(text)?;
         e.refuse_duplicates()?;
+        e.refuse_inconsistent_numa()?;
         Ok(e)
     }
 
@@ -213,6 +237,46 @@ impl Expectation {
                     what: "pair",
                     bdf: format!("{} {}", p.a, p.b),
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// The NUMA block is a square matrix of `nodes` rows, and every GPU's node is one
+    /// of them and belongs to that GPU alone; GPU nodes without a NUMA block are refused.
+    fn refuse_inconsistent_numa(&self) -> Result<(), ExpectationError> {
+        let nodes = match &self.numa {
+            Some(n) => n.nodes,
+            None if self.gpus.iter().all(|g| g.numa_nodes.is_empty()) => return Ok(()),
+            None => {
+                return Err(ExpectationError::Numa(
+                    "GPUs name nodes but no node table is given".into(),
+                ))
+            }
+        };
+        let numa = self.numa.as_ref().expect("matched above");
+        if numa.distances.len() != nodes as usize
+            || numa.distances.iter().any(|row| row.len() != nodes as usize)
+        {
+            return Err(ExpectationError::Numa(format!(
+                "distances is not {nodes} rows of {nodes}"
+            )));
+        }
+        let mut owner = std::collections::BTreeMap::new();
+        for g in &self.gpus {
+            for &n in &g.numa_nodes {
+                if n >= nodes {
+                    return Err(ExpectationError::Numa(format!(
+                        "GPU {} names node {n}; the guest has nodes 0..{nodes}",
+                        g.guest_bdf
+                    )));
+                }
+                if let Some(other) = owner.insert(n, g.guest_bdf) {
+                    return Err(ExpectationError::Numa(format!(
+                        "node {n} is given to both {other} and {}",
+                        g.guest_bdf
+                    )));
+                }
             }
         }
         Ok(())
@@ -245,6 +309,7 @@ mod tests {
             vendor: PciId(0x10de),
             device: PciId(0x2330),
             module_id: None,
+            numa_nodes: Vec::new(),
         };
         e.gpus = vec![g.clone(), g];
         let err = Expectation::from_json(&e.to_json())

@@ -19,6 +19,7 @@ fn sample() -> Expectation {
             vendor: PciId(0x10de),
             device: PciId(0x2330),
             module_id: None,
+            numa_nodes: Vec::new(),
         },
         ExpectedGpu {
             host_bdf: bdf("0000:42:00.0"),
@@ -27,6 +28,7 @@ fn sample() -> Expectation {
             vendor: PciId(0x10de),
             device: PciId(0x2330),
             module_id: None,
+            numa_nodes: Vec::new(),
         },
     ];
     e.pairs = vec![ExpectedPair {
@@ -121,4 +123,60 @@ fn guest_path_round_trips_and_is_optional() {
     let older = Expectation::from_json(V1).unwrap();
     assert_eq!(older.pairs[0].guest_path, None);
     assert_eq!(older.version, EXPECTATION_VERSION);
+}
+
+fn grace(numa_nodes: [Vec<u32>; 2], nodes: u32, rows: usize) -> Expectation {
+    let mut e = sample();
+    for (g, n) in e.gpus.iter_mut().zip(numa_nodes) {
+        g.numa_nodes = n;
+    }
+    e.numa = Some(vfio_p2p_contract::ExpectedNuma {
+        nodes,
+        distances: (0..rows)
+            .map(|i| {
+                (0..nodes)
+                    .map(|j| if i as u32 == j { 10 } else { 80 })
+                    .collect()
+            })
+            .collect(),
+    });
+    e
+}
+
+#[test]
+fn a_grace_expectation_round_trips_and_x86_documents_stay_v1_bytes() {
+    let e = grace([vec![1, 2], vec![3, 4]], 5, 5);
+    let text = e.to_json();
+    assert!(text.contains(r#""numa_nodes":[1,2]"#), "{text}");
+    assert_eq!(Expectation::from_json(&text).unwrap(), e);
+    // no NUMA block, no GPU nodes: the v1 bytes above (checked there) carry neither key
+    assert!(!V1.contains("numa"));
+}
+
+#[test]
+fn inconsistent_numa_blocks_are_refused() {
+    let cases = [
+        (grace([vec![1], vec![1]], 3, 3), "node 1 is given to both"),
+        (
+            grace([vec![1], vec![5]], 3, 3),
+            "names node 5; the guest has nodes 0..3",
+        ),
+        (
+            grace([vec![1], vec![2]], 3, 2),
+            "distances is not 3 rows of 3",
+        ),
+    ];
+    for (e, want) in cases {
+        let err = Expectation::from_json(&e.to_json())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{err} lacks {want}");
+    }
+    let mut orphan = grace([vec![1], vec![2]], 3, 3);
+    orphan.numa = None;
+    let err = Expectation::from_json(&orphan.to_json())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no node table"), "{err}");
+    assert!(Expectation::from_json(&grace([vec![1], vec![2]], 3, 3).to_json()).is_ok());
 }

@@ -248,6 +248,7 @@ mod tests {
                 vendor: PciId(0x10de),
                 device: PciId(0x2330),
                 module_id: Some(m),
+                numa_nodes: Vec::new(),
             })
             .collect();
         e.fabric = Some(ExpectedFabric {

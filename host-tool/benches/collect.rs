@@ -37,6 +37,7 @@ fn plan(domain: &str, cid: u32) -> DomainPlan {
             vendor: PciId(0x10de),
             device: PciId(0x2330),
             module_id: None,
+            numa_nodes: Vec::new(),
         });
         for j in i + 1..GPUS {
             e.pairs.push(ExpectedPair {

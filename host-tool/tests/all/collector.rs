@@ -35,6 +35,7 @@ fn expectation(vm: &str, nvlink: Option<u8>) -> Expectation {
             vendor: PciId(0x10de),
             device: PciId(0x2330),
             module_id: None,
+            numa_nodes: Vec::new(),
         });
     }
     e.pairs.push(ExpectedPair {

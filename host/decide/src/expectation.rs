@@ -26,6 +26,7 @@ pub fn for_layout(vm: &str, topo: &Topology, layout: &GuestLayout) -> Expectatio
             vendor: g.vendor.into(),
             device: g.device.into(),
             module_id: None,
+            numa_nodes: Vec::new(),
         })
         .collect();
     for (i, j, guest) in guest_paths::guest_labels(topo, layout) {
