@@ -1204,4 +1204,6 @@ else
     sync
     umount /out
 fi
+# tests/lab/run tells this power-off from a reset or a kernel death by this line
+echo "LAB-END poweroff"
 poweroff -f

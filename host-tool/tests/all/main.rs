@@ -30,6 +30,7 @@ mod hostile;
 mod hostile_round_two;
 mod incus;
 mod kubevirt;
+mod lab_script;
 mod libvirt_patch;
 mod nccl_dump;
 mod nics;
