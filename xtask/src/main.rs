@@ -19,6 +19,7 @@ mod archive;
 mod completions;
 mod man_sections;
 mod manpages;
+mod package;
 mod tools;
 
 use std::fs;
@@ -27,6 +28,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
+use package::{Package, Progress};
 use tools::Cargo;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -46,7 +48,7 @@ pub struct CrossTarget {
 }
 
 /// The host tool's arm64 build: Grace hosts (GH200, GB200 NVL trays) are aarch64.
-const HOST_ARM64: CrossTarget = CrossTarget {
+pub const HOST_ARM64: CrossTarget = CrossTarget {
     triple: "aarch64-unknown-linux-gnu",
     deb_arch: "arm64",
     uname: "aarch64",
@@ -65,13 +67,28 @@ pub const AGENT_TARGETS: [CrossTarget; 2] = [
     },
 ];
 
+const USAGE: &str = "usage: cargo xtask dist [--only PACKAGE[,PACKAGE...]] | cargo xtask man DIR
+
+  dist     build the .deb packages, agent tarballs and SHA256SUMS into $CARGO_TARGET_DIR/dist
+           (cleared first: it holds what this run built); each step is printed with its time
+  --only   just these packages: vfio-p2p-amd64 (the host .deb; needs only cargo-deb),
+           vfio-p2p-arm64, vfio-p2p-agent-amd64, vfio-p2p-agent-arm64 (an agent's .deb and tarball)
+  man DIR  write both binaries' man pages and completions into DIR/vfio-p2p and DIR/vfio-p2p-agent";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["dist"] => dist(),
+        ["dist"] => dist(&Package::ALL),
+        ["dist", "--only", list] => match Package::parse_list(list) {
+            Ok(packages) => dist(&packages),
+            Err(e) => {
+                eprintln!("xtask: error: {e}\n\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
         ["man", dir] => man(Path::new(dir)),
         _ => {
-            eprintln!("usage: cargo xtask dist | cargo xtask man DIR\n\n  dist     build the .deb packages, agent tarballs and SHA256SUMS into $CARGO_TARGET_DIR/dist\n  man DIR  write both binaries' man pages and completions into DIR/vfio-p2p and DIR/vfio-p2p-agent");
+            eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -118,22 +135,48 @@ fn man(dir: &Path) -> Result<()> {
     manpages::write(vfio_p2p_agent::command(), &dir.join("vfio-p2p-agent"))
 }
 
-fn dist() -> Result<()> {
+fn dist(packages: &[Package]) -> Result<()> {
     let root = workspace_root();
     let target = target_dir(&root)?;
     let dist = target.join("dist");
     let cargo = Cargo::new(&root, &target);
-    tools::ensure(&cargo, &AGENT_TARGETS)?;
+    let mut progress = Progress::new(packages);
+    let cross: Vec<&CrossTarget> = packages.iter().filter_map(|p| p.cross_target()).collect();
+    progress.step("the tools (cargo-deb; zig, cargo-zigbuild and Rust targets for cross builds)");
+    tools::ensure(&cargo, &cross)?;
     if dist.exists() {
         fs::remove_dir_all(&dist).with_context(|| format!("clearing {}", dist.display()))?;
     }
     fs::create_dir_all(&dist)?;
+    for &package in packages {
+        progress.step(&format!("{} ({})", package.name(), package.what()));
+        match package {
+            Package::HostAmd64 => host_native(&cargo, &target, &dist)?,
+            Package::HostArm64 => host_cross(&cargo, &target, &dist, &HOST_ARM64)?,
+            Package::AgentAmd64 => agent(&cargo, &root, &target, &dist, &AGENT_TARGETS[0])?,
+            Package::AgentArm64 => agent(&cargo, &root, &target, &dist, &AGENT_TARGETS[1])?,
+        }
+    }
+    progress.step("SHA256SUMS");
+    archive::sha256sums(&dist)?;
+    println!("dist: {} ({})", dist.display(), progress.elapsed());
+    for entry in archive::sorted_files(&dist)? {
+        let len = fs::metadata(&entry)?.len();
+        println!(
+            "  {:>10}  {}",
+            len,
+            entry.file_name().unwrap_or_default().to_string_lossy()
+        );
+    }
+    Ok(())
+}
 
+/// The host package for this machine's architecture (amd64).
+fn host_native(cargo: &Cargo, target: &Path, dist: &Path) -> Result<()> {
     // cargo-deb takes its assets from `target/release/...`, which it maps to the real
     // target directory (and to `target/<triple>/release` with --target): the generated
     // man pages and completions go there, next to the binary they describe.
-    let host_gen = target.join("release/gen/vfio-p2p");
-    manpages::write(host_command(), &host_gen)?;
+    manpages::write(host_command(), &target.join("release/gen/vfio-p2p"))?;
     let host_deb = dist.join(format!("vfio-p2p_{VERSION}_amd64.deb"));
     // Built as the README's `cargo run --release -p vfio-p2p` builds it: cargo-deb would build
     // the whole workspace (its assets under target/release are globs), whose unified features
@@ -147,47 +190,35 @@ fn dist() -> Result<()> {
         "vfio-p2p",
         "-o",
         path_str(&host_deb)?,
+    ])
+}
+
+/// The agent for T: its .deb and its tarball.
+fn agent(cargo: &Cargo, root: &Path, target: &Path, dist: &Path, t: &CrossTarget) -> Result<()> {
+    let release = target.join(t.triple).join("release");
+    let gen = release.join("gen/vfio-p2p-agent");
+    manpages::write(vfio_p2p_agent::command(), &gen)?;
+    zigbuild(cargo, "vfio-p2p-agent", t)?;
+    let deb = dist.join(format!("vfio-p2p-agent_{VERSION}_{}.deb", t.deb_arch));
+    cargo.run(&[
+        "deb",
+        "-p",
+        "vfio-p2p-agent",
+        "--no-build",
+        "--no-strip",
+        "--target",
+        t.triple,
+        "-o",
+        path_str(&deb)?,
     ])?;
-
-    host_cross(&cargo, &target, &dist, &HOST_ARM64)?;
-
-    for t in &AGENT_TARGETS {
-        let release = target.join(t.triple).join("release");
-        let gen = release.join("gen/vfio-p2p-agent");
-        manpages::write(vfio_p2p_agent::command(), &gen)?;
-        zigbuild(&cargo, "vfio-p2p-agent", t)?;
-        let deb = dist.join(format!("vfio-p2p-agent_{VERSION}_{}.deb", t.deb_arch));
-        cargo.run(&[
-            "deb",
-            "-p",
-            "vfio-p2p-agent",
-            "--no-build",
-            "--no-strip",
-            "--target",
-            t.triple,
-            "-o",
-            path_str(&deb)?,
-        ])?;
-        let name = format!("vfio-p2p-agent-{VERSION}-{}-linux", t.uname);
-        archive::agent_tarball(
-            &root,
-            &release,
-            &gen,
-            &dist.join(format!("{name}.tar.gz")),
-            &name,
-        )?;
-    }
-    archive::sha256sums(&dist)?;
-    println!("dist: {}", dist.display());
-    for entry in archive::sorted_files(&dist)? {
-        let len = fs::metadata(&entry)?.len();
-        println!(
-            "  {:>10}  {}",
-            len,
-            entry.file_name().unwrap_or_default().to_string_lossy()
-        );
-    }
-    Ok(())
+    let name = format!("vfio-p2p-agent-{VERSION}-{}-linux", t.uname);
+    archive::agent_tarball(
+        root,
+        &release,
+        &gen,
+        &dist.join(format!("{name}.tar.gz")),
+        &name,
+    )
 }
 
 /// `cargo zigbuild` of PACKAGE for T against glibc [`CROSS_GLIBC`], stripped by the linker

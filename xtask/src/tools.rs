@@ -99,15 +99,18 @@ fn python() -> &'static str {
     }
 }
 
-/// Installs what `dist` needs and this machine lacks: cargo-deb (crates.io), zig and
-/// cargo-zigbuild (the Python package index, into `target/dist-tools/venv`), the agent's
-/// Rust targets (rustup).
-pub fn ensure(cargo: &Cargo, targets: &[CrossTarget]) -> Result<()> {
+/// Installs what `dist` needs and this machine lacks: cargo-deb (crates.io) always; for
+/// `targets` (the cross builds) zig and cargo-zigbuild (the Python package index, into
+/// `target/dist-tools/venv`) and the Rust targets (rustup).
+pub fn ensure(cargo: &Cargo, targets: &[&CrossTarget]) -> Result<()> {
     if !cargo.works(&["deb", "--version"]) {
         run(
             cargo.command(&["install", "--locked", "cargo-deb"]),
             "cargo install --locked cargo-deb",
         )?;
+    }
+    if targets.is_empty() {
+        return Ok(());
     }
     // cargo-zigbuild runs `zig`, or `python3 -m ziglang` (the Python package's zig)
     let zig = quietly_succeeds(cargo.program("zig").arg("version"))
@@ -119,7 +122,13 @@ pub fn ensure(cargo: &Cargo, targets: &[CrossTarget]) -> Result<()> {
         run(make, &format!("{} -m venv {}", python(), venv.display()))?;
         let pip = venv.join("bin/pip");
         let mut install = Command::new(&pip);
-        install.args(["install", "--quiet", "ziglang", "cargo-zigbuild"]);
+        install.args([
+            "install",
+            "--progress-bar",
+            "off",
+            "ziglang",
+            "cargo-zigbuild",
+        ]);
         run(
             install,
             &format!("{} install ziglang cargo-zigbuild", pip.display()),
