@@ -45,6 +45,20 @@ pub struct Capability {
     pub next: u8,
 }
 
+/// The capability walks start from a config space; they live here, beside the walks, so that
+/// `config` (bytes and header fields) needs nothing of `caps`.
+impl<'a> ConfigSpace<'a> {
+    /// Walk of the standard capability list.
+    pub fn capabilities(&self) -> CapWalk<'a> {
+        CapWalk::new(*self)
+    }
+
+    /// Walk of the PCIe extended capability list (empty when the dump has no extended space).
+    pub fn extended_capabilities(&self) -> ExtCapWalk<'a> {
+        ExtCapWalk::new(*self)
+    }
+}
+
 /// Iterator over the standard capability list, bounded and loop-proof.
 ///
 /// Yields `Ok` entries until the list ends, then at most one `Err` if it ended badly.

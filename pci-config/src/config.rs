@@ -1,5 +1,3 @@
-use crate::caps::{CapWalk, ExtCapWalk};
-
 /// What an unprivileged reader of sysfs `config` gets.
 pub const CONFIG_SPACE_UNPRIVILEGED: usize = 64;
 /// Conventional PCI config space.
@@ -131,16 +129,6 @@ impl<'a> ConfigSpace<'a> {
             Ok(HeaderType::Bridge) => Some((self.u8_at(0x19)?, self.u8_at(0x1a)?)),
             _ => None,
         }
-    }
-
-    /// Walk of the standard capability list.
-    pub fn capabilities(&self) -> CapWalk<'a> {
-        CapWalk::new(*self)
-    }
-
-    /// Walk of the PCIe extended capability list (empty when the dump has no extended space).
-    pub fn extended_capabilities(&self) -> ExtCapWalk<'a> {
-        ExtCapWalk::new(*self)
     }
 }
 
