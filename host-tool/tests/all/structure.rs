@@ -295,3 +295,54 @@ fn integration_tests_are_modules_of_one_binary() {
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
+
+/// The workspace's members, as the root Cargo.toml lists them (`"pci-config"`, `"host/read"`, …).
+fn workspace_members() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let list = manifest
+        .split("members = [")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .expect("Cargo.toml has a members list");
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// The crate table of docs/architecture.md: the first cell of each row, `` `host/read/` ``.
+fn documented_crates(doc: &str) -> Vec<String> {
+    let table = doc
+        .split("## The crates")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/architecture.md has a crate table");
+    table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter_map(|cell| cell.strip_suffix('/'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_architecture_doc_lists_every_workspace_crate() {
+    let doc = include_str!("../../../docs/architecture.md");
+    let documented = documented_crates(doc);
+    let members = workspace_members();
+    assert!(members.len() > 10, "{members:?}");
+    for m in &members {
+        assert!(
+            documented.contains(m),
+            "docs/architecture.md's crate table has no row for `{m}/`"
+        );
+    }
+    for d in &documented {
+        assert!(
+            members.contains(d),
+            "docs/architecture.md lists `{d}/`, which is not a workspace member"
+        );
+    }
+}
