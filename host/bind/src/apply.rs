@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::bind_plan::{ResetChange, Target, VFIO_PCI};
+use super::bind_plan::{Target, VFIO_PCI};
+use super::state::ResetChange;
 use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding, read_reset_method};
 use vfio_p2p_read::Binding;
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::state::BindState;
+use super::state::{BindState, ResetChange};
 use vfio_p2p_decide::reset::{choose, ResetChoice, ResetError};
 use vfio_p2p_model::{ResetPolicy, Topology};
 use vfio_p2p_read::{Binding, DeviceUse};
@@ -54,14 +54,6 @@ pub struct PlannedDevice {
     /// Its `reset_method` change (host.yaml `reset:`), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reset: Option<ResetChange>,
-}
-
-/// A GPU's `reset_method`: what it is set to, and what it was (what a rollback and
-/// `unbind` write back).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ResetChange {
-    pub set: String,
-    pub was: Vec<String>,
 }
 
 /// Everything the caller asked for, in BDF order of the named devices.

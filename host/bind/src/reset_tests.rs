@@ -8,10 +8,11 @@ use std::time::Duration;
 use pci_config::Bdf;
 
 use super::apply::FailAt;
-use super::bind_plan::{BindOptions, ResetChange};
+use super::bind_plan::BindOptions;
 use super::session::{bind, unbind, SessionOptions, UnbindSelection};
 use super::sim::{write_tree, SimKernel};
 use super::state::BindState;
+use super::state::ResetChange;
 use vfio_p2p_model::{HostRecord, ResetPolicy, Topology};
 use vfio_p2p_read::binding::{device_dir, read_binding, read_reset_method};
 use vfio_p2p_read::read_host;

@@ -27,7 +27,15 @@ pub struct DeviceRecordEntry {
     pub guest: Option<String>,
     /// The `reset_method` bind set (host.yaml `reset:`) and the one it replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reset: Option<super::bind_plan::ResetChange>,
+    pub reset: Option<ResetChange>,
+}
+
+/// A GPU's `reset_method`: what it is set to, and what it was (what a rollback and
+/// `unbind` write back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetChange {
+    pub set: String,
+    pub was: Vec<String>,
 }
 
 /// Every device `bind` moved and has not yet restored.
@@ -112,7 +120,7 @@ mod tests {
                 },
                 bound_with: gpu,
                 guest: Some("vm1".into()),
-                reset: Some(super::super::bind_plan::ResetChange {
+                reset: Some(ResetChange {
                     set: "bus".into(),
                     was: vec!["flr".into(), "bus".into()],
                 }),
