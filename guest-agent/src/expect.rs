@@ -10,9 +10,8 @@ use pci_config::Bdf;
 use std::os::unix::fs::OpenOptionsExt;
 
 use serde::{Deserialize, Serialize};
-pub use vfio_p2p_contract::{
-    Expectation, ExpectationError, ExpectedGpu, ExpectedPair, PciId, Verdict, EXPECTATION_VERSION,
-    FW_CFG_SYSFS_PATH as FW_CFG_PATH, MAX_EXPECTATION_BYTES,
+use vfio_p2p_contract::{
+    Expectation, ExpectationError, PciId, FW_CFG_SYSFS_PATH as FW_CFG_PATH, MAX_EXPECTATION_BYTES,
 };
 
 use crate::sysfs_scan::Scan;

@@ -8,8 +8,8 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::expect::Expectation;
 use crate::nvml::Nvml;
+use vfio_p2p_contract::Expectation;
 use vfio_p2p_contract::ExpectedFabric;
 
 /// `NVML_GPU_FABRIC_STATE_COMPLETED`.

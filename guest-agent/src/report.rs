@@ -5,11 +5,12 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::PairBench;
-use crate::expect::{ExpectReport, Expectation, Verdict};
+use crate::expect::ExpectReport;
 use crate::guest_topo::TopoReport;
 use crate::peers::{GpuInfo, PeerCheck};
 use crate::sysfs_scan::Scan;
 use crate::verify::VerifyResult;
+use vfio_p2p_contract::{Expectation, Verdict};
 
 /// Where the agent ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -169,7 +169,7 @@ fn expect_matches_and_mismatches() {
 fn expect_reads_fw_cfg_and_needs_root_to_judge() {
     let t = tempfile::tempdir().unwrap();
     materialise(t.path(), H200X2, |_, b| b.truncate(64));
-    let blob = t.path().join(vfio_p2p_agent::expect::FW_CFG_PATH);
+    let blob = t.path().join(vfio_p2p_contract::FW_CFG_SYSFS_PATH);
     fs::create_dir_all(blob.parent().unwrap()).unwrap();
     fs::write(&blob, expectation("null", "0000:00:07.0")).unwrap();
     agent()

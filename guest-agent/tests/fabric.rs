@@ -2,8 +2,8 @@
 //! Manager partition (4 × H100 of an 8-GPU HGX board), and on the agent's own recordings.
 
 use serde_json::Value;
-use vfio_p2p_agent::expect::Expectation;
 use vfio_p2p_agent::fabric::{judge, FabricView, GpuFabric};
+use vfio_p2p_contract::Expectation;
 
 const CAPTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

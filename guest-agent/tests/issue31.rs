@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use assert_cmd::Command;
 use serde_json::Value;
 use vfio_p2p_agent::bench::BenchPlan;
-use vfio_p2p_agent::expect::{ExpectReport, Expectation};
+use vfio_p2p_agent::expect::ExpectReport;
 use vfio_p2p_agent::fabric;
+use vfio_p2p_contract::Expectation;
 
 const MACHINES: [(&str, usize); 4] = [
     ("h100x2", 2),

@@ -8,12 +8,12 @@ use serde::Serialize;
 
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
 use vfio_p2p_agent::cuda::{Gpu, Module};
-use vfio_p2p_agent::expect::Expectation;
 use vfio_p2p_agent::guest_topo;
 use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::PeerCheck;
 use vfio_p2p_agent::report::PairReport;
 use vfio_p2p_agent::verify::Injection;
+use vfio_p2p_contract::Expectation;
 
 mod bench;
 mod children;
@@ -152,7 +152,7 @@ pub(crate) fn optional_expectation(
             args.expect.as_deref(),
             root,
         )?)),
-        None if root.join(vfio_p2p_agent::expect::FW_CFG_PATH).exists() => {
+        None if root.join(vfio_p2p_contract::FW_CFG_SYSFS_PATH).exists() => {
             Ok(Some(vfio_p2p_agent::expect::load(None, root)?))
         }
         None => Ok(None),

@@ -1,14 +1,19 @@
 //! `scan`: the NVIDIA GPUs sysfs shows, their clique capability and links.
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
-use vfio_p2p_agent::{expect, render, sysfs_scan};
+use vfio_p2p_agent::{render, sysfs_scan};
 
 use super::{emit, CannotRun};
 
 pub(super) fn run(f: Format, s: &SysfsArgs) -> Result<u8, CannotRun> {
     let scan = sysfs_scan::scan(&s.sysfs_root)?;
     emit(f, &scan, render::scan)?;
-    if f == Format::Table && !s.sysfs_root.join(expect::FW_CFG_PATH).exists() {
+    if f == Format::Table
+        && !s
+            .sysfs_root
+            .join(vfio_p2p_contract::FW_CFG_SYSFS_PATH)
+            .exists()
+    {
         print!("{}", render::no_expectation_note());
     }
     Ok(0)
