@@ -28,11 +28,11 @@ use vfio_p2p_decide::proxmox as proxmox_decide;
 use vfio_p2p_decide::vm_refusal::Refusal;
 use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
-use vfio_p2p_emit::libvirt;
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
 use vfio_p2p_emit::qemu_grace;
 use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
 use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
+use vfio_p2p_emit::{libvirt, libvirt_grace};
 use vfio_p2p_model::vmm::LibvirtVersion;
 use vfio_p2p_model::NicRef;
 use vfio_p2p_read::incus::{self as incus_read, IncusServer};
@@ -526,7 +526,13 @@ fn grace_layout(
                 }
                 None => None,
             };
-            grace_guest::qemu_pieces(version, grace_guest::window(topo, &flat))?
+            let (mut pieces, mut warnings) =
+                grace_guest::qemu_pieces(version, grace_guest::window(topo, &flat))?;
+            if args.target == GenTarget::Libvirt && pieces.smmu_form == SmmuForm::PerPhysical {
+                warnings.push("libvirt: one SMMUv3 for the machine (<iommu model='smmuv3'/>); the per-bus vSMMU `gen qemu` writes for each physical SMMU is not written in libvirt's form (unchecked)".into());
+                pieces.smmu_form = SmmuForm::MachineWide;
+            }
+            (pieces, warnings)
         }
     };
     let (layout, grace, more) = grace_guest::decide(topo, flat, config.memory_mib, pieces)
@@ -543,8 +549,13 @@ fn grace_layout(
         tracing::warn!("{w}");
     }
     let layout = match args.target {
-        GenTarget::CloudHypervisor => ch_decide::guest_layout(config, &layout)
-            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?,
+        GenTarget::CloudHypervisor => {
+            let mut ch = ch_decide::guest_layout(config, &layout)
+                .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?;
+            // CH's root bus as it numbers it, with the Grace guest's CPU nodes
+            ch.numa_nodes = layout.numa_nodes;
+            ch
+        }
         _ => layout,
     };
     Ok(Some((layout, grace)))
@@ -613,9 +624,12 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         GenTarget::Nccl => {
             address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
         }
-        _ if grace.is_some() => {
-            address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
-        }
+        _ if grace.is_some() => address_space::for_vm(
+            config.memory_mib << 20,
+            hole64,
+            None,
+            address_space::GuestVendor::Other,
+        )?,
         _ => guest_address_space(&args, &config, topo, hole64)?,
     };
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
@@ -650,7 +664,16 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
             Some(g) => qemu::render(&qemu_grace::argv(&vm, g), format),
             None => qemu::render(&qemu::argv(&vm), format),
         },
-        GenTarget::Libvirt => libvirt_domain(&ctx, &vm),
+        GenTarget::Libvirt => match &grace {
+            Some(g) => {
+                let version = ctx.libvirt_version();
+                if !version.has_acpi_nodeset() {
+                    tracing::warn!("{}", libvirt_grace::acpi_form_warning(version));
+                }
+                libvirt_grace::domain(&vm, g, version)
+            }
+            None => libvirt_domain(&ctx, &vm),
+        },
         GenTarget::CloudHypervisor => {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {
                 tracing::warn!("{w}");

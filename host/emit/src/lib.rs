@@ -8,6 +8,7 @@ pub mod data;
 pub mod fabric_list;
 pub mod incus;
 pub mod libvirt;
+pub mod libvirt_grace;
 pub mod libvirt_patch;
 pub mod nccl;
 pub mod plan_table;
