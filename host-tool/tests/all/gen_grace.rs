@@ -233,3 +233,51 @@ fn cloud_hypervisor_numa_device_ids() {
     assert!(text.contains("--memory\nsize=0\n"), "{text}");
     insta::assert_snapshot!("cloud-hypervisor-gb200", text);
 }
+
+/// `check` on a Grace host: its rows, each with the fix where it does not pass; a QEMU
+/// without generic initiators fails the QEMU row naming the version needed.
+#[test]
+fn check_has_the_grace_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |qemu: &str| {
+        let out = crate::cli::vfio_p2p()
+            .args(["--example", "gb200", "check", "--format", "json", "--qemu"])
+            .arg(fake_qemu(dir.path(), qemu))
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let row = |r: &serde_json::Value, check: &str| -> serde_json::Value {
+        r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} row: {r}"))
+    };
+    let new = run("11.1.3");
+    for c in [
+        "grace-driver",
+        "grace-kernel-config",
+        "grace-hugepages",
+        "grace-smmu",
+        "grace-numa-nodes",
+    ] {
+        row(&new, c);
+    }
+    assert_eq!(row(&new, "grace-qemu")["status"], "pass");
+    assert_eq!(row(&new, "grace-hugepages")["status"], "pass");
+    let old = run("8.2.2");
+    assert_eq!(row(&old, "grace-qemu")["status"], "fail");
+    assert!(row(&old, "grace-qemu")["fix"]
+        .as_str()
+        .unwrap()
+        .contains("QEMU >= 9.0.0"));
+    // x86 hosts get none of them
+    let out = crate::cli::vfio_p2p()
+        .args(["--example", "hgx-h100", "check", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("grace-"));
+}
