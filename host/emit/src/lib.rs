@@ -11,6 +11,7 @@ pub mod libvirt;
 pub mod libvirt_grace;
 pub mod libvirt_patch;
 pub mod nccl;
+pub mod node_ranges;
 pub mod plan_table;
 pub mod proxmox;
 pub mod qemu;

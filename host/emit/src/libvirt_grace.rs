@@ -58,7 +58,7 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
             .find(|n| n.gpu == d.id && version.has_acpi_nodeset())
             .map(|n| {
                 let ids: Vec<u32> = n.nodes.iter().map(|n| n.id).collect();
-                format!("<acpi nodeset='{}'/>", node_set(&ids))
+                format!("<acpi nodeset='{}'/>", crate::node_ranges::node_list(&ids))
             });
         let bus = controller_index(vm, &d.parent);
         write_hostdevs(w, d, bus, native_iommufd, acpi.as_deref());
@@ -88,14 +88,6 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
     x
 }
 
-/// `1-8`, `2,4`: a node list as libvirt's nodeset.
-fn node_set(ids: &[u32]) -> String {
-    match (ids.first(), ids.last()) {
-        (Some(a), Some(b)) if ids.len() as u32 == b - a + 1 && ids.len() > 1 => format!("{a}-{b}"),
-        _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
-    }
-}
-
 /// Name, memory (huge pages for the CPU cells), vCPUs, aarch64 virt with AAVMF, GICv3.
 fn write_machine(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
     let c = vm.config;
@@ -106,7 +98,7 @@ fn write_machine(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
         let _ = writeln!(
             w,
             "  <memoryBacking>\n    <hugepages>\n      <page size='{kib}' unit='KiB' nodeset='{}'/>\n    </hugepages>\n  </memoryBacking>",
-            node_set(&ids)
+            crate::node_ranges::node_list(&ids)
         );
     }
     let _ = writeln!(w, "  <vcpu placement='static'>{}</vcpu>", c.vcpus);
