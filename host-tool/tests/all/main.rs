@@ -19,6 +19,7 @@ mod doc_commands;
 mod fabric;
 mod fabric_hook;
 mod first_run;
+mod fresh_host;
 mod gen_address_space;
 mod gen_golden;
 mod gen_guest_io;
