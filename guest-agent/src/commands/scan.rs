@@ -9,7 +9,7 @@ pub(super) fn run(f: Format, s: &SysfsArgs) -> Result<u8, CannotRun> {
     let scan = sysfs_scan::scan(&s.sysfs_root)?;
     emit(f, &scan, render::scan)?;
     if f == Format::Table && !s.sysfs_root.join(expect::FW_CFG_PATH).exists() {
-        print!("{}", render::no_expectation_note());
+        super::write_stdout(&render::no_expectation_note());
     }
     Ok(0)
 }

@@ -12,6 +12,7 @@ mod recording;
 mod support;
 
 mod bind_cli;
+mod closed_pipe;
 mod cloud_hypervisor_real;
 mod collector;
 mod contract_round_trip;
