@@ -238,6 +238,16 @@ impl Context {
         }
     }
 
+    /// Where vhost_vsock is (`check --vsock`): probed below a root, "not probed" for an
+    /// example or a snapshot file.
+    pub fn probe_vsock_module(&self) -> vfio_p2p_model::host_facts::ModuleState {
+        use vfio_p2p_model::host_facts::ModuleState;
+        match self.source.probe_root() {
+            Ok(root) => host_probe::vhost_vsock_module(root),
+            Err(why) => ModuleState::Unknown(why.to_string()),
+        }
+    }
+
     /// The libvirt version to target: the flag, else what `virsh --version` said (with a
     /// warning, and libvirt's override form assumed, when it said nothing).
     pub fn libvirt_version(&self) -> LibvirtVersion {

@@ -89,6 +89,9 @@ pub struct CheckArgs {
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]
     pub vmm: Vmm,
+    /// The VM reports over vsock (vm.yaml `verify: vsock`): checks the host's vhost_vsock.
+    #[arg(long)]
+    pub vsock: bool,
     /// Also open each GPU through VFIO. WARNING: opening a device resets it.
     #[arg(long)]
     pub deep: bool,
@@ -247,6 +250,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     if !nics.is_empty() {
         host.groups.extend(ctx.probe_host(&nics, false).groups);
     }
+    let vsock_module = args.vsock.then(|| ctx.probe_vsock_module());
     let vmm = vmm_facts(&ctx, &args, domain.as_ref());
     let fm_config = ctx
         .probes
@@ -255,6 +259,9 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| FmConfigFile::NotProbed("not asked".into()));
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
+    report.extend(Vec::from_iter(
+        vsock_module.as_ref().map(check::check_vsock_module),
+    ));
     report.extend(check::nic_checks(
         topo,
         &gpus,

@@ -22,6 +22,7 @@ mod fabric_hook;
 mod first_run;
 mod fresh_host;
 mod gen_address_space;
+mod gen_boot;
 mod gen_golden;
 mod gen_guest_io;
 mod gen_vsock;

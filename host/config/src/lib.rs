@@ -4,6 +4,7 @@
 
 pub mod host;
 pub mod vm;
+pub mod vm_boot;
 pub mod vm_devices;
 
 use std::path::{Path, PathBuf};

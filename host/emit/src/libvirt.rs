@@ -241,12 +241,24 @@ fn write_machine(w: &mut String, vm: &VmDefinition) {
             "    <loader readonly='yes' type='pflash'>{}</loader>",
             escape(c.ovmf_code.display().to_string().as_str())
         );
-        if let Some(vars) = &c.ovmf_vars {
-            let _ = writeln!(
-                w,
-                "    <nvram template='{}'/>",
-                escape(vars.display().to_string().as_str())
-            );
+        // libvirt copies the template to the VM's nvram file: vm.yaml's copy when named
+        match (&c.ovmf_vars, &c.boot.ovmf_vars_copy) {
+            (Some(vars), Some(copy)) => {
+                let _ = writeln!(
+                    w,
+                    "    <nvram template='{}'>{}</nvram>",
+                    escape(vars.display().to_string().as_str()),
+                    escape(copy.display().to_string().as_str())
+                );
+            }
+            (Some(vars), None) => {
+                let _ = writeln!(
+                    w,
+                    "    <nvram template='{}'/>",
+                    escape(vars.display().to_string().as_str())
+                );
+            }
+            _ => {}
         }
     }
     let _ = writeln!(w, "  </os>");

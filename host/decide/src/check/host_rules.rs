@@ -99,6 +99,26 @@ pub(super) fn check_vfio_module(m: &ModuleState) -> CheckResult {
     result("vfio-pci-module", None, status, saw, fix)
 }
 
+/// `--vsock` (vm.yaml `verify: vsock`): the VM's vsock device needs vhost_vsock on the host.
+pub fn check_vsock_module(m: &ModuleState) -> CheckResult {
+    let (status, saw, fix) = match m {
+        ModuleState::Loaded => (Status::Pass, "vhost_vsock is loaded".to_string(), None),
+        ModuleState::BuiltIn => (Status::Pass, "vhost_vsock is built into the kernel".to_string(), None),
+        ModuleState::Available(p) => (
+            Status::Pass,
+            format!("vhost_vsock is not loaded but available ({p}); the VMM opening /dev/vhost-vsock loads it"),
+            None,
+        ),
+        ModuleState::Missing(w) => (
+            Status::Fail,
+            format!("no vhost_vsock module: {w}; the VM's vsock device (verify: vsock) cannot start"),
+            Some("install the kernel's modules (vhost_vsock, CONFIG_VHOST_VSOCK) or leave verify: vsock out of vm.yaml".to_string()),
+        ),
+        ModuleState::Unknown(why) => not_probed(why),
+    };
+    result("vhost-vsock-module", None, status, saw, fix)
+}
+
 /// The outcome of a check whose probe could not run.
 fn not_probed(why: &str) -> (Status, String, Option<String>) {
     (

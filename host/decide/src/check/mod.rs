@@ -20,6 +20,7 @@ mod vm_rules;
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
 pub use facts::{ConfigSyntax, StartBinding, Vmm, VmmFacts};
+pub use host_rules::check_vsock_module;
 pub use nvlsm_rules::{nvlink5_board, nvlsm_checks};
 pub use report::{CheckReport, CheckResult, Status};
 pub use reset_rules::reset_checks;

@@ -541,3 +541,21 @@ fn a_group_member_the_starter_does_not_bind_still_fails() {
     assert!(c.saw.contains("bound to mlx5_core"), "{}", c.saw);
     assert_eq!(find(&r, "vfio-group", Some(&gpu)).status, Status::Fail);
 }
+
+#[test]
+fn the_vsock_module_check_fails_only_when_the_host_has_none() {
+    let missing = check_vsock_module(&ModuleState::Missing("nowhere".into()));
+    assert_eq!(missing.status, Status::Fail);
+    assert!(missing.fix.as_ref().unwrap().contains("CONFIG_VHOST_VSOCK"));
+    let available = check_vsock_module(&ModuleState::Available("vhost_vsock.ko".into()));
+    assert_eq!(available.status, Status::Pass);
+    assert!(available.saw.contains("/dev/vhost-vsock loads it"));
+    assert_eq!(
+        check_vsock_module(&ModuleState::Loaded).status,
+        Status::Pass
+    );
+    assert_eq!(
+        check_vsock_module(&ModuleState::Unknown("example".into())).status,
+        Status::Warn
+    );
+}

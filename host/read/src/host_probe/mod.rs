@@ -64,7 +64,19 @@ pub(crate) fn node<T>(path: &Path, r: io::Result<T>) -> NodeProbe<T> {
 /// (`lib/modules/<release>/modules.builtin` / `modules.dep`; `<release>` from
 /// `proc/sys/kernel/osrelease`, else any release under the root).
 pub fn vfio_pci_module(root: &Path) -> ModuleState {
-    if root.join("sys/module/vfio_pci").is_dir() {
+    module_state(root, "vfio_pci", "vfio-pci")
+}
+
+/// Where vhost_vsock is, as [`vfio_pci_module`] looks (QEMU's and Cloud Hypervisor's vsock
+/// device open `/dev/vhost-vsock`, which loads it: `devname:vhost-vsock`).
+pub fn vhost_vsock_module(root: &Path) -> ModuleState {
+    module_state(root, "vhost_vsock", "vhost_vsock")
+}
+
+/// Module `name` (as `sys/module` names it), whose file is `file.ko` (`-` or `_` as the
+/// kernel's build wrote it).
+fn module_state(root: &Path, name: &str, file: &str) -> ModuleState {
+    if root.join("sys/module").join(name).is_dir() {
         return ModuleState::Loaded;
     }
     let modules = root.join("lib/modules");
@@ -82,7 +94,9 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
             String::from_utf8_lossy(&t)
                 .lines()
                 .map(|l| l.split(':').next().unwrap_or(""))
-                .find(|m| m.ends_with("/vfio-pci.ko") || m.contains("/vfio-pci.ko."))
+                .find(|m| {
+                    m.ends_with(&format!("/{file}.ko")) || m.contains(&format!("/{file}.ko."))
+                })
                 .map(str::to_string)
         };
         if lists("modules.builtin").is_some() {
@@ -94,7 +108,7 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
     }
     ModuleState::Missing(format!(
         "not loaded ({} absent) and not in modules.dep/modules.builtin under {}",
-        root.join("sys/module/vfio_pci").display(),
+        root.join("sys/module").join(name).display(),
         modules.display()
     ))
 }
@@ -177,6 +191,29 @@ mod tests {
         assert_eq!(vfio_pci_module(root), ModuleState::BuiltIn);
         fs::create_dir_all(root.join("sys/module/vfio_pci")).unwrap();
         assert_eq!(vfio_pci_module(root), ModuleState::Loaded);
+    }
+
+    #[test]
+    fn vhost_vsock_is_looked_for_like_vfio_pci() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(
+            matches!(vhost_vsock_module(root), ModuleState::Missing(w) if w.contains("sys/module/vhost_vsock"))
+        );
+        let rel = root.join("lib/modules/6.1.0-28-amd64");
+        fs::create_dir_all(&rel).unwrap();
+        fs::write(
+            rel.join("modules.dep"),
+            "kernel/drivers/vhost/vhost_vsock.ko.xz: kernel/drivers/vhost/vhost.ko.xz\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(vhost_vsock_module(root), ModuleState::Available(p) if p.ends_with("vhost_vsock.ko.xz"))
+        );
+        // vfio-pci is not vhost_vsock
+        assert!(matches!(vfio_pci_module(root), ModuleState::Missing(_)));
+        fs::create_dir_all(root.join("sys/module/vhost_vsock")).unwrap();
+        assert_eq!(vhost_vsock_module(root), ModuleState::Loaded);
     }
 
     #[test]
