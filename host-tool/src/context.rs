@@ -265,12 +265,16 @@ impl Context {
     /// NVSwitch with FM's partitions known); the host config's reserved devices are not
     /// offered.
     pub fn warn_fabric(&self, gpus: &[Bdf]) {
+        self.warn_fabric_as("", gpus);
+    }
+
+    fn warn_fabric_as(&self, who: &str, gpus: &[Bdf]) {
         let Some(state) = self.fabric.partitions() else {
             return;
         };
         let reserved = self.host.reserved.iter().copied().collect();
         if let Some(w) = vfio_p2p_decide::fabric::gpu_set_warning(state, gpus, &reserved) {
-            tracing::warn!("{w}");
+            tracing::warn!("{who}{w}");
         }
     }
 
@@ -304,11 +308,17 @@ impl Context {
 
     /// Plans cliques for `gpus`, logging the plan's warnings.
     pub fn plan(&self, gpus: &[Bdf], options: &PlanOptions) -> anyhow::Result<CliquePlan> {
-        self.warn_fabric(gpus);
-        let p = plan(&self.topo, gpus, options)
+        self.plan_as("", gpus, options)
+    }
+
+    /// [`Context::plan`] for a log other programs write too (QEMU's, a sidecar's): each
+    /// warning after `who` (`qemu-wrap: `), `warning: qemu-wrap: …` as the docs show.
+    pub fn plan_as(&self, who: &str, gpus: &[Bdf], o: &PlanOptions) -> anyhow::Result<CliquePlan> {
+        self.warn_fabric_as(who, gpus);
+        let p = plan(&self.topo, gpus, o)
             .with_context(|| format!("planning cliques on {}", self.topo.source))?;
         for w in &p.warnings {
-            tracing::warn!("{w}");
+            tracing::warn!("{who}{w}");
         }
         Ok(p)
     }

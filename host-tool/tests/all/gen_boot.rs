@@ -169,3 +169,17 @@ fn a_key_the_target_cannot_honour_is_refused_at_its_line() {
         );
     }
 }
+
+/// Issue 40: an unknown key said "error:" twice and named `<input>` in the parser's snippet.
+#[test]
+fn a_vm_yaml_parse_error_says_error_once_and_names_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    let (code, _, err) = gen(t.path(), "qemu", "name: a\nbogus: 1\n");
+    assert_eq!(code, 2);
+    let config = t.path().join("vm.yaml");
+    let expected = format!("error: {}:2:1: unknown field `bogus`", config.display());
+    assert!(err.starts_with(&expected), "{err}");
+    assert_eq!(err.matches("error").count(), 1, "{err}");
+    assert!(!err.contains("<input>"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
