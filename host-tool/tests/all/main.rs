@@ -17,6 +17,7 @@ mod cloud_hypervisor_real;
 mod collector;
 mod contract_round_trip;
 mod doc_commands;
+mod doc_test_commands;
 mod fabric;
 mod fabric_hook;
 mod first_run;
