@@ -287,7 +287,10 @@ fn print_table(r: &PlaceReport) {
         }
         t.add_row(row);
     }
-    println!("{t}");
+    // nothing placed: no table of no rows, the reasons below say it all
+    if !r.vms.is_empty() {
+        println!("{t}");
+    }
     let width = vfio_p2p_style::output_width();
     for vm in &r.vms {
         if let Some(e) = &vm.plan_error {

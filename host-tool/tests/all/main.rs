@@ -49,4 +49,5 @@ mod real;
 mod real_tools;
 mod structure;
 mod topo;
+mod topo_views;
 mod widths;
