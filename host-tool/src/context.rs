@@ -248,16 +248,13 @@ impl Context {
         }
     }
 
-    /// The libvirt version to target: the flag, else what `virsh --version` said (with a
-    /// warning, and libvirt's override form assumed, when it said nothing).
-    pub fn libvirt_version(&self) -> LibvirtVersion {
+    /// The libvirt version to target: the flag, else what `virsh --version` said (logged
+    /// with -v); `Err` says why it is unknown (the caller assumes one and says which).
+    pub fn libvirt_version(&self) -> Result<LibvirtVersion, &str> {
         match &self.probes.libvirt_version {
-            Some(Ok(v)) => *v,
-            Some(Err(why)) => {
-                tracing::warn!("{why}");
-                OVERRIDE_SINCE
-            }
-            None => OVERRIDE_SINCE,
+            Some(Ok(v)) => Ok(*v).inspect(|v| tracing::info!("targeting libvirt {v}")),
+            Some(Err(why)) => Err(why),
+            None => Ok(OVERRIDE_SINCE),
         }
     }
 
@@ -500,7 +497,9 @@ fn probe(
         (true, Ok(root)) => Some(vfio_p2p_read::fm_config::read(root)?),
     };
     Ok(Probes {
-        qemu_version: needs.qemu_version.as_deref().map(vmm::qemu_version_of),
+        qemu_version: needs.qemu_version.as_deref().map(|q| {
+            vmm::qemu_version_of(q).inspect(|v| tracing::info!("{}: QEMU {v}", q.display()))
+        }),
         libvirt_version: needs
             .libvirt_version
             .map(|flag| flag.map_or_else(vmm::installed_libvirt_version, Ok)),

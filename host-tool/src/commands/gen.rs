@@ -32,7 +32,7 @@ use vfio_p2p_emit::libvirt;
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
 use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
 use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
-use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_model::vmm::{LibvirtVersion, OVERRIDE_SINCE};
 use vfio_p2p_model::NicRef;
 use vfio_p2p_read::incus::{self as incus_read, IncusServer};
 
@@ -499,7 +499,17 @@ fn guest_address_space(
 /// The libvirt domain for the libvirt version targeted, with a warning for each form an
 /// older libvirt gets instead of its element.
 fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
-    let version = ctx.libvirt_version();
+    let version = match ctx.libvirt_version() {
+        Ok(v) => v,
+        Err(why) => {
+            let v = OVERRIDE_SINCE;
+            tracing::warn!(
+                "{}",
+                libvirt::unknown_version_warning(why, v, vm.iommu_backend)
+            );
+            return libvirt::domain(vm, v);
+        }
+    };
     if !version.has_override() {
         tracing::warn!("{}", libvirt::set_form_warning(version));
     }

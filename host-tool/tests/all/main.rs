@@ -50,4 +50,5 @@ mod real_tools;
 mod structure;
 mod topo;
 mod topo_views;
+mod versions;
 mod widths;
