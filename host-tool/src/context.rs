@@ -44,7 +44,7 @@ pub struct HostConfigArgs {
 pub struct PlanOptionArgs {
     /// Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys
     /// (default: the VM config's where `gen` has one, else the host config's `p2p_level`, else pxb).
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", value_parser = crate::cli::path_level(), ignore_case = true, hide_possible_values = true)]
     pub p2p_level: Option<PathKind>,
     /// `nvidia-smi topo -m` output captured on this host, with the GPU index → PCI address
     /// map (`nvidia-smi --query-gpu=index,pci.bus_id --format=csv` or plain `nvidia-smi`)
