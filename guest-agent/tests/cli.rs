@@ -653,3 +653,76 @@ fn scan_reads_the_flat_sysfs_dump() {
         .code(2)
         .stderr(contains("not a flat sysfs JSON dump").and(contains("sys/bus/pci/devices")));
 }
+
+/// Runs the agent with standard output a pipe whose reader is already closed (`| true`,
+/// `| head` after it has read enough): the exit code, and stderr.
+fn into_a_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("vfio-p2p-agent"))
+        .args(args)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Issue 40: `report --from … | true` panicked (exit 101 with a backtrace). Every command
+/// that prints now ends quietly with 141, as a shell reports the host tool SIGPIPE ended.
+#[test]
+fn every_command_ends_quietly_into_a_closed_pipe() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |bdf, b| {
+        if bdf == "0000:00:07.0" {
+            add_clique(b, 1)
+        }
+    });
+    let root = t.path().to_str().unwrap();
+    let file = t.path().join("expect.json");
+    fs::write(&file, expectation("1", "0000:00:07.0")).unwrap();
+    let expect = file.to_str().unwrap();
+    let printing: &[&[&str]] = &[
+        &["scan", "--sysfs-root", root],
+        &["expect", "--sysfs-root", root, "--expect", expect],
+        &[
+            "expect",
+            "--format",
+            "json",
+            "--sysfs-root",
+            root,
+            "--expect",
+            expect,
+        ],
+        &[
+            "expect",
+            "--format",
+            "prometheus",
+            "--sysfs-root",
+            root,
+            "--expect",
+            expect,
+        ],
+        &["topo", "--sysfs-root", root],
+        &["report", "--from", REPORT],
+        &["report", "--from", REPORT, "--format", "json"],
+        &["report", "--from", REPORT, "--format", "prometheus"],
+        &["--help"],
+    ];
+    for args in printing {
+        let (code, err) = into_a_closed_pipe(args);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+        // clap's help ignores the write error itself and exits 0
+        let expected = if args[0] == "--help" { 0 } else { 141 };
+        assert_eq!(code, Some(expected), "{args:?}: {err}");
+    }
+    // the commands that need CUDA say so on stderr, as they do into a terminal
+    for cmd in ["peers", "verify", "cross-process", "nccl-topo"] {
+        let (code, err) = into_a_closed_pipe(&[cmd]);
+        assert!(!err.contains("panicked"), "{cmd}: {err}");
+        assert_eq!(code, Some(2), "{cmd}: {err}");
+    }
+}

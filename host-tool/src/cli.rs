@@ -24,3 +24,14 @@ pub struct GlobalArgs {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
+
+/// `--p2p-level` and `--max-path`: a path level by its label, offered to the shell
+/// completions (`cargo xtask dist` renders them from these possible values) and in any case.
+pub fn path_level() -> impl clap::builder::TypedValueParser<Value = pci_config::PathKind> {
+    use clap::builder::TypedValueParser as _;
+    let labels = ["pix", "pxb", "phb", "node", "sys"];
+    clap::builder::PossibleValuesParser::new(labels).map(|s| {
+        s.parse::<pci_config::PathKind>()
+            .expect("every possible value is a label")
+    })
+}

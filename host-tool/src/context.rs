@@ -44,7 +44,7 @@ pub struct HostConfigArgs {
 pub struct PlanOptionArgs {
     /// Worst host path allowed inside a clique: pix, pxb (NCCL's default), phb, node, sys
     /// (default: the VM config's where `gen` has one, else the host config's `p2p_level`, else pxb).
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", value_parser = crate::cli::path_level(), ignore_case = true, hide_possible_values = true)]
     pub p2p_level: Option<PathKind>,
     /// `nvidia-smi topo -m` output captured on this host, with the GPU index → PCI address
     /// map (`nvidia-smi --query-gpu=index,pci.bus_id --format=csv` or plain `nvidia-smi`)
@@ -238,16 +238,23 @@ impl Context {
         }
     }
 
-    /// The libvirt version to target: the flag, else what `virsh --version` said (with a
-    /// warning, and libvirt's override form assumed, when it said nothing).
-    pub fn libvirt_version(&self) -> LibvirtVersion {
+    /// Where vhost_vsock is (`check --vsock`): probed below a root, "not probed" for an
+    /// example or a snapshot file.
+    pub fn probe_vsock_module(&self) -> vfio_p2p_model::host_facts::ModuleState {
+        use vfio_p2p_model::host_facts::ModuleState;
+        match self.source.probe_root() {
+            Ok(root) => host_probe::vhost_vsock_module(root),
+            Err(why) => ModuleState::Unknown(why.to_string()),
+        }
+    }
+
+    /// The libvirt version to target: the flag, else what `virsh --version` said (logged
+    /// with -v); `Err` says why it is unknown (the caller assumes one and says which).
+    pub fn libvirt_version(&self) -> Result<LibvirtVersion, &str> {
         match &self.probes.libvirt_version {
-            Some(Ok(v)) => *v,
-            Some(Err(why)) => {
-                tracing::warn!("{why}");
-                OVERRIDE_SINCE
-            }
-            None => OVERRIDE_SINCE,
+            Some(Ok(v)) => Ok(*v).inspect(|v| tracing::info!("targeting libvirt {v}")),
+            Some(Err(why)) => Err(why),
+            None => Ok(OVERRIDE_SINCE),
         }
     }
 
@@ -255,12 +262,16 @@ impl Context {
     /// NVSwitch with FM's partitions known); the host config's reserved devices are not
     /// offered.
     pub fn warn_fabric(&self, gpus: &[Bdf]) {
+        self.warn_fabric_as("", gpus);
+    }
+
+    fn warn_fabric_as(&self, who: &str, gpus: &[Bdf]) {
         let Some(state) = self.fabric.partitions() else {
             return;
         };
         let reserved = self.host.reserved.iter().copied().collect();
         if let Some(w) = vfio_p2p_decide::fabric::gpu_set_warning(state, gpus, &reserved) {
-            tracing::warn!("{w}");
+            tracing::warn!("{who}{w}");
         }
     }
 
@@ -294,11 +305,17 @@ impl Context {
 
     /// Plans cliques for `gpus`, logging the plan's warnings.
     pub fn plan(&self, gpus: &[Bdf], options: &PlanOptions) -> anyhow::Result<CliquePlan> {
-        self.warn_fabric(gpus);
-        let p = plan(&self.topo, gpus, options)
+        self.plan_as("", gpus, options)
+    }
+
+    /// [`Context::plan`] for a log other programs write too (QEMU's, a sidecar's): each
+    /// warning after `who` (`qemu-wrap: `), `warning: qemu-wrap: …` as the docs show.
+    pub fn plan_as(&self, who: &str, gpus: &[Bdf], o: &PlanOptions) -> anyhow::Result<CliquePlan> {
+        self.warn_fabric_as(who, gpus);
+        let p = plan(&self.topo, gpus, o)
             .with_context(|| format!("planning cliques on {}", self.topo.source))?;
         for w in &p.warnings {
-            tracing::warn!("{w}");
+            tracing::warn!("{who}{w}");
         }
         Ok(p)
     }
@@ -480,7 +497,9 @@ fn probe(
         (true, Ok(root)) => Some(vfio_p2p_read::fm_config::read(root)?),
     };
     Ok(Probes {
-        qemu_version: needs.qemu_version.as_deref().map(vmm::qemu_version_of),
+        qemu_version: needs.qemu_version.as_deref().map(|q| {
+            vmm::qemu_version_of(q).inspect(|v| tracing::info!("{}: QEMU {v}", q.display()))
+        }),
         libvirt_version: needs
             .libvirt_version
             .map(|flag| flag.map_or_else(vmm::installed_libvirt_version, Ok)),

@@ -75,14 +75,37 @@ pub fn run(cli: &Cli) -> Result<u8, CannotRun> {
     }
 }
 
+/// The exit status when standard output's reader went away (`| head`, `| true`): what a
+/// shell reports for a process SIGPIPE ended, as the host tool ends (it keeps SIGPIPE's
+/// default action; the agent stays free of `unsafe` and handles the write error instead).
+pub(crate) const CLOSED_PIPE_EXIT: i32 = 128 + 13;
+
+/// Writes `text` to standard output, as `print!` would, but ends the process quietly
+/// (exit [`CLOSED_PIPE_EXIT`]) when the reader closed the pipe, where `print!` panics.
+/// Any other write error ends it with exit 2 and the error.
+pub(crate) fn write_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::exit(CLOSED_PIPE_EXIT)
+        }
+        Err(e) => {
+            eprintln!("vfio-p2p-agent: cannot run: writing standard output: {e}");
+            std::process::exit(2)
+        }
+    }
+}
+
 pub(crate) fn emit<T: Serialize>(
     format: Format,
     value: &T,
     table: impl FnOnce(&T) -> String,
 ) -> Result<()> {
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Format::Table => print!("{}", table(value)),
+        Format::Json => write_stdout(&(serde_json::to_string_pretty(value)? + "\n")),
+        Format::Table => write_stdout(&table(value)),
         // expect and report print it through `deliver`; run() refuses it elsewhere
         Format::Prometheus => {}
     }
@@ -109,7 +132,7 @@ pub(crate) fn deliver(
     report: vfio_p2p_contract::GuestReport,
 ) -> Result<()> {
     if f == Format::Prometheus {
-        print!("{}", vfio_p2p_agent::send::prometheus(&report));
+        write_stdout(&vfio_p2p_agent::send::prometheus(&report));
     }
     if !send {
         return Ok(());
@@ -219,7 +242,7 @@ pub(crate) fn judge_all(reports: &mut [PairReport], vm: bool) {
 
 pub(crate) fn print_summaries(reports: &[PairReport]) {
     for p in reports {
-        println!("{} → {}: {}", p.src, p.dst, p.summary);
+        write_stdout(&format!("{} → {}: {}\n", p.src, p.dst, p.summary));
     }
 }
 

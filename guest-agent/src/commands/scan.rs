@@ -14,7 +14,7 @@ pub(super) fn run(f: Format, s: &SysfsArgs) -> Result<u8, CannotRun> {
             .join(vfio_p2p_contract::FW_CFG_SYSFS_PATH)
             .exists()
     {
-        print!("{}", render::no_expectation_note());
+        super::write_stdout(&render::no_expectation_note());
     }
     Ok(0)
 }

@@ -9,7 +9,7 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::context::{Context, Needs, PlanOptionArgs};
 use vfio_p2p_config::vm::IommuBackend;
-use vfio_p2p_decide::check::{self, ConfigSyntax, Vmm, VmmFacts};
+use vfio_p2p_decide::check::{self, ConfigSyntax, StartBinding, Vmm, VmmFacts};
 use vfio_p2p_decide::clique_plan::plan;
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_model::domain::DomainFacts;
@@ -89,6 +89,9 @@ pub struct CheckArgs {
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]
     pub vmm: Vmm,
+    /// The VM reports over vsock (vm.yaml `verify: vsock`): checks the host's vhost_vsock.
+    #[arg(long)]
+    pub vsock: bool,
     /// Also open each GPU through VFIO. WARNING: opening a device resets it.
     #[arg(long)]
     pub deep: bool,
@@ -122,6 +125,7 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
         } else {
             format!("the domain {file}")
         });
+        facts.bound_at_start = start_binding(ctx, args, d);
         facts.syntax = if args.proxmox_conf.is_some() {
             ConfigSyntax::Proxmox
         } else {
@@ -137,6 +141,41 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
         facts.vm_config.get_or_insert_with(|| "--qemu-args".into());
     }
     facts
+}
+
+/// The devices whoever starts the VM binds to vfio-pci: the managed hostdevs of a libvirt
+/// domain, every PCI device of a Proxmox or Incus VM (their readers mark them managed);
+/// Incus also takes the other functions of a GPU's slot in its IOMMU group (the audio
+/// function: emit/incus.rs names only the GPU for that reason).
+fn start_binding(ctx: &Context, args: &CheckArgs, domain: &DomainFacts) -> StartBinding {
+    let by = if args.proxmox_conf.is_some() {
+        "Proxmox (qm start)"
+    } else if args.incus_config.is_some() {
+        "Incus (incus start)"
+    } else {
+        "libvirt (managed='yes')"
+    };
+    let mut devices: Vec<Bdf> = domain
+        .hostdevs
+        .iter()
+        .filter(|h| h.managed)
+        .map(|h| h.bdf)
+        .collect();
+    if args.incus_config.is_some() {
+        let slot_mates = devices.iter().flat_map(|d| {
+            let group = ctx.topo.group_members(d);
+            ctx.topo
+                .sibling_functions(d)
+                .into_iter()
+                .map(|s| s.bdf)
+                .filter(move |s| group.contains(s))
+        });
+        devices = devices.iter().copied().chain(slot_mates).collect();
+    }
+    StartBinding {
+        by: by.into(),
+        devices,
+    }
 }
 
 /// The GPUs to check: `--gpus`, else the domain's GPU hostdevs, else every GPU.
@@ -213,6 +252,7 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     if !nics.is_empty() {
         host.groups.extend(ctx.probe_host(&nics, false).groups);
     }
+    let vsock_module = args.vsock.then(|| ctx.probe_vsock_module());
     let vmm = vmm_facts(&ctx, &args, domain.as_ref());
     let fm_config = ctx
         .probes
@@ -221,7 +261,16 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| FmConfigFile::NotProbed("not asked".into()));
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
-    report.extend(check::nic_checks(topo, &gpus, &nics, &host));
+    report.extend(Vec::from_iter(
+        vsock_module.as_ref().map(check::check_vsock_module),
+    ));
+    report.extend(check::nic_checks(
+        topo,
+        &gpus,
+        &nics,
+        &host,
+        &vmm.bound_at_start,
+    ));
     report.extend(check::grace_checks(
         topo,
         &gpus,

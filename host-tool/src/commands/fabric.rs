@@ -150,13 +150,12 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
         FabricAction::Resync => {
             let ids = resync(root, &mut fm, timeout)?;
             let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-            match list.is_empty() {
-                true => println!("told Fabric Manager at {address}: no partition is active"),
-                false => println!(
-                    "told Fabric Manager at {address}: partitions {} are active",
-                    list.join(", ")
-                ),
-            }
+            let active = match list.as_slice() {
+                [] => "no partition is active".to_string(),
+                [one] => format!("partition {one} is active"),
+                many => format!("partitions {} are active", many.join(", ")),
+            };
+            println!("told Fabric Manager at {address}: {active}");
         }
     }
     Ok(ExitCode::SUCCESS)

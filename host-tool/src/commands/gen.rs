@@ -26,6 +26,7 @@ use vfio_p2p_decide::guest_paths;
 use vfio_p2p_decide::iommu_backend;
 use vfio_p2p_decide::mmio;
 use vfio_p2p_decide::proxmox as proxmox_decide;
+use vfio_p2p_decide::vm_boot::{self, BootVmm};
 use vfio_p2p_decide::vm_refusal::Refusal;
 use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
@@ -33,7 +34,7 @@ use vfio_p2p_emit::libvirt;
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
 use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
 use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
-use vfio_p2p_model::vmm::LibvirtVersion;
+use vfio_p2p_model::vmm::{LibvirtVersion, OVERRIDE_SINCE};
 use vfio_p2p_model::NicRef;
 use vfio_p2p_read::incus::{self as incus_read, IncusServer};
 
@@ -371,6 +372,68 @@ fn check_disks(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow
     Ok(())
 }
 
+/// vm.yaml's boot keys against the target (`decide::vm_boot`): refused at their line when
+/// the VMM cannot honour them, Cloud Hypervisor booting nothing warned of. QEMU's copy of
+/// the OVMF vars template is made where vm.yaml says (on this host, once: it then holds the
+/// VM's variables) or, generating for another machine, the command that makes it is said.
+fn check_boot(args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
+    let vmm = match args.target {
+        GenTarget::Qemu => BootVmm::Qemu,
+        GenTarget::Libvirt => BootVmm::Libvirt,
+        GenTarget::CloudHypervisor => BootVmm::CloudHypervisor,
+        GenTarget::Proxmox => BootVmm::Other("Proxmox VE"),
+        GenTarget::Incus => BootVmm::Other("Incus"),
+        GenTarget::Nccl => return Ok(()),
+    };
+    vm_boot::refusal(config, vmm).map_err(|r| refused(args, r))?;
+    if vmm == BootVmm::CloudHypervisor {
+        if let Some(w) = vm_boot::cloud_hypervisor_boots_nothing(config) {
+            tracing::warn!("{w}");
+        }
+    }
+    Ok(())
+}
+
+/// QEMU's copy of the OVMF vars template, made last (a refusal leaves the host as it was).
+fn make_vars_copy(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
+    let (Some(template), Some(copy)) = (&config.ovmf_vars, &config.boot.ovmf_vars_copy) else {
+        return Ok(());
+    };
+    if args.target != GenTarget::Qemu || copy.exists() {
+        return Ok(());
+    }
+    let make = format!(
+        "install -m 600 {} {}",
+        qemu::shell_quote(&template.display().to_string()),
+        qemu::shell_quote(&copy.display().to_string())
+    );
+    if HostSource::of(global) != HostSource::Root("/".into()) {
+        tracing::warn!("ovmf_vars_copy: {} must exist on the machine that runs the VM (generating from an example or snapshot): `{make}` there", copy.display());
+        return Ok(());
+    }
+    copy_vars_template(template, copy)
+        .with_context(|| format!("making this VM's OVMF vars (ovmf_vars_copy:): {make}"))
+}
+
+/// Copies the OVMF vars template to a new file only the VMM's user reads (never over an
+/// existing copy: it holds the VM's variables).
+fn copy_vars_template(template: &Path, copy: &Path) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let bytes =
+        std::fs::read(template).with_context(|| format!("reading {}", template.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(copy)
+        .with_context(|| format!("creating {}", copy.display()))?;
+    f.write_all(&bytes)
+        .with_context(|| format!("writing {}", copy.display()))?;
+    tracing::info!("copied {} to {}", template.display(), copy.display());
+    Ok(())
+}
+
 /// The NVSwitches a whole-baseboard VM (fabric: full-passthrough) gets beside its GPUs, with
 /// the warning that Fabric Manager moves into the guest. The NCCL file describes the guest's
 /// GPUs and NICs only; the NVSwitches go into VM definitions.
@@ -440,7 +503,17 @@ fn guest_address_space(
 /// The libvirt domain for the libvirt version targeted, with a warning for each form an
 /// older libvirt gets instead of its element.
 fn libvirt_domain(ctx: &Context, vm: &VmDefinition) -> String {
-    let version = ctx.libvirt_version();
+    let version = match ctx.libvirt_version() {
+        Ok(v) => v,
+        Err(why) => {
+            let v = OVERRIDE_SINCE;
+            tracing::warn!(
+                "{}",
+                libvirt::unknown_version_warning(why, v, vm.iommu_backend)
+            );
+            return libvirt::domain(vm, v);
+        }
+    };
     if !version.has_override() {
         tracing::warn!("{}", libvirt::set_form_warning(version));
     }
@@ -558,6 +631,7 @@ fn render(
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
+    check_boot(&args, &config)?;
     let ctx = Context::load(global, &args.planning.options.host, &needs(&args, &config))?;
     // Incus's API extensions, asked before planning like every other probe.
     let incus = match args.target {
@@ -645,9 +719,31 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     }
     warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
     let text = render(&args, &ctx, &vm, grace_vmm, incus)?;
+    make_vars_copy(global, &args, &config)?;
     if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
         register(plan, dir)?;
     }
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_vars_template;
+
+    #[test]
+    fn the_vars_copy_is_made_once_and_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let t = tempfile::tempdir().unwrap();
+        let (template, copy) = (t.path().join("VARS.fd"), t.path().join("a_VARS.fd"));
+        std::fs::write(&template, b"template").unwrap();
+        copy_vars_template(&template, &copy).unwrap();
+        assert_eq!(std::fs::read(&copy).unwrap(), b"template");
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // the VM's variables are never overwritten
+        std::fs::write(&copy, b"the VM's variables").unwrap();
+        assert!(copy_vars_template(&template, &copy).is_err());
+        assert_eq!(std::fs::read(&copy).unwrap(), b"the VM's variables");
+    }
 }

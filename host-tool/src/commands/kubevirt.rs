@@ -145,7 +145,8 @@ fn patched_domain(
     let cliques: BTreeMap<Bdf, Option<u8>> = if gpus.is_empty() {
         BTreeMap::new()
     } else {
-        ctx.plan(&gpus, &ctx.plan_options(&a.plan, None))?
+        let who = format!("kubevirt: {}: ", vmi.name);
+        ctx.plan_as(&who, &gpus, &ctx.plan_options(&a.plan, None))?
             .assignments
     };
     let patched = libvirt_patch::apply(domain, &facts, &cliques, 0, a.libvirt_version)?;

@@ -124,7 +124,11 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         .collect();
     let need = mmio::hole64_size(&passed);
     let hole64 = if need > mmio::HEADROOM { need } else { 0 };
-    let version = ctx.libvirt_version();
+    let version = ctx.libvirt_version().unwrap_or_else(|why| {
+        let v = vfio_p2p_model::vmm::OVERRIDE_SINCE;
+        tracing::warn!("{why}: libvirt's version is unknown; patching for libvirt {v} (<qemu:override>); pass --libvirt-version X.Y for yours");
+        v
+    });
     let patched = libvirt_patch::apply(&xml, &scan, &cliques, hole64, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");

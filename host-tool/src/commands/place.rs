@@ -38,7 +38,7 @@ pub struct PlaceArgs {
     #[arg(long, value_name = "BDF", num_args = 1..)]
     pub taken: Vec<Bdf>,
     /// Refuse VMs whose worst PCIe path between GPUs is worse than this (pix, pxb, phb, node, sys).
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", value_parser = crate::cli::path_level(), ignore_case = true, hide_possible_values = true)]
     pub max_path: Option<PathKind>,
     /// Give each placed GPU the free NIC nearest to it when that is PIX or PXB (GPUDirect
     /// RDMA); say per GPU which NIC it got, or that the host has none such.
@@ -287,7 +287,10 @@ fn print_table(r: &PlaceReport) {
         }
         t.add_row(row);
     }
-    println!("{t}");
+    // nothing placed: no table of no rows, the reasons below say it all
+    if !r.vms.is_empty() {
+        println!("{t}");
+    }
     let width = vfio_p2p_style::output_width();
     for vm in &r.vms {
         if let Some(e) = &vm.plan_error {

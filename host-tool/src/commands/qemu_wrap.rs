@@ -135,7 +135,7 @@ fn planned_args(
         .filter_map(|d| d.host)
         .filter(|b| ctx.topo.device(b).is_some_and(|d| d.is_gpu()))
         .collect();
-    let p = ctx.plan(&gpus, &ctx.plan_options(plan_args, None))?;
+    let p = ctx.plan_as("qemu-wrap: ", &gpus, &ctx.plan_options(plan_args, None))?;
     let cliques: BTreeMap<Bdf, u8> = gpus
         .iter()
         .filter_map(|g| Some((*g, p.clique_of(g)?)))

@@ -430,6 +430,7 @@ fn verdicts_prints_prometheus_text_per_domain_and_pair() {
         assert!(text.lines().any(|l| l == line), "{line}\n{text}");
     }
     let table = crate::cli::vfio_p2p()
+        .env("COLUMNS", "200")
         .args(["verdicts", "--state-dir"])
         .arg(dir.path())
         .output()
@@ -438,6 +439,100 @@ fn verdicts_prints_prometheus_text_per_domain_and_pair() {
     assert!(
         table.contains("0000:07:00.0 → 0000:06:00.0: no peer access"),
         "{table}"
+    );
+}
+
+/// A store with one sysfs-only report (`expect --send`: cliques read, nothing measured)
+/// beside the measured ones.
+fn store_with_an_unmeasured_report() -> tempfile::TempDir {
+    let dir = store_with_verdicts();
+    let mut sysfs_only = report("sysfs", 0.0);
+    sysfs_only.measured = false;
+    sysfs_only.pairs.clear();
+    let record = judge(
+        &plan("sysfs", 3),
+        &sysfs_only,
+        BandwidthFloors::default(),
+        1_700_000_002,
+    );
+    Store::new(dir.path()).put_record(&record).unwrap();
+    dir
+}
+
+fn verdicts(dir: &tempfile::TempDir, format: &str) -> String {
+    let out = crate::cli::vfio_p2p()
+        .env("COLUMNS", "200")
+        .args(["verdicts", "--format", format, "--state-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_table_says_not_measured_for_pairs_a_report_did_not_measure() {
+    let dir = store_with_an_unmeasured_report();
+    let table = verdicts(&dir, "table");
+    let row = |domain: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(&format!(" {domain} ")))
+            .unwrap_or_else(|| panic!("{domain}: {table}"))
+            .to_string()
+    };
+    // GPUs ok, then pairs ok
+    assert!(row("sysfs").contains(" 2/2 ") && row("sysfs").contains(" not measured "));
+    assert_eq!(row("sysfs").matches("2/2").count(), 1, "{table}");
+    assert_eq!(row("good").matches(" 2/2 ").count(), 2, "{table}");
+    assert!(row("bad").contains(" 1/2 "), "{table}");
+    // received times are UTC dates, not Unix seconds
+    assert!(row("good").contains("2023-11-14 22:13:20Z"), "{table}");
+    assert!(!table.contains("1700000000"), "{table}");
+}
+
+#[test]
+fn json_claims_nothing_for_pairs_a_report_did_not_measure() {
+    let dir = store_with_an_unmeasured_report();
+    let records: Vec<serde_json::Value> = serde_json::from_str(&verdicts(&dir, "json")).unwrap();
+    let pairs_of = |domain: &str| {
+        records.iter().find(|r| r["domain"] == domain).unwrap()["pairs"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let unmeasured = pairs_of("sysfs");
+    assert_eq!(unmeasured.len(), 2);
+    assert!(
+        unmeasured.iter().all(|p| p["ok"].is_null()),
+        "{unmeasured:?}"
+    );
+    assert!(pairs_of("good").iter().all(|p| p["ok"] == true));
+    assert_eq!(
+        pairs_of("bad").iter().filter(|p| p["ok"] == false).count(),
+        1
+    );
+}
+
+#[test]
+fn prometheus_leaves_out_pairs_a_report_did_not_measure() {
+    let dir = store_with_an_unmeasured_report();
+    let text = verdicts(&dir, "prometheus");
+    assert!(
+        text.lines()
+            .any(|l| l == "vfio_p2p_verdict_pass{domain=\"sysfs\"} 1"),
+        "{text}"
+    );
+    let sysfs_pairs: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with("vfio_p2p_pair") && l.contains("domain=\"sysfs\""))
+        .collect();
+    assert!(sysfs_pairs.is_empty(), "{sysfs_pairs:?}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("vfio_p2p_pair_verdict_pass{domain=\"good\""))
+            .count(),
+        2
     );
 }
 

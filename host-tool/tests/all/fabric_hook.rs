@@ -391,6 +391,11 @@ fn operators_activate_deactivate_and_resync_after_an_fm_restart() {
         .stdout("deactivated Fabric Manager partition 2\n");
     assert_eq!(h.active(), vec![1]);
     h.cmd()
+        .args(["fabric", "resync"])
+        .assert()
+        .success()
+        .stdout("told Fabric Manager at 127.0.0.1:6666: partition 1 is active\n");
+    h.cmd()
         .args(["fabric", "deactivate", "1", "--force"])
         .assert()
         .success();

@@ -157,12 +157,11 @@ fn failed_checks(report: &str) -> Vec<String> {
 fn check_reads_what_incus_stored_and_finds_a_missing_clique() {
     for stored in ["profile-show.yaml", "profile-raw-qemu-conf-show.yaml"] {
         let (_, report) = check(&fixture(stored));
+        assert!(report.contains("\"checks\""), "no report parsed: {report}");
+        // the example's GPUs are still on nvidia: Incus binds them at start (issue 40)
         let fails = failed_checks(&report);
-        assert!(!fails.is_empty(), "no report parsed: {report}");
-        assert!(
-            fails.iter().all(|f| f.contains("iommu-group")),
-            "{stored}: only the example's host-driver groups may fail: {fails:?}"
-        );
+        assert!(fails.is_empty(), "{stored}: {fails:?}");
+        assert!(report.contains("Incus (incus start) binds"), "{report}");
     }
     let dir = tempfile::tempdir().unwrap();
     let without = dir.path().join("no-clique.yaml");

@@ -112,6 +112,12 @@ fn kubevirt_shim_recording_replays() {
     for line in log.lines().filter(|l| l.starts_with("vfio-p2p kubevirt:")) {
         assert!(transcript.contains(line), "not in the shim's log: {line}");
     }
+    // the plan's warnings say whose they are in the sidecar's log (issue 40)
+    let warnings: Vec<&str> = log.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert!(!warnings.is_empty(), "{log}");
+    for w in warnings {
+        assert!(w.starts_with("warning: kubevirt: "), "{w}");
+    }
 }
 
 /// Issue 28: a `--vmi` or `--domain` that is not UTF-8 reaches the hook policy instead of

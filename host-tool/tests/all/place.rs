@@ -272,3 +272,26 @@ fn impossible_counts_are_refused_at_once() {
         );
     }
 }
+
+/// Issue 40: a place that placed nothing printed a table of no rows above its reasons.
+#[test]
+fn a_place_that_places_nothing_prints_no_empty_table() {
+    let out = crate::cli::vfio_p2p()
+        .args(["--example", "dual-socket-pcie", "place", "--shape", "2x4"])
+        .args(["--max-path", "pix"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !text.contains('┌') && !text.contains("worst path   NUMA"),
+        "{text}"
+    );
+    assert!(text.starts_with("vm0 (4 GPUs): not placed:"), "{text}");
+    // placing one still shows it in a table
+    let out = crate::cli::vfio_p2p()
+        .args(["--example", "dual-socket-pcie", "place", "--shape", "1x2"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8(out.stdout).unwrap().starts_with('┌'));
+}

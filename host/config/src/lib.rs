@@ -4,6 +4,7 @@
 
 pub mod host;
 pub mod vm;
+pub mod vm_boot;
 pub mod vm_devices;
 
 use std::path::{Path, PathBuf};
@@ -64,12 +65,24 @@ fn read_file(path: &Path) -> Result<String, ConfigError> {
 /// and column; `path` only names the file.
 fn parse_yaml<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T, ConfigError> {
     serde_saphyr::from_str(text).map_err(|e| match e.location() {
-        Some(at) => ConfigError::invalid(path, &at, e.to_string()),
+        // the bare message: the parser's own rendering adds "error: line L column C" and a
+        // snippet headed `<input>`, where ours names the file, line and column once
+        Some(at) => ConfigError::invalid(path, &at, yaml_message(&e)),
         None => ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         },
     })
+}
+
+/// The parser's message without location or snippet, control characters as spaces.
+fn yaml_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::MessageFormatter as _;
+    let message = serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet());
+    message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// A value that failed validation: where it is and what to write instead.

@@ -13,6 +13,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
+use super::vm_boot::{self, Boot, BootKeys};
 use super::vm_devices::{self, ConsoleKind, DiskFile, GuestDevices, NetworkFile};
 use super::ConfigError;
 use pci_config::PathKind;
@@ -121,7 +122,7 @@ pub struct VmConfigFile {
     #[serde(default)]
     pub guest_numa: Option<bool>,
     #[serde(default)]
-    pub firmware: Firmware,
+    pub firmware: Option<Spanned<Firmware>>,
     /// OVMF code image (UEFI only).
     #[serde(default)]
     pub ovmf_code: Option<Spanned<PathBuf>>,
@@ -149,6 +150,22 @@ pub struct VmConfigFile {
     /// The UNIX socket of `console: socket`.
     #[serde(default)]
     pub console_socket: Option<Spanned<PathBuf>>,
+    /// This VM's copy of `ovmf_vars`, which QEMU writes (`vm_boot`).
+    #[serde(default)]
+    pub ovmf_vars_copy: Option<Spanned<PathBuf>>,
+    /// A kernel booted directly (Cloud Hypervisor `--kernel`), its initramfs and command line.
+    #[serde(default)]
+    pub kernel: Option<Spanned<PathBuf>>,
+    #[serde(default)]
+    pub initramfs: Option<Spanned<PathBuf>>,
+    #[serde(default)]
+    pub cmdline: Option<Spanned<String>>,
+    /// QEMU detached (`-daemonize -pidfile`), managed through `qmp_socket`.
+    #[serde(default)]
+    pub daemonize: Option<Spanned<bool>>,
+    /// QEMU's QMP socket (`-qmp unix:PATH,server=on,wait=off`).
+    #[serde(default)]
+    pub qmp_socket: Option<Spanned<PathBuf>>,
 }
 
 /// A validated VM description.
@@ -173,6 +190,8 @@ pub struct VmConfig {
     pub report: Option<VsockReport>,
     /// Disks, NIC and serial console (`disks:`, `network:`, `console:`).
     pub devices: GuestDevices,
+    /// A direct kernel, the vars copy, QEMU as a service (`vm_boot`).
+    pub boot: Boot,
 }
 
 pub const DEFAULT_NAME: &str = "vm0";
@@ -204,6 +223,7 @@ impl Default for VmConfig {
             ovmf_vars: None,
             report: None,
             devices: GuestDevices::default(),
+            boot: Boot::default(),
         }
     }
 }
@@ -263,9 +283,10 @@ impl VmConfig {
             Some(v) => v.value,
             None => DEFAULT_VCPUS,
         };
+        let firmware = file.firmware.as_ref().map(|f| f.value).unwrap_or_default();
         let check_path = |p: &Option<Spanned<PathBuf>>, key: &str| -> Result<(), ConfigError> {
             match p {
-                Some(p) if file.firmware != Firmware::Uefi => Err(invalid(
+                Some(p) if firmware != Firmware::Uefi => Err(invalid(
                     &p.referenced,
                     format!("{key} is only used with 'firmware: uefi'; remove it or set firmware"),
                 )),
@@ -278,7 +299,21 @@ impl VmConfig {
         };
         check_path(&file.ovmf_code, "ovmf_code")?;
         check_path(&file.ovmf_vars, "ovmf_vars")?;
+        check_path(&file.ovmf_vars_copy, "ovmf_vars_copy")?;
         let report = vsock_report(&file, path)?;
+        let boot = vm_boot::boot(BootKeys {
+            firmware: file.firmware.as_ref(),
+            ovmf_code: file.ovmf_code.as_ref(),
+            ovmf_vars: file.ovmf_vars.as_ref(),
+            ovmf_vars_copy: file.ovmf_vars_copy,
+            kernel: file.kernel,
+            initramfs: file.initramfs,
+            cmdline: file.cmdline,
+            daemonize: file.daemonize,
+            qmp_socket: file.qmp_socket,
+            console: file.console.as_ref(),
+        })
+        .map_err(field)?;
         let devices =
             vm_devices::devices(file.disks, file.network, file.console, file.console_socket)
                 .map_err(field)?;
@@ -293,7 +328,7 @@ impl VmConfig {
             memory_at: file.memory_mib.as_ref().map(|m| m.referenced),
             vcpus,
             guest_numa: file.guest_numa.unwrap_or(true),
-            firmware: file.firmware,
+            firmware,
             ovmf_code: file
                 .ovmf_code
                 .map(|p| p.value)
@@ -301,6 +336,7 @@ impl VmConfig {
             ovmf_vars: file.ovmf_vars.map(|p| p.value),
             report,
             devices,
+            boot,
         })
     }
 }

@@ -72,7 +72,9 @@ pub struct PairVerdict {
     pub bandwidth_gbps: Option<f64>,
     pub latency_us: Option<f64>,
     pub floor_gbps: f64,
-    pub ok: bool,
+    /// As planned; `None` (JSON `null`): the report did not measure it (a sysfs-only
+    /// report, `expect --send`), so nothing is claimed for it.
+    pub ok: Option<bool>,
 }
 
 /// The judged report of one domain and boot: what the state directory stores.
@@ -238,10 +240,13 @@ fn judge_pairs(
                 bandwidth_gbps: m.and_then(|m| m.bandwidth_gbps),
                 latency_us: m.and_then(|m| m.latency_us),
                 floor_gbps,
-                ok: true,
+                ok: None,
             };
             if r.measured && p.verdict == Verdict::P2p {
-                v.ok = pair_problem(&v, m).map(|t| problems.push(t)).is_none();
+                v.ok = Some(pair_problem(&v, m).map(|t| problems.push(t)).is_none());
+            } else if r.measured && m.is_some() {
+                // measured, and the plan asks nothing of it (no P2P planned)
+                v.ok = Some(true);
             }
             out.push(v);
         }

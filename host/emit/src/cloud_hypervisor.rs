@@ -13,7 +13,7 @@
 //! smaller of it and the host's width, 46 when not given: vmm/src/vm.rs `physical_bits`).
 
 use super::vm::VmDefinition;
-use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm::{Firmware, IommuBackend};
 use vfio_p2p_config::vm_devices::{Console, Network};
 use vfio_p2p_decide::grace_guest::GraceGuest;
 
@@ -39,6 +39,7 @@ pub fn argv(vm: &VmDefinition) -> (Vec<String>, Vec<String>) {
             a.push(format!("size={}M", c.memory_mib));
         }
     }
+    boot(c, &mut a);
     if vm.iommu_backend == IommuBackend::Iommufd {
         // without cliques (refused with them) no peer DMA is promised, and BAR mapping
         // (which fails) is off
@@ -137,6 +138,22 @@ fn grace_numa(vm: &VmDefinition, g: &GraceGuest) -> Vec<String> {
         }
     }
     a
+}
+
+/// What CH boots (decide::vm_boot refused UEFI without its firmware named): the kernel of
+/// vm.yaml, else its UEFI firmware (`ovmf_code:`, CLOUDHV.fd), else nothing (warned of).
+fn boot(c: &vfio_p2p_config::vm::VmConfig, a: &mut Vec<String>) {
+    if let Some(k) = &c.boot.kernel {
+        a.extend(["--kernel".into(), k.kernel.display().to_string()]);
+        if let Some(i) = &k.initramfs {
+            a.extend(["--initramfs".into(), i.display().to_string()]);
+        }
+        if let Some(line) = &k.cmdline {
+            a.extend(["--cmdline".into(), line.clone()]);
+        }
+    } else if c.firmware == Firmware::Uefi {
+        a.extend(["--firmware".into(), c.ovmf_code.display().to_string()]);
+    }
 }
 
 /// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.

@@ -139,10 +139,12 @@ pub fn topo_section(gpus: &[(usize, Bdf)], fabric: &Fabric) -> String {
         return String::new();
     };
     let model = fabric.model.map_or("none", |m| m.name());
-    let mut out = format!(
-        "\nFabric Manager partitions ({}; fabric model {model}):\n\n",
+    let heading = format!(
+        "Fabric Manager partitions ({}; fabric model {model}):",
         fabric.source
     );
+    let width = vfio_p2p_style::output_width();
+    let mut out = format!("\n{}\n\n", vfio_p2p_style::wrap(&heading, width).trim_end());
     let gpu_name = |b: &Bdf| {
         gpus.iter()
             .find(|(_, bdf)| bdf == b)

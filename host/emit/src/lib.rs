@@ -17,6 +17,7 @@ pub mod proxmox;
 pub mod qemu;
 pub mod qemu_argv_patch;
 pub mod qemu_grace;
+pub mod topo_dot;
 pub mod topo_report;
 pub mod verdicts;
 pub mod vm;

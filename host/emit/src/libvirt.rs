@@ -48,6 +48,31 @@ pub fn set_form_warning(version: LibvirtVersion) -> String {
     )
 }
 
+/// What gen writes when libvirt's version is unknown: for `assumed`, with the forms that
+/// version takes instead of newer elements named, and how to write for the real one.
+pub fn unknown_version_warning(
+    why: &str,
+    assumed: LibvirtVersion,
+    backend: IommuBackend,
+) -> String {
+    let mut older = Vec::new();
+    if !assumed.has_maxphysaddr() {
+        older.push(format!(
+            "the host's address width as -global {HOST_PHYS_BITS_GLOBAL}"
+        ));
+    }
+    if backend == IommuBackend::Iommufd && !assumed.has_iommufd() {
+        older.push("iommufd as -object iommufd".into());
+    }
+    let forms = match older.is_empty() {
+        true => String::new(),
+        false => format!(", so <qemu:commandline> carries {}", older.join(" and ")),
+    };
+    format!(
+        "{why}: libvirt's version is unknown; the domain is written for libvirt {assumed} (the oldest with <qemu:override>){forms}; pass --libvirt-version X.Y to write for the libvirt that will run it"
+    )
+}
+
 /// The hostdev's user alias.
 pub fn alias_for(id: &str) -> String {
     format!("ua-{id}")
@@ -257,12 +282,24 @@ fn write_machine(w: &mut String, vm: &VmDefinition) {
             "    <loader readonly='yes' type='pflash'>{}</loader>",
             escape(c.ovmf_code.display().to_string().as_str())
         );
-        if let Some(vars) = &c.ovmf_vars {
-            let _ = writeln!(
-                w,
-                "    <nvram template='{}'/>",
-                escape(vars.display().to_string().as_str())
-            );
+        // libvirt copies the template to the VM's nvram file: vm.yaml's copy when named
+        match (&c.ovmf_vars, &c.boot.ovmf_vars_copy) {
+            (Some(vars), Some(copy)) => {
+                let _ = writeln!(
+                    w,
+                    "    <nvram template='{}'>{}</nvram>",
+                    escape(vars.display().to_string().as_str()),
+                    escape(copy.display().to_string().as_str())
+                );
+            }
+            (Some(vars), None) => {
+                let _ = writeln!(
+                    w,
+                    "    <nvram template='{}'/>",
+                    escape(vars.display().to_string().as_str())
+                );
+            }
+            _ => {}
         }
     }
     let _ = writeln!(w, "  </os>");

@@ -169,7 +169,8 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
                 c.ovmf_code.display().to_string().replace(',', ",,")
             ),
         );
-        if let Some(vars) = &c.ovmf_vars {
+        // this VM's copy of the template, never the template (decide::vm_boot refuses that)
+        if let Some(vars) = &c.boot.ovmf_vars_copy {
             opt(
                 "-drive",
                 format!(
@@ -210,7 +211,30 @@ pub fn argv(vm: &VmDefinition) -> Vec<String> {
             format!("vhost-vsock-pci,guest-cid={},id=vsock0", r.cid),
         );
     }
+    service(c, &mut a);
     a
+}
+
+/// QEMU as a service (vm.yaml `qmp_socket:`, `daemonize:`): the QMP monitor on a UNIX
+/// socket that waits for no client (`-qmp` takes a chardev, qemu-options.hx), detached
+/// after initialization with its pid beside the socket (`-daemonize`, `-pidfile`).
+fn service(c: &vfio_p2p_config::vm::VmConfig, a: &mut Vec<String>) {
+    let Some(s) = &c.boot.qemu_service else {
+        return;
+    };
+    let qmp = format!("unix:{},server=on,wait=off", opts_path(&s.qmp_socket));
+    a.extend(["-qmp".into(), qmp]);
+    if s.daemonize {
+        if c.devices.console == Console::None {
+            a.extend(["-display".into(), "none".into()]);
+        }
+        let pidfile = s.qmp_socket.with_extension("pid");
+        a.extend([
+            "-daemonize".into(),
+            "-pidfile".into(),
+            pidfile.display().to_string(),
+        ]);
+    }
 }
 
 /// A path inside a QemuOpts value (`file=`, `path=`): commas doubled.

@@ -417,7 +417,7 @@ fn matrix_block(header: &[String], rows: &[Vec<String>], group: &[usize]) -> Str
         .join("\n")
 }
 
-fn role_name(d: &Device) -> &'static str {
+pub(crate) fn role_name(d: &Device) -> &'static str {
     match d.kind {
         DeviceKind::Bridge(BridgeRole::RootPort) => "root port",
         DeviceKind::Bridge(BridgeRole::UpstreamPort) => "switch upstream port",
@@ -430,7 +430,7 @@ fn role_name(d: &Device) -> &'static str {
     }
 }
 
-fn acs_text(d: &Device) -> String {
+pub(crate) fn acs_text(d: &Device) -> String {
     match (&d.acs, d.acs_unknown()) {
         (Some(a), _) => format!("ACS {}", a.control),
         (None, None) => "no ACS".into(),
@@ -438,7 +438,7 @@ fn acs_text(d: &Device) -> String {
     }
 }
 
-fn link_text(l: &Link) -> Option<String> {
+pub(crate) fn link_text(l: &Link) -> Option<String> {
     let cur = match (l.current_speed, l.current_width) {
         (Some(s), Some(w)) => format!("{s} x{w}"),
         (Some(s), None) => s.to_string(),
@@ -461,23 +461,36 @@ fn gib(bytes: u64) -> String {
 }
 
 /// GPUs and every bridge above them, by host bridge then parent.
-struct GpuTree<'a> {
+pub(crate) struct GpuTree<'a> {
     topo: &'a Topology,
     /// The shown devices under each (host bridge, parent), in BDF order: one lookup per
     /// node, so the tree of 10,000 GPUs is drawn in n log n.
     children: BTreeMap<(HostBridgeId, Option<Bdf>), Vec<&'a Device>>,
-    gpu_index: BTreeMap<Bdf, usize>,
+    pub(crate) gpu_index: BTreeMap<Bdf, usize>,
     c2c: BTreeMap<Bdf, vfio_p2p_model::grace::C2cGpu>,
 }
 
 impl<'a> GpuTree<'a> {
     fn new(topo: &'a Topology) -> Self {
+        Self::with_nics(topo, false)
+    }
+
+    /// The GPUs and the bridges above them; with `nics`, the NICs and theirs too.
+    pub(crate) fn with_nics(topo: &'a Topology, nics: bool) -> Self {
         let mut shown = BTreeSet::new();
         let mut gpu_index = BTreeMap::new();
         for (i, g) in topo.gpus().enumerate() {
             gpu_index.insert(g.bdf, i);
             shown.insert(g.bdf);
             shown.extend(topo.ancestors(&g.bdf).iter().map(|d| d.bdf));
+        }
+        let nic_devices = topo
+            .devices
+            .values()
+            .filter(|d| nics && d.kind == DeviceKind::Nic);
+        for n in nic_devices {
+            shown.insert(n.bdf);
+            shown.extend(topo.ancestors(&n.bdf).iter().map(|d| d.bdf));
         }
         let mut children: BTreeMap<(HostBridgeId, Option<Bdf>), Vec<&'a Device>> = BTreeMap::new();
         for d in shown.iter().filter_map(|b| topo.device(b)) {
@@ -494,14 +507,14 @@ impl<'a> GpuTree<'a> {
         }
     }
 
-    fn host_bridges(&self) -> impl Iterator<Item = &vfio_p2p_model::HostBridge> {
+    pub(crate) fn host_bridges(&self) -> impl Iterator<Item = &vfio_p2p_model::HostBridge> {
         self.topo
             .host_bridges
             .iter()
             .filter(|h| self.children(h.id, None).next().is_some())
     }
 
-    fn children(
+    pub(crate) fn children(
         &self,
         hb: HostBridgeId,
         parent: Option<Bdf>,
@@ -559,21 +572,50 @@ impl<'a> GpuTree<'a> {
         s
     }
 
-    fn render_below(&self, out: &mut String, hb: HostBridgeId, parent: Option<Bdf>, prefix: &str) {
-        let kids: Vec<&Device> = self.children(hb, parent).collect();
+    /// Each device's line, its fields (two spaces apart) wrapped at `width` onto lines
+    /// below it that keep the tree's lines going.
+    fn render_below(
+        &self,
+        out: &mut String,
+        at: (HostBridgeId, Option<Bdf>),
+        prefix: &str,
+        width: usize,
+    ) {
+        let kids: Vec<&Device> = self.children(at.0, at.1).collect();
         for (i, d) in kids.iter().enumerate() {
             let last = i + 1 == kids.len();
-            let _ = writeln!(
-                out,
-                "{prefix}{}{}",
-                if last { "└─ " } else { "├─ " },
-                self.describe(d)
-            );
             let deeper = format!("{prefix}{}", if last { "   " } else { "│  " });
-            self.render_below(out, hb, Some(d.bdf), &deeper);
+            let has_kids = self.children(at.0, Some(d.bdf)).next().is_some();
+            let more = format!("{deeper}{}", if has_kids { "│  " } else { "   " });
+            let first = format!("{prefix}{}", if last { "└─ " } else { "├─ " });
+            wrap_fields(out, &self.describe(d), (&first, &more), width);
+            self.render_below(out, (at.0, Some(d.bdf)), &deeper, width);
         }
     }
 }
+
+/// `text`'s fields (separated by two spaces) after `lead.0`, as many per line as fit in
+/// `width` columns, the rest on lines after `lead.1`; a field wider than a line stays whole.
+fn wrap_fields(out: &mut String, text: &str, lead: (&str, &str), width: usize) {
+    let mut line = lead.0.to_string();
+    let mut fresh = true;
+    for field in text.split("  ") {
+        let fits = line.chars().count() + 2 + field.chars().count() <= width;
+        if !fresh && !fits {
+            let _ = writeln!(out, "{line}");
+            line = lead.1.to_string();
+            fresh = true;
+        }
+        if !fresh {
+            line.push_str("  ");
+        }
+        line.push_str(field);
+        fresh = false;
+    }
+    let _ = writeln!(out, "{line}");
+}
+
+impl GpuTree<'_> {}
 
 fn numa_text(n: Option<u32>) -> String {
     n.map_or("NUMA node unknown".into(), |n| format!("NUMA node {n}"))
@@ -581,118 +623,17 @@ fn numa_text(n: Option<u32>) -> String {
 
 /// The PCIe tree of the GPUs: host bridge → root port → switch ports → GPU.
 pub fn render_tree(topo: &Topology) -> String {
+    render_tree_at(topo, usize::from(vfio_p2p_style::output_width()))
+}
+
+fn render_tree_at(topo: &Topology, width: usize) -> String {
     let tree = GpuTree::new(topo);
     let mut out = String::new();
     for hb in tree.host_bridges() {
         let _ = writeln!(out, "{}  host bridge, {}", hb.id, numa_text(hb.numa_node));
-        tree.render_below(&mut out, hb.id, None, "");
+        tree.render_below(&mut out, (hb.id, None), "", width);
     }
     out
 }
 
-/// Graphviz of the GPU tree, one cluster per NUMA node, with dashed edges between
-/// GPUs that share a switch (PIX/PXB) or NVLink.
-pub fn render_dot(topo: &Topology, report: &HostTopoReport) -> String {
-    let tree = GpuTree::new(topo);
-    let mut out = String::from(
-        "digraph pcie {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n",
-    );
-    let mut by_numa: BTreeMap<Option<u32>, Vec<&vfio_p2p_model::HostBridge>> = BTreeMap::new();
-    for hb in tree.host_bridges() {
-        by_numa.entry(hb.numa_node).or_default().push(hb);
-    }
-    for (numa, hbs) in &by_numa {
-        let indent = if numa.is_some() { "    " } else { "  " };
-        if let Some(n) = numa {
-            let _ = writeln!(out, "  subgraph \"cluster_numa{n}\" {{\n    label=\"NUMA node {n}\";\n    style=rounded;");
-        }
-        for hb in hbs {
-            let _ = writeln!(
-                out,
-                "{indent}{} [label=\"{}\\nhost bridge\", shape=house];",
-                quote(&hb.id.to_string()),
-                hb.id
-            );
-            let mut stack = vec![None];
-            while let Some(parent) = stack.pop() {
-                for d in tree.children(hb.id, parent) {
-                    let label = dot_label(&tree, d);
-                    let style = if tree.gpu_index.contains_key(&d.bdf) {
-                        ", style=filled, fillcolor=\"#c8e6c9\""
-                    } else {
-                        ""
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{indent}{} [label=\"{label}\"{style}];",
-                        quote(&d.bdf.to_string())
-                    );
-                    let from = parent.map_or(hb.id.to_string(), |p| p.to_string());
-                    let _ = writeln!(
-                        out,
-                        "{indent}{} -> {};",
-                        quote(&from),
-                        quote(&d.bdf.to_string())
-                    );
-                    stack.push(Some(d.bdf));
-                }
-            }
-        }
-        if numa.is_some() {
-            out.push_str("  }\n");
-        }
-    }
-    // the dashed edges come from the matrix, which a huge host leaves out
-    let with_matrix = report.matrix.len() == report.gpus.len();
-    for (i, a) in report.gpus.iter().enumerate().filter(|_| with_matrix) {
-        for (j, b) in report.gpus.iter().enumerate().skip(i + 1) {
-            let kind = topo.path(&a.bdf, &b.bdf);
-            // xlabel: a label placed after layout, which Graphviz's spline router does not
-            // have to make room for (with `label`, edges between NUMA clusters made it warn)
-            if kind.nvlink.is_some() || kind.kind <= PathKind::Pxb {
-                let _ = writeln!(
-                    out,
-                    "  {} -> {} [dir=none, style=dashed, color=blue, constraint=false, xlabel=\"{}\"];",
-                    quote(&a.bdf.to_string()),
-                    quote(&b.bdf.to_string()),
-                    report.matrix[i][j]
-                );
-            }
-        }
-    }
-    out.push_str("}\n");
-    out
-}
-
-fn dot_label(tree: &GpuTree<'_>, d: &Device) -> String {
-    let mut lines = vec![];
-    if let Some(i) = tree.gpu_index.get(&d.bdf) {
-        lines.push(format!("GPU{i} {}", d.bdf));
-        lines.push(format!(
-            "{:04x}:{:04x} {}",
-            d.vendor,
-            d.device,
-            d.driver.as_deref().unwrap_or("no driver")
-        ));
-        lines.push(
-            d.iommu_group
-                .map_or("no IOMMU group".into(), |g| format!("IOMMU group {g}")),
-        );
-    } else {
-        lines.push(d.bdf.to_string());
-        lines.push(role_name(d).to_string());
-        lines.push(acs_text(d));
-    }
-    if let Some(l) = link_text(&d.link) {
-        lines.push(l);
-    }
-    lines
-        .iter()
-        .map(|l| l.replace('\\', "\\\\").replace('"', "\\\""))
-        .collect::<Vec<_>>()
-        .join("\\n")
-}
-
-fn quote(id: &str) -> String {
-    format!("\"{}\"", id.replace('\\', "\\\\").replace('"', "\\\""))
-}
+pub use super::topo_dot::render_dot;

@@ -23,22 +23,52 @@ pub fn table(records: &[Record]) -> String {
         t.add_row(vec![
             r.domain.clone(),
             format!("{:?}", r.verdict).to_uppercase(),
-            r.received_at.to_string(),
+            utc_time(r.received_at),
             r.boot_id.chars().take(8).collect(),
             format!(
                 "{}/{}",
                 r.gpus.iter().filter(|g| g.ok).count(),
                 r.gpus.len()
             ),
-            format!(
-                "{}/{}",
-                r.pairs.iter().filter(|p| p.ok).count(),
-                r.pairs.len()
-            ),
+            pairs_ok(r),
             r.problems.first().cloned().unwrap_or_default(),
         ]);
     }
     format!("{t}\n")
+}
+
+/// The pairs as planned out of those measured; pairs the report did not measure (a
+/// sysfs-only report) are counted as such, never as fine.
+fn pairs_ok(r: &Record) -> String {
+    let measured: Vec<bool> = r.pairs.iter().filter_map(|p| p.ok).collect();
+    let unmeasured = r.pairs.len() - measured.len();
+    let ok = measured.iter().filter(|ok| **ok).count();
+    match (measured.len(), unmeasured) {
+        (_, 0) => format!("{ok}/{}", measured.len()),
+        (0, _) => "not measured".into(),
+        (n, u) => format!("{ok}/{n}, {u} not measured"),
+    }
+}
+
+/// Seconds since the Unix epoch as a UTC date and time, `2023-11-14 22:13:20Z`
+/// (days to a civil date: H. Hinnant's days_from_civil inverse, proleptic Gregorian).
+pub fn utc_time(secs: u64) -> String {
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rest / 3_600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 fn link_label(l: LinkType) -> &'static str {
@@ -84,9 +114,9 @@ pub fn prometheus(records: &[Record]) -> String {
                 p.bandwidth_gbps,
                 p.latency_us,
             );
-            if p.p2p_ok.is_none() {
+            let (Some(_), Some(ok)) = (p.p2p_ok, p.ok) else {
                 continue; // not measured (expect --send): nothing to say per pair
-            }
+            };
             x.gauge(
                 "vfio_p2p_pair_verdict_pass",
                 "1 when the pair is as planned (P2P, writes, bandwidth floor), else 0",
@@ -96,9 +126,23 @@ pub fn prometheus(records: &[Record]) -> String {
                     ("dst", &dst),
                     ("link", link),
                 ],
-                f64::from(u8::from(p.ok)),
+                f64::from(u8::from(ok)),
             );
         }
     }
     x.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_time;
+
+    #[test]
+    fn unix_times_print_as_utc_dates() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00Z");
+        assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20Z");
+        // a leap day, and the last second of a century leap year
+        assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00Z");
+        assert_eq!(utc_time(978_307_199), "2000-12-31 23:59:59Z");
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
+use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion};
 
 /// Parses `QEMU emulator version 7.2.0 (Debian 1:7.2+dfsg-7)`.
 pub fn parse_qemu_version(text: &str) -> Option<QemuVersion> {
@@ -54,9 +54,7 @@ pub fn installed_libvirt_version() -> Result<LibvirtVersion, String> {
             }
         }
     }
-    Err(format!(
-        "could not run `virsh --version`; assuming libvirt >= {OVERRIDE_SINCE} (pass --libvirt-version)"
-    ))
+    Err("neither `virsh --version` nor `libvirtd --version` ran and printed a version".into())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
 use vfio_p2p_emit::vm::VmDefinition;
 use vfio_p2p_emit::{libvirt_grace, qemu_grace};
+use vfio_p2p_model::vmm::OVERRIDE_SINCE;
 
 /// The VMMs a Grace guest is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +121,12 @@ pub fn text(
 ) -> String {
     match vmm {
         GraceVmm::Libvirt => {
-            let version = ctx.libvirt_version();
+            let version = ctx.libvirt_version().unwrap_or_else(|why| {
+                tracing::warn!(
+                    "{why}: libvirt's version is unknown; the Grace domain is written for libvirt {OVERRIDE_SINCE}; pass --libvirt-version X.Y to write for the libvirt that will run it"
+                );
+                OVERRIDE_SINCE
+            });
             if !version.has_acpi_nodeset() {
                 tracing::warn!("{}", libvirt_grace::acpi_form_warning(version));
             }

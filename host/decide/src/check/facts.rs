@@ -1,6 +1,7 @@
 //! How the VM will be started ([`VmmFacts`]), gathered before the checks run; the live
 //! host's probes are `model::host_facts`.
 
+use pci_config::Bdf;
 use vfio_p2p_model::vmm::QemuVersion;
 
 /// Which VMM will run the VM.
@@ -42,4 +43,24 @@ pub struct VmmFacts {
     pub iommu_backend: Option<vfio_p2p_config::vm::IommuBackend>,
     /// The VM's RAM in bytes (`--memory-gib`), for the address-space check.
     pub ram: Option<u64>,
+    /// The devices whoever starts the VM binds to vfio-pci itself.
+    pub bound_at_start: StartBinding,
+}
+
+/// The devices the VM's starter binds to vfio-pci when the VM starts: libvirt's
+/// `managed='yes'` hostdevs (virHostdevPreparePCIDevices detaches them), Proxmox's
+/// `hostpciN` (qemu-server's prepare_pci_device binds them to vfio-pci), Incus's GPU and
+/// PCI devices (bound to vfio-pci when the VM starts). On a fresh host they are still on
+/// their drivers, which is no problem as long as every other group member is free.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartBinding {
+    /// Who binds them, as the operator knows it ("libvirt (managed='yes')").
+    pub by: String,
+    pub devices: Vec<Bdf>,
+}
+
+impl StartBinding {
+    pub fn binds(&self, bdf: &Bdf) -> bool {
+        self.devices.contains(bdf)
+    }
 }

@@ -2,6 +2,7 @@
 
 use pci_config::Bdf;
 
+use super::facts::StartBinding;
 use super::report::{result, CheckResult, Status};
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::host_facts::ModuleState;
@@ -98,6 +99,26 @@ pub(super) fn check_vfio_module(m: &ModuleState) -> CheckResult {
     result("vfio-pci-module", None, status, saw, fix)
 }
 
+/// `--vsock` (vm.yaml `verify: vsock`): the VM's vsock device needs vhost_vsock on the host.
+pub fn check_vsock_module(m: &ModuleState) -> CheckResult {
+    let (status, saw, fix) = match m {
+        ModuleState::Loaded => (Status::Pass, "vhost_vsock is loaded".to_string(), None),
+        ModuleState::BuiltIn => (Status::Pass, "vhost_vsock is built into the kernel".to_string(), None),
+        ModuleState::Available(p) => (
+            Status::Pass,
+            format!("vhost_vsock is not loaded but available ({p}); the VMM opening /dev/vhost-vsock loads it"),
+            None,
+        ),
+        ModuleState::Missing(w) => (
+            Status::Fail,
+            format!("no vhost_vsock module: {w}; the VM's vsock device (verify: vsock) cannot start"),
+            Some("install the kernel's modules (vhost_vsock, CONFIG_VHOST_VSOCK) or leave verify: vsock out of vm.yaml".to_string()),
+        ),
+        ModuleState::Unknown(why) => not_probed(why),
+    };
+    result("vhost-vsock-module", None, status, saw, fix)
+}
+
 /// The outcome of a check whose probe could not run.
 fn not_probed(why: &str) -> (Status, String, Option<String>) {
     (
@@ -128,7 +149,34 @@ pub(super) fn check_container(p: &NodeProbe<i32>) -> CheckResult {
 /// Drivers that may hold a device in a VFIO group without breaking viability.
 const GROUP_SAFE_DRIVERS: &[&str] = &["vfio-pci", "pci-stub", "pcieport"];
 
-pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -> CheckResult {
+/// What the starter will bind, said in the saw column: a member still on its driver is
+/// no problem when the VM's starter binds it (nothing on the host may hold it then).
+fn bound_at_start_note(start: &StartBinding, pending: &[(Bdf, String)]) -> String {
+    if pending.is_empty() {
+        return String::new();
+    }
+    let holders = if pending.iter().any(|(_, drv)| drv == "nvidia") {
+        "; nothing on the host may hold the GPU then (nvidia-persistenced, a CUDA process)"
+    } else {
+        ""
+    };
+    format!(
+        "; not yet bound: {} binds {} to vfio-pci when the VM starts{holders}",
+        start.by,
+        pending
+            .iter()
+            .map(|(m, _)| m.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+pub(super) fn check_group_members(
+    topo: &Topology,
+    gpu: &Device,
+    gpus: &[Bdf],
+    start: &StartBinding,
+) -> CheckResult {
     let subject = Some(gpu.bdf.to_string());
     let Some(group) = gpu.iommu_group else {
         return result(
@@ -141,6 +189,7 @@ pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -
     };
     let members = topo.group_members(&gpu.bdf);
     let mut bad = Vec::new();
+    let mut pending = Vec::new();
     let mut foreign = Vec::new();
     let mut listed = Vec::new();
     // What `bind` takes: never a bridge.
@@ -153,7 +202,9 @@ pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -
             driver.as_deref().unwrap_or("no driver")
         ));
         if let Some(drv) = &driver {
-            if !GROUP_SAFE_DRIVERS.contains(&drv.as_str()) {
+            if start.binds(m) {
+                pending.push((*m, drv.clone()));
+            } else if !GROUP_SAFE_DRIVERS.contains(&drv.as_str()) {
                 bad.push(format!("{m} bound to {drv}"));
             }
         }
@@ -166,6 +217,8 @@ pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -
             foreign.push(m.to_string());
         }
     }
+    // a member already on vfio-pci needs no binding: only the others are pending
+    pending.retain(|(_, drv)| drv != "vfio-pci");
     let saw = format!("group {group}: {}", listed.join(", "));
     if !bad.is_empty() {
         return result(
@@ -187,6 +240,7 @@ pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -
             )),
         );
     }
+    let saw = format!("{saw}{}", bound_at_start_note(start, &pending));
     if !foreign.is_empty() {
         return result(
             "iommu-group",
@@ -199,7 +253,22 @@ pub(super) fn check_group_members(topo: &Topology, gpu: &Device, gpus: &[Bdf]) -
     result("iommu-group", subject, Status::Pass, saw, None)
 }
 
-pub(super) fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult {
+/// Whether the group becomes viable when the VM starts: the device is one the starter
+/// binds, and so is every member held by a host driver.
+fn viable_at_start(topo: &Topology, dev: &Device, start: &StartBinding) -> bool {
+    start.binds(&dev.bdf)
+        && topo.group_members(&dev.bdf).iter().all(|m| {
+            let driver = topo.device(m).and_then(|d| d.driver.as_deref());
+            start.binds(m) || driver.is_none_or(|d| GROUP_SAFE_DRIVERS.contains(&d))
+        })
+}
+
+pub(super) fn check_group_viable(
+    topo: &Topology,
+    gpu: &Device,
+    host: &HostFacts,
+    start: &StartBinding,
+) -> CheckResult {
     let subject = Some(gpu.bdf.to_string());
     let Some(group) = gpu.iommu_group else {
         return result(
@@ -215,10 +284,16 @@ pub(super) fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult 
         .get(&group)
         .cloned()
         .unwrap_or_else(|| NodeProbe::Unknown(format!("group {group} was not probed")));
+    let at_start = viable_at_start(topo, gpu, start);
     let (status, saw, fix) = match probe {
         NodeProbe::Ok(true) => (
             Status::Pass,
             format!("/dev/vfio/{group} is viable (VFIO_GROUP_GET_STATUS)"),
+            None,
+        ),
+        NodeProbe::Ok(false) if at_start => (
+            Status::Pass,
+            format!("/dev/vfio/{group} is not viable yet: {} binds the group's members to vfio-pci when the VM starts", start.by),
             None,
         ),
         NodeProbe::Ok(false) => (
@@ -228,6 +303,11 @@ pub(super) fn check_group_viable(gpu: &Device, host: &HostFacts) -> CheckResult 
                 "bind every group member to vfio-pci or unbind it (see the iommu-group check)"
                     .into(),
             ),
+        ),
+        NodeProbe::Absent(p) if at_start => (
+            Status::Pass,
+            format!("{p} does not exist yet: {} binds the GPU to vfio-pci when the VM starts", start.by),
+            None,
         ),
         NodeProbe::Absent(p) => (
             Status::Fail,

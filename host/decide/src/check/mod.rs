@@ -20,8 +20,9 @@ mod vm_rules;
 
 pub use domain_rules::{clique_checks, domain_checks, patch_fix, reserved_hostdevs};
 pub use fabric_rules::fabric_checks;
-pub use facts::{ConfigSyntax, Vmm, VmmFacts};
+pub use facts::{ConfigSyntax, StartBinding, Vmm, VmmFacts};
 pub use grace_rules::grace_checks;
+pub use host_rules::check_vsock_module;
 pub use nvlsm_rules::{nvlink5_board, nvlsm_checks};
 pub use report::{CheckReport, CheckResult, Status};
 pub use reset_rules::reset_checks;
@@ -46,8 +47,9 @@ pub fn run_checks(
     out.push(host_rules::check_container(&host.vfio_container));
     let selected: Vec<&Device> = gpus.iter().filter_map(|b| topo.device(b)).collect();
     for g in &selected {
-        out.push(host_rules::check_group_members(topo, g, gpus));
-        out.push(host_rules::check_group_viable(g, host));
+        let start = &vmm.bound_at_start;
+        out.push(host_rules::check_group_members(topo, g, gpus, start));
+        out.push(host_rules::check_group_viable(topo, g, host, start));
         if let Some(d) = host.deep.get(&g.bdf) {
             out.push(host_rules::check_deep(g, d));
         }
@@ -74,18 +76,20 @@ pub fn run_checks(
 
 /// NICs passed with the GPUs (the domain's network hostdevs): like a GPU, each one's
 /// IOMMU group must be whole and viable and it must reset between VMs; it never gets a
-/// clique, so no placement check. Group members that are passed GPUs or NICs are ours.
+/// clique, so no placement check. Group members that are passed GPUs or NICs are ours;
+/// `start` binds what the VM's starter binds.
 pub fn nic_checks(
     topo: &Topology,
     gpus: &[Bdf],
     nics: &[Bdf],
     host: &HostFacts,
+    start: &StartBinding,
 ) -> Vec<CheckResult> {
     let passed: Vec<Bdf> = gpus.iter().chain(nics).copied().collect();
     let mut out = Vec::new();
     for n in nics.iter().filter_map(|b| topo.device(b)) {
-        out.push(host_rules::check_group_members(topo, n, &passed));
-        out.push(host_rules::check_group_viable(n, host));
+        out.push(host_rules::check_group_members(topo, n, &passed, start));
+        out.push(host_rules::check_group_viable(topo, n, host, start));
         out.push(host_rules::check_reset(topo, n));
     }
     out

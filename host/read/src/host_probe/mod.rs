@@ -74,7 +74,14 @@ pub fn nvgrace_module(root: &Path) -> ModuleState {
     module_state(root, "nvgrace_gpu_vfio_pci", "nvgrace-gpu-vfio-pci")
 }
 
-/// Where module `name` (its file `file.ko`) is: loaded, built in, available or missing.
+/// Where vhost_vsock is, as [`vfio_pci_module`] looks (QEMU's and Cloud Hypervisor's vsock
+/// device open `/dev/vhost-vsock`, which loads it: `devname:vhost-vsock`).
+pub fn vhost_vsock_module(root: &Path) -> ModuleState {
+    module_state(root, "vhost_vsock", "vhost_vsock")
+}
+
+/// Where module `name` (its file `file.ko`, `-` or `_` as the kernel's build wrote it) is:
+/// loaded, built in, available or missing.
 fn module_state(root: &Path, name: &str, file: &str) -> ModuleState {
     let loaded = root.join("sys/module").join(name);
     if loaded.is_dir() {
@@ -207,6 +214,29 @@ mod tests {
         assert!(
             matches!(nvgrace_module(root), ModuleState::Available(p) if p.ends_with("nvgrace-gpu-vfio-pci.ko.zst"))
         );
+    }
+
+    #[test]
+    fn vhost_vsock_is_looked_for_like_vfio_pci() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(
+            matches!(vhost_vsock_module(root), ModuleState::Missing(w) if w.contains("sys/module/vhost_vsock"))
+        );
+        let rel = root.join("lib/modules/6.1.0-28-amd64");
+        fs::create_dir_all(&rel).unwrap();
+        fs::write(
+            rel.join("modules.dep"),
+            "kernel/drivers/vhost/vhost_vsock.ko.xz: kernel/drivers/vhost/vhost.ko.xz\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(vhost_vsock_module(root), ModuleState::Available(p) if p.ends_with("vhost_vsock.ko.xz"))
+        );
+        // vfio-pci is not vhost_vsock
+        assert!(matches!(vfio_pci_module(root), ModuleState::Missing(_)));
+        fs::create_dir_all(root.join("sys/module/vhost_vsock")).unwrap();
+        assert_eq!(vhost_vsock_module(root), ModuleState::Loaded);
     }
 
     #[test]

@@ -1,0 +1,91 @@
+//! A fresh host (issue 40): the GPUs still on `nvidia` until whoever starts the VM binds
+//! them. `check` of a VM definition that binds at start tells what will happen and does
+//! not fail; one that does not (an unmanaged libvirt hostdev) still fails.
+
+use std::path::Path;
+
+use crate::cli::vfio_p2p;
+
+const EXAMPLE: [&str; 2] = ["--example", "dual-socket-pcie"];
+
+/// `gen KIND` of the example, written to `dir/name`.
+fn generated(dir: &Path, kind: &str, name: &str) -> std::path::PathBuf {
+    let out = vfio_p2p()
+        .args(EXAMPLE)
+        .args(["gen", kind])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, &out.stdout).unwrap();
+    path
+}
+
+/// `check` with `flag FILE`: its exit code and its rows in JSON.
+fn check(flag: &str, file: &Path) -> (i32, Vec<serde_json::Value>) {
+    let out = vfio_p2p()
+        .args(EXAMPLE)
+        .args(["check", "--format", "json", flag])
+        .arg(file)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["checks"].as_array().unwrap().clone();
+    (out.status.code().unwrap(), rows)
+}
+
+#[test]
+fn a_vm_whose_starter_binds_the_gpus_passes_on_a_fresh_host() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, flag, by) in [
+        ("libvirt", "--domain-xml", "libvirt (managed='yes')"),
+        ("proxmox", "--proxmox-conf", "Proxmox (qm start)"),
+        ("incus", "--incus-config", "Incus (incus start)"),
+    ] {
+        let file = generated(dir.path(), kind, kind);
+        let (code, rows) = check(flag, &file);
+        let groups: Vec<_> = rows
+            .iter()
+            .filter(|r| r["check"] == "iommu-group")
+            .collect();
+        assert_eq!(groups.len(), 8, "{kind}");
+        for g in groups {
+            assert_eq!(g["status"], "pass", "{kind}: {g}");
+            let saw = g["saw"].as_str().unwrap();
+            assert!(saw.contains("(nvidia)"), "{kind}: {saw}");
+            assert!(
+                saw.contains(&format!("not yet bound: {by} binds")),
+                "{kind}: {saw}"
+            );
+        }
+        // what is left are the probes an embedded example cannot run: no failure
+        for r in rows.iter().filter(|r| r["status"] != "pass") {
+            assert_eq!(r["status"], "warn", "{kind}: {r}");
+            assert!(
+                r["saw"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("not probed: an embedded example"),
+                "{kind}: {r}"
+            );
+        }
+        assert_eq!(code, 1, "{kind}: warnings only, for the probes not run");
+    }
+}
+
+#[test]
+fn an_unmanaged_hostdev_on_a_fresh_host_still_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = generated(dir.path(), "libvirt", "domain.xml");
+    let xml = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, xml.replace("managed='yes'", "managed='no'")).unwrap();
+    let (code, rows) = check("--domain-xml", &file);
+    let fails: Vec<_> = rows.iter().filter(|r| r["status"] == "fail").collect();
+    assert_eq!(fails.len(), 8, "{fails:#?}");
+    assert!(fails.iter().all(|r| r["check"] == "iommu-group"));
+    assert_eq!(code, 2);
+}
