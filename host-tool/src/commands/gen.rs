@@ -1,6 +1,7 @@
 //! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl|proxmox|incus`: a VM definition from the plan.
 
 mod grace;
+mod vars_copy;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -394,46 +395,6 @@ fn check_boot(args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// QEMU's copy of the OVMF vars template, made last (a refusal leaves the host as it was).
-fn make_vars_copy(global: &GlobalArgs, args: &GenArgs, config: &VmConfig) -> anyhow::Result<()> {
-    let (Some(template), Some(copy)) = (&config.ovmf_vars, &config.boot.ovmf_vars_copy) else {
-        return Ok(());
-    };
-    if args.target != GenTarget::Qemu || copy.exists() {
-        return Ok(());
-    }
-    let make = format!(
-        "install -m 600 {} {}",
-        qemu::shell_quote(&template.display().to_string()),
-        qemu::shell_quote(&copy.display().to_string())
-    );
-    if HostSource::of(global) != HostSource::Root("/".into()) {
-        tracing::warn!("ovmf_vars_copy: {} must exist on the machine that runs the VM (generating from an example or snapshot): `{make}` there", copy.display());
-        return Ok(());
-    }
-    copy_vars_template(template, copy)
-        .with_context(|| format!("making this VM's OVMF vars (ovmf_vars_copy:): {make}"))
-}
-
-/// Copies the OVMF vars template to a new file only the VMM's user reads (never over an
-/// existing copy: it holds the VM's variables).
-fn copy_vars_template(template: &Path, copy: &Path) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let bytes =
-        std::fs::read(template).with_context(|| format!("reading {}", template.display()))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(copy)
-        .with_context(|| format!("creating {}", copy.display()))?;
-    f.write_all(&bytes)
-        .with_context(|| format!("writing {}", copy.display()))?;
-    tracing::info!("copied {} to {}", template.display(), copy.display());
-    Ok(())
-}
-
 /// The NVSwitches a whole-baseboard VM (fabric: full-passthrough) gets beside its GPUs, with
 /// the warning that Fabric Manager moves into the guest. The NCCL file describes the guest's
 /// GPUs and NICs only; the NVSwitches go into VM definitions.
@@ -719,31 +680,15 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     }
     warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
     let text = render(&args, &ctx, &vm, grace_vmm, incus)?;
-    make_vars_copy(global, &args, &config)?;
+    if args.target == GenTarget::Qemu {
+        vars_copy::make(
+            &config,
+            HostSource::of(global) == HostSource::Root("/".into()),
+        )?;
+    }
     if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
         register(plan, dir)?;
     }
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::copy_vars_template;
-
-    #[test]
-    fn the_vars_copy_is_made_once_and_private() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let t = tempfile::tempdir().unwrap();
-        let (template, copy) = (t.path().join("VARS.fd"), t.path().join("a_VARS.fd"));
-        std::fs::write(&template, b"template").unwrap();
-        copy_vars_template(&template, &copy).unwrap();
-        assert_eq!(std::fs::read(&copy).unwrap(), b"template");
-        let mode = std::fs::metadata(&copy).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        // the VM's variables are never overwritten
-        std::fs::write(&copy, b"the VM's variables").unwrap();
-        assert!(copy_vars_template(&template, &copy).is_err());
-        assert_eq!(std::fs::read(&copy).unwrap(), b"the VM's variables");
-    }
 }
