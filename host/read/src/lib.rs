@@ -18,6 +18,7 @@ pub mod fm_config;
 pub mod guest_report;
 pub mod host_probe;
 pub mod incus;
+pub mod iomem;
 pub mod kubevirt_vmi;
 pub mod nvidia_smi;
 pub mod proxmox_conf;
