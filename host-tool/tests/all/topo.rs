@@ -434,3 +434,30 @@ fn nvlink_capture_shows_nv_for_the_real_four_gpu_vm() {
     assert_eq!(r["matrix"][0][3], "NV18");
     assert_eq!(r["pcie_matrix"][0][3], "PHB");
 }
+
+/// A Grace tray read from its sysfs tree: each GPU's memory node, its 7 companions (CPU-less,
+/// memory-less nodes) and the SMMU behind it, in the JSON and the table.
+#[test]
+fn grace_gpus_show_their_memory_node_companions_and_smmu() {
+    let dir = tree(&synth::example("gb200").unwrap());
+    let r = topo_json(dir.path());
+    let gpu1 = &r["gpus"][1];
+    assert_eq!(gpu1["gpu_numa_id"], 10);
+    assert_eq!(
+        gpu1["gpu_numa_companions"],
+        serde_json::json!([11, 12, 13, 14, 15, 16, 17])
+    );
+    assert_eq!(gpu1["iommu_unit"], "smmu3.0x0000000012000000");
+    let out = vfio_p2p()
+        .arg("--sysfs-root")
+        .arg(dir.path())
+        .arg("topo")
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("Companion Nodes"), "{table}");
+    assert!(
+        table.contains("memory node 26, companion nodes 27-33  behind smmu3.0x0000100012000000"),
+        "{table}"
+    );
+}

@@ -206,6 +206,7 @@ mod tests {
                 iommufd: a,
                 vfio_device_cdev: b,
                 vfio_pci_dmabuf: c,
+                pci_p2pdma: c,
             }),
         }
     }

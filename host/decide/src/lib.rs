@@ -12,6 +12,7 @@ pub mod cloud_hypervisor;
 pub mod expectation;
 pub mod fabric;
 pub mod fleet_verdict;
+pub mod grace_guest;
 pub mod guest_layout;
 pub mod guest_paths;
 pub mod iommu_backend;

@@ -73,6 +73,12 @@ pub struct GpuEntry {
     /// "GPU NUMA ID".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_numa_id: Option<u32>,
+    /// The generic-initiator nodes that come with that memory node (no CPUs, no memory).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpu_numa_companions: Vec<u32>,
+    /// The IOMMU the GPU sits behind (an Arm SMMUv3's name), where the host shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iommu_unit: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -173,9 +179,12 @@ impl HostTopoReport {
                         })
                         .collect(),
                     cpu_link: c2c.get(&g.bdf).map(|_| "C2C".to_string()),
-                    gpu_numa_id: c2c
+                    gpu_numa_id: c2c.get(&g.bdf).and_then(|c| c.memory_node()),
+                    gpu_numa_companions: c2c
                         .get(&g.bdf)
-                        .and_then(|c| c.memory_nodes.first().copied()),
+                        .map(|c| c.companions().to_vec())
+                        .unwrap_or_default(),
+                    iommu_unit: topo.iommu_units.get(&g.bdf).cloned(),
                 })
                 .collect(),
             matrix: matrix_of(false),
@@ -322,6 +331,7 @@ fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
     if c2c {
         header.push("CPU Link".into());
         header.push("GPU NUMA ID".into());
+        header.push("Companion Nodes".into());
     }
     let n_gpus = report.gpus.len();
     let label = |i: usize, j: usize| -> String {
@@ -349,6 +359,7 @@ fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
                 if c2c {
                     row.push(g.cpu_link.clone().unwrap_or_else(|| "PCIe".into()));
                     row.push(g.gpu_numa_id.map_or("N/A".into(), |n| n.to_string()));
+                    row.push(node_list(&g.gpu_numa_companions));
                 }
             }
             row
@@ -456,6 +467,29 @@ struct GpuTree<'a> {
     /// node, so the tree of 10,000 GPUs is drawn in n log n.
     children: BTreeMap<(HostBridgeId, Option<Bdf>), Vec<&'a Device>>,
     gpu_index: BTreeMap<Bdf, usize>,
+    c2c: BTreeMap<Bdf, vfio_p2p_model::grace::C2cGpu>,
+}
+
+/// Node ids as a list with ranges (`2-9`, `3,5`), `N/A` when there are none.
+fn node_list(nodes: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < nodes.len() {
+        let mut j = i;
+        while j + 1 < nodes.len() && nodes[j + 1] == nodes[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j > i {
+            true => format!("{}-{}", nodes[i], nodes[j]),
+            false => nodes[i].to_string(),
+        });
+        i = j + 1;
+    }
+    if parts.is_empty() {
+        "N/A".into()
+    } else {
+        parts.join(",")
+    }
 }
 
 impl<'a> GpuTree<'a> {
@@ -478,6 +512,7 @@ impl<'a> GpuTree<'a> {
             topo,
             children,
             gpu_index,
+            c2c: vfio_p2p_model::grace::c2c_gpus(topo),
         }
     }
 
@@ -521,6 +556,14 @@ impl<'a> GpuTree<'a> {
             let bar64 = d.bar64_total();
             if bar64 > 0 {
                 let _ = write!(s, "  64-bit BARs {}", gib(bar64));
+            }
+            if let Some(c) = self.c2c.get(&d.bdf) {
+                let memory = c.memory_node().map_or("N/A".into(), |n| n.to_string());
+                let companions = node_list(c.companions());
+                let _ = write!(s, "  memory node {memory}, companion nodes {companions}");
+            }
+            if let Some(unit) = self.topo.iommu_units.get(&d.bdf) {
+                let _ = write!(s, "  behind {unit}");
             }
         } else {
             let _ = write!(

@@ -21,8 +21,21 @@ use vfio_p2p_contract::nvidia_parts;
 pub struct C2cGpu {
     /// The superchip's name (`GH200`, `GB200`, `GB300`).
     pub superchip: &'static str,
-    /// The NUMA nodes of its memory (empty when the host shows none).
+    /// The NUMA nodes of its memory (empty when the host shows none): the memory node
+    /// (nvidia-smi's "GPU NUMA ID") first, then its generic-initiator companions.
     pub memory_nodes: Vec<u32>,
+}
+
+impl C2cGpu {
+    /// The node the GPU's memory is onlined into.
+    pub fn memory_node(&self) -> Option<u32> {
+        self.memory_nodes.first().copied()
+    }
+
+    /// The CPU-less, memory-less nodes that come with it (MIG slices).
+    pub fn companions(&self) -> &[u32] {
+        self.memory_nodes.get(1..).unwrap_or(&[])
+    }
 }
 
 /// The host's C2C-attached GPUs, by BDF; empty on a host that is not aarch64.

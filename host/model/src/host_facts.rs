@@ -45,6 +45,29 @@ pub struct HostFacts {
     pub deep: BTreeMap<Bdf, NodeProbe<bool>>,
     /// What the kernel offers for the iommufd backend.
     pub iommu: IommuFacts,
+    /// What a Grace host's GPUs need beyond vfio-pci.
+    pub grace: GraceFacts,
+}
+
+/// A Grace host's driver and GPU memory state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraceFacts {
+    /// `nvgrace_gpu_vfio_pci` (module `nvgrace-gpu-vfio-pci`, drivers/vfio/pci/nvgrace-gpu),
+    /// the VFIO driver of a Grace superchip's GPU.
+    pub nvgrace_module: ModuleState,
+    /// `/proc/iomem`'s "System RAM (NVIDIA)" ranges (start, end): GPU memory the `nvidia`
+    /// driver onlined, which must be offline before the GPU leaves it.
+    pub nvidia_system_ram: NodeProbe<Vec<(u64, u64)>>,
+}
+
+impl GraceFacts {
+    /// Nothing known (an embedded example, a snapshot file).
+    pub fn not_probed(why: &str) -> Self {
+        GraceFacts {
+            nvgrace_module: ModuleState::Unknown(why.to_string()),
+            nvidia_system_ram: NodeProbe::Unknown(why.to_string()),
+        }
+    }
 }
 
 /// A kernel option as the running kernel's config (`/boot/config-<release>`, `/proc/config.gz`) sets it.
@@ -64,6 +87,8 @@ pub struct KernelConfig {
     pub iommufd: KernelOption,
     pub vfio_device_cdev: KernelOption,
     pub vfio_pci_dmabuf: KernelOption,
+    /// `CONFIG_PCI_P2PDMA`, which `VFIO_PCI_DMABUF` depends on.
+    pub pci_p2pdma: KernelOption,
 }
 
 /// `/dev/iommu`, the VFIO device cdevs and the kernel behind them.

@@ -207,6 +207,15 @@ pub struct Topology {
     pub warnings: Vec<ReadWarning>,
     /// Network functions' interface and RDMA device names on the host.
     pub nic_names: BTreeMap<Bdf, NicNames>,
+    /// NUMA node → distances to every node, in node order (`nodeN/distance`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub numa_distances: BTreeMap<u32, Vec<u32>>,
+    /// The IOMMU unit each device sits behind (an Arm SMMUv3's name), where shown.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub iommu_units: BTreeMap<Bdf, String>,
+    /// Huge page sizes the kernel offers, KiB.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hugepage_sizes_kib: Vec<u64>,
     /// Each device's bridges from its root port down, computed once: pair paths of a
     /// host with n GPUs ask for them n² times.
     #[serde(skip)]
@@ -248,6 +257,9 @@ impl Topology {
             nvlinks: BTreeMap::new(),
             warnings: host.warnings.clone(),
             nic_names: host.nic_names.clone(),
+            numa_distances: host.numa_distances.clone(),
+            iommu_units: host.iommu_units.clone(),
+            hugepage_sizes_kib: host.hugepage_sizes_kib.clone(),
             chains: BTreeMap::new(),
         };
         topo.warnings.extend(topo.devices.values().filter_map(|d| {
@@ -277,6 +289,12 @@ impl Topology {
             .binary_search_by_key(&id, |h| h.id)
             .ok()
             .and_then(|i| self.host_bridges[i].numa_node)
+    }
+
+    /// The host's distance between NUMA nodes `a` and `b`, where `nodeN/distance` says it.
+    pub fn numa_distance(&self, a: u32, b: u32) -> Option<u32> {
+        let column = self.numa_nodes.keys().position(|n| *n == b)?;
+        self.numa_distances.get(&a)?.get(column).copied()
     }
 
     pub fn device(&self, bdf: &Bdf) -> Option<&Device> {

@@ -179,6 +179,17 @@ pub struct HostRecord {
     /// the device); absent for NICs without a host driver (bound to vfio-pci).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub nic_names: BTreeMap<Bdf, NicNames>,
+    /// NUMA node → its distances to every node in node order (`nodeN/distance`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub numa_distances: BTreeMap<u32, Vec<u32>>,
+    /// The IOMMU each device sits behind: the name its `iommu` link points at
+    /// (`smmu3.0x0000000016000000` for an Arm SMMUv3), where the kernel shows one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub iommu_units: BTreeMap<Bdf, String>,
+    /// Huge page sizes the kernel offers, KiB (`sys/kernel/mm/hugepages/hugepages-<N>kB`):
+    /// 2048 and 1048576 on a 4 KiB-page kernel, 524288 on a 64 KiB-page arm64 kernel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hugepage_sizes_kib: Vec<u64>,
 }
 
 impl HostRecord {

@@ -53,6 +53,32 @@ impl QemuVersion {
         clique_backport: false,
     };
 
+    /// First QEMU with `-object acpi-generic-initiator,pci-dev=,node=` (hw/acpi/
+    /// acpi_generic_initiator.c, NVIDIA's series for Grace GPU memory nodes, QEMU 9.0).
+    pub const GENERIC_INITIATOR: QemuVersion = QemuVersion::release(9, 0);
+
+    /// First QEMU whose `virt` machine takes `highmem-mmio-size` (a power of two, at least
+    /// the 512 GiB default; hw/arm/virt.c, Matthew R. Ochs's patch for Grace GPUs' BARs).
+    pub const HIGHMEM_MMIO_SIZE: QemuVersion = QemuVersion::release(10, 0);
+
+    /// First QEMU with user-created `-device arm-smmuv3,primary-bus=` on `virt`, one per
+    /// PCIe root complex (`pxb-pcie`), not allowed with the machine-wide `iommu=smmuv3`.
+    pub const SMMUV3_PER_BUS: QemuVersion = QemuVersion::release(10, 2);
+
+    /// First QEMU with `arm-smmuv3,accel=on` (nested translation on the host SMMUv3 through
+    /// iommufd), which only real Grace hardware exercises.
+    pub const SMMUV3_ACCEL: QemuVersion = QemuVersion::release(11, 0);
+
+    /// Version `major.minor.0` as upstream releases it.
+    pub const fn release(major: u32, minor: u32) -> QemuVersion {
+        QemuVersion {
+            major,
+            minor,
+            micro: 0,
+            clique_backport: false,
+        }
+    }
+
     /// Whether this QEMU places the clique at 0xD4 when 0xC8 is taken.
     pub fn has_clique_fallback(&self) -> bool {
         self.clique_backport || *self >= Self::CLIQUE_FALLBACK

@@ -88,6 +88,9 @@ pub fn read_host(root: &Path) -> Result<HostRecord, ReadError> {
         });
     }
     host.numa_nodes = read_numa_nodes(root, &mut host.warnings);
+    host.numa_distances = crate::numa_sysfs::read_numa_distances(root, &mut host.warnings);
+    host.hugepage_sizes_kib = crate::numa_sysfs::read_hugepage_sizes(root);
+    host.iommu_units = crate::iommu_unit::read_iommu_units(root, &bdfs);
     host.nic_names = read_nic_names(root, &host.devices);
     host.kernel_cmdline = read_attribute_text(&root.join("proc/cmdline"), "kernel command line")
         .ok()

@@ -24,6 +24,7 @@ fn live_ok(topo: &Topology, gpus: &[Bdf]) -> HostFacts {
         kvm: NodeProbe::Ok(12),
         deep: BTreeMap::new(),
         iommu: IommuFacts::not_probed("test"),
+        grace: vfio_p2p_model::host_facts::GraceFacts::not_probed("test"),
     }
 }
 

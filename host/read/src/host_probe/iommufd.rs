@@ -100,6 +100,7 @@ pub fn parse_kernel_config(text: &str, path: &str) -> KernelConfig {
         iommufd: option("CONFIG_IOMMUFD"),
         vfio_device_cdev: option("CONFIG_VFIO_DEVICE_CDEV"),
         vfio_pci_dmabuf: option("CONFIG_VFIO_PCI_DMABUF"),
+        pci_p2pdma: option("CONFIG_PCI_P2PDMA"),
     }
 }
 

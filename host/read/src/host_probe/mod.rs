@@ -16,6 +16,7 @@ use std::path::Path;
 use pci_config::Bdf;
 
 use vfio_p2p_files::{read_attribute_text, read_input_file};
+use vfio_p2p_model::host_facts::GraceFacts;
 use vfio_p2p_model::host_facts::HostFacts;
 use vfio_p2p_model::host_facts::IommuFacts;
 use vfio_p2p_model::host_facts::ModuleState;
@@ -37,6 +38,7 @@ pub fn not_probed(why: &str, topo: &Topology, gpus: &[Bdf]) -> HostFacts {
         kvm: NodeProbe::Unknown(why.to_string()),
         deep: BTreeMap::new(),
         iommu: IommuFacts::not_probed(why),
+        grace: GraceFacts::not_probed(why),
     }
 }
 
@@ -64,7 +66,18 @@ pub(crate) fn node<T>(path: &Path, r: io::Result<T>) -> NodeProbe<T> {
 /// (`lib/modules/<release>/modules.builtin` / `modules.dep`; `<release>` from
 /// `proc/sys/kernel/osrelease`, else any release under the root).
 pub fn vfio_pci_module(root: &Path) -> ModuleState {
-    if root.join("sys/module/vfio_pci").is_dir() {
+    module_state(root, "vfio_pci", "vfio-pci")
+}
+
+/// Where nvgrace_gpu_vfio_pci is (module file `nvgrace-gpu-vfio-pci.ko`), as [`vfio_pci_module`].
+pub fn nvgrace_module(root: &Path) -> ModuleState {
+    module_state(root, "nvgrace_gpu_vfio_pci", "nvgrace-gpu-vfio-pci")
+}
+
+/// Where module `name` (its file `file.ko`) is: loaded, built in, available or missing.
+fn module_state(root: &Path, name: &str, file: &str) -> ModuleState {
+    let loaded = root.join("sys/module").join(name);
+    if loaded.is_dir() {
         return ModuleState::Loaded;
     }
     let modules = root.join("lib/modules");
@@ -82,7 +95,9 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
             String::from_utf8_lossy(&t)
                 .lines()
                 .map(|l| l.split(':').next().unwrap_or(""))
-                .find(|m| m.ends_with("/vfio-pci.ko") || m.contains("/vfio-pci.ko."))
+                .find(|m| {
+                    m.ends_with(&format!("/{file}.ko")) || m.contains(&format!("/{file}.ko."))
+                })
                 .map(str::to_string)
         };
         if lists("modules.builtin").is_some() {
@@ -94,7 +109,7 @@ pub fn vfio_pci_module(root: &Path) -> ModuleState {
     }
     ModuleState::Missing(format!(
         "not loaded ({} absent) and not in modules.dep/modules.builtin under {}",
-        root.join("sys/module/vfio_pci").display(),
+        loaded.display(),
         modules.display()
     ))
 }
@@ -146,6 +161,10 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
         kvm,
         deep: deep_results,
         iommu: iommufd::probe(root),
+        grace: GraceFacts {
+            nvgrace_module: nvgrace_module(root),
+            nvidia_system_ram: crate::iomem::nvidia_system_ram(root),
+        },
     }
 }
 
@@ -177,6 +196,17 @@ mod tests {
         assert_eq!(vfio_pci_module(root), ModuleState::BuiltIn);
         fs::create_dir_all(root.join("sys/module/vfio_pci")).unwrap();
         assert_eq!(vfio_pci_module(root), ModuleState::Loaded);
+        assert!(
+            matches!(nvgrace_module(root), ModuleState::Missing(p) if p.contains("nvgrace_gpu_vfio_pci"))
+        );
+        fs::write(
+            rel.join("modules.dep"),
+            "kernel/drivers/vfio/pci/nvgrace-gpu/nvgrace-gpu-vfio-pci.ko.zst: kernel/drivers/vfio/pci/vfio-pci-core.ko.zst\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(nvgrace_module(root), ModuleState::Available(p) if p.ends_with("nvgrace-gpu-vfio-pci.ko.zst"))
+        );
     }
 
     #[test]

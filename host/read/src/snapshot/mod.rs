@@ -81,6 +81,28 @@ impl TreeWriter<'_> {
                 format!("{cpulist}\n").as_bytes(),
             )?;
         }
+        for (node, row) in &host.numa_distances {
+            let text: Vec<String> = row.iter().map(u32::to_string).collect();
+            self.file(
+                &format!("sys/devices/system/node/node{node}/distance"),
+                format!("{}\n", text.join(" ")).as_bytes(),
+            )?;
+        }
+        for kib in &host.hugepage_sizes_kib {
+            self.mkdir(&format!("sys/kernel/mm/hugepages/hugepages-{kib}kB"))?;
+        }
+        for d in &host.devices {
+            if let Some(unit) = host.iommu_units.get(&d.bdf) {
+                // sys/devices/<bridges…>/BDF/iommu → the IOMMU's class entry
+                let rel = Self::device_path(d);
+                let up = "../".repeat(rel.matches('/').count() + 1);
+                self.mkdir(&format!("sys/class/iommu/{unit}"))?;
+                self.link(
+                    &format!("{up}class/iommu/{unit}"),
+                    &format!("sys/{rel}/iommu"),
+                )?;
+            }
+        }
         if let Some(cmdline) = &host.kernel_cmdline {
             self.file("proc/cmdline", format!("{cmdline}\n").as_bytes())?;
         }
@@ -239,6 +261,9 @@ mod tests {
         assert_eq!(back.numa_nodes, host.numa_nodes, "{what}");
         assert_eq!(back.kernel_cmdline, host.kernel_cmdline, "{what}");
         assert_eq!(back.cpu, host.cpu, "{what}");
+        assert_eq!(back.numa_distances, host.numa_distances, "{what}");
+        assert_eq!(back.iommu_units, host.iommu_units, "{what}");
+        assert_eq!(back.hugepage_sizes_kib, host.hugepage_sizes_kib, "{what}");
         back
     }
 

@@ -10,7 +10,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("hgx-h100", "8× H100 SXM HGX board: 2 sockets, 4 PCIe switches (2 GPUs + 2 NICs each), 4 NVSwitches"),
     ("dual-socket-pcie", "dual-socket server, 8× L40S PCIe: per socket a top switch with two leaf switches of 2 GPUs"),
     ("lab", "the nested-VM lab's level A (tests/lab): a switch with 2 bochs-display stand-ins, one on its own root port, one behind a pxb-pcie host bridge on NUMA node 1"),
-    ("gh200", "GH200 Grace Hopper superchip: an aarch64 Grace CPU and an H100 joined by NVLink-C2C, the GPU's memory a NUMA node of its own"),
+    ("gh200", "GH200 Grace Hopper superchip: an aarch64 Grace CPU and an H100 joined by NVLink-C2C, the GPU's memory a NUMA node of its own with 7 generic-initiator companions"),
+    ("gb200", "GB200 compute tray: 2 aarch64 Grace CPUs and 4 Blackwell GPUs (NVLink-C2C to their CPU, NVLink-5 between them), 34 NUMA nodes, one SMMU per GPU"),
     ("flat-vm", "the real sysfs of a VM with 2 passed-through H200s on a flat root bus (no IOMMU), with its nvidia-smi capture: NV18 between them"),
 ];
 
@@ -32,6 +33,7 @@ const H200X2_VM_TOPO_M: &str =
 pub fn example_nvlink_capture(name: &str) -> Option<(&'static str, &'static str)> {
     match name {
         "flat-vm" => Some((H200X2_VM_TOPO_M, "example flat-vm (h200x2-topo-m.txt)")),
+        "gb200" => Some((super::grace::GB200_TOPO_M, "example gb200 (its NVLink-5)")),
         _ => None,
     }
 }
@@ -43,6 +45,7 @@ pub fn example(name: &str) -> Result<HostRecord, String> {
         "dual-socket-pcie" => Ok(dual_socket_pcie()),
         "lab" => Ok(lab()),
         "gh200" => Ok(super::grace::gh200()),
+        "gb200" => Ok(super::grace::gb200()),
         "flat-vm" => {
             let mut host =
                 flat_json::parse(H200X2_VM_SYSFS, "example flat-vm (h200x2-vm-sysfs.json)")?;

@@ -127,6 +127,28 @@ impl HostBuilder {
         self
     }
 
+    /// The NUMA distance rows (`nodeN/distance`) of the nodes given so far, from `distance(a, b)`.
+    pub fn numa_distances(&mut self, distance: impl Fn(u32, u32) -> u32) -> &mut Self {
+        let nodes: Vec<u32> = self.host.numa_nodes.keys().copied().collect();
+        for a in &nodes {
+            let row = nodes.iter().map(|b| distance(*a, *b)).collect();
+            self.host.numa_distances.insert(*a, row);
+        }
+        self
+    }
+
+    /// The IOMMU unit `bdf` sits behind (the name its `iommu` link points at).
+    pub fn iommu_unit(&mut self, bdf: Bdf, unit: &str) -> &mut Self {
+        self.host.iommu_units.insert(bdf, unit.to_string());
+        self
+    }
+
+    /// The huge page sizes the kernel offers, KiB.
+    pub fn hugepage_sizes(&mut self, kib: &[u64]) -> &mut Self {
+        self.host.hugepage_sizes_kib = kib.to_vec();
+        self
+    }
+
     /// An x86-64 CPU as `/proc/cpuinfo` prints it.
     pub fn x86_cpu(&mut self, vendor: &str, family: u32, model: u32) -> &mut Self {
         self.host.cpu = Some(x86_cpu(vendor, family, model));
