@@ -19,6 +19,7 @@ use vfio_p2p_decide::clique_offset;
 use vfio_p2p_decide::cloud_hypervisor as ch_decide;
 use vfio_p2p_decide::expectation;
 use vfio_p2p_decide::fleet_verdict::DomainPlan;
+use vfio_p2p_decide::grace_guest::{self, GraceGuest, QemuPieces, SmmuForm};
 use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
 use vfio_p2p_decide::guest_paths;
 use vfio_p2p_decide::iommu_backend;
@@ -29,6 +30,7 @@ use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
 use vfio_p2p_emit::libvirt;
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
+use vfio_p2p_emit::qemu_grace;
 use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
 use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
 use vfio_p2p_model::vmm::LibvirtVersion;
@@ -139,9 +141,11 @@ fn report_plan(
 /// libvirt domain the libvirt version to target.
 fn needs(args: &GenArgs, config: &VmConfig) -> Needs {
     let auto = config.iommu_backend == IommuBackend::Auto;
+    // a Grace guest's pieces depend on the QEMU that runs it: asked when --qemu names it
+    let named = args.qemu.is_some() && matches!(args.target, GenTarget::Qemu | GenTarget::Libvirt);
     Needs {
         iommufd: auto,
-        qemu_version: auto.then(|| {
+        qemu_version: (auto || named).then(|| {
             args.qemu
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(qemu::QEMU_BINARY))
@@ -471,6 +475,81 @@ fn target_layout(
     Ok(layout)
 }
 
+/// A Grace host's guest for qemu, libvirt and cloud-hypervisor: the GPUs laid out flat,
+/// then given their NUMA nodes, vSMMUs and window by `grace_guest` in the forms the QEMU
+/// that runs the VM takes (Cloud Hypervisor: no SMMU, its own root bus); `None` elsewhere.
+fn grace_layout(
+    args: &GenArgs,
+    config: &VmConfig,
+    ctx: &Context,
+    gpus: &[pci_config::Bdf],
+    nics: &[pci_config::Bdf],
+    cliques: &std::collections::BTreeMap<pci_config::Bdf, Option<u8>>,
+) -> anyhow::Result<Option<(guest_layout::GuestLayout, GraceGuest)>> {
+    let topo = &ctx.topo;
+    let whole_vm = matches!(
+        args.target,
+        GenTarget::Qemu | GenTarget::Libvirt | GenTarget::CloudHypervisor
+    );
+    if !whole_vm || args.as_is || !grace_guest::is_grace(topo, gpus) {
+        return Ok(None);
+    }
+    if let Some(d) = config
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.bus == vfio_p2p_config::vm_devices::DiskBus::Sata)
+    {
+        let at = vm_yaml_at(args, d.at.map(|a| (a.line(), a.column())));
+        bail!("{at}disks: {} is a sata disk; the aarch64 virt machine of a Grace guest has no AHCI controller: use bus: virtio", d.path.display());
+    }
+    let opts = LayoutOptions {
+        topology: GuestTopology::Flat,
+        guest_numa: false,
+    };
+    let flat = guest_layout::decide_with_nics(topo, gpus, nics, cliques, opts)
+        .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
+    let (pieces, warnings) = match args.target {
+        GenTarget::CloudHypervisor => (
+            QemuPieces {
+                smmu_form: SmmuForm::MachineWide,
+                highmem_mmio_size: false,
+            },
+            Vec::new(),
+        ),
+        _ => {
+            let version = match &ctx.probes.qemu_version {
+                Some(Ok(v)) => Some(*v),
+                Some(Err(why)) => {
+                    tracing::warn!("{why}");
+                    None
+                }
+                None => None,
+            };
+            grace_guest::qemu_pieces(version, grace_guest::window(topo, &flat))?
+        }
+    };
+    let (layout, grace, more) = grace_guest::decide(topo, flat, config.memory_mib, pieces)
+        .map_err(|e| {
+            let at = match (&args.config, config.memory_at) {
+                (Some(p), Some(at)) if matches!(e, grace_guest::GraceError::HugepageFit { .. }) => {
+                    format!("{}:{}:{}: ", p.display(), at.line(), at.column())
+                }
+                _ => String::new(),
+            };
+            anyhow::anyhow!("{at}{e} (host: {})", topo.source)
+        })?;
+    for w in warnings.into_iter().chain(more) {
+        tracing::warn!("{w}");
+    }
+    let layout = match args.target {
+        GenTarget::CloudHypervisor => ch_decide::guest_layout(config, &layout)
+            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?,
+        _ => layout,
+    };
+    Ok(Some((layout, grace)))
+}
+
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let config = vm_config(&args)?;
     check_disks(global, &args, &config)?;
@@ -511,9 +590,17 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
-    let layout = target_layout(&args, &config, topo, layout)?;
+    let grace = grace_layout(&args, &config, &ctx, &gpus, &nics, &p.assignments)?;
+    let layout = match &grace {
+        Some((grace_layout, _)) => grace_layout.clone(),
+        None => target_layout(&args, &config, topo, layout)?,
+    };
+    let grace = grace.map(|(_, g)| g);
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     expectation::add_fabric(&mut expectation, topo, &ctx.fabric);
+    if let Some(g) = &grace {
+        expectation::add_grace_numa(&mut expectation, g);
+    }
     let report_plan = report_plan(&config, &mut expectation, args.state_dir.as_deref())?;
     let devices: Vec<_> = layout
         .passed()
@@ -522,7 +609,11 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     let hole64 = mmio::hole64_size(&devices);
     let address_space = match args.target {
         // the NCCL file describes GPUs, not a VM's memory
+        // nor does a Grace guest's window follow q35's and OVMF's rules (grace_guest sizes it)
         GenTarget::Nccl => {
+            address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
+        }
+        _ if grace.is_some() => {
             address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
         }
         _ => guest_address_space(&args, &config, topo, hole64)?,
@@ -547,6 +638,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         hole64,
         address_space,
         iommu_backend: backend,
+        grace: grace.as_ref(),
     };
     if args.target == GenTarget::Nccl {
         warn_unknown_cpu(topo);
@@ -554,7 +646,10 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
     warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
     let format = args.format.unwrap_or_default();
     let text = match args.target {
-        GenTarget::Qemu => qemu::render(&qemu::argv(&vm), format),
+        GenTarget::Qemu => match &grace {
+            Some(g) => qemu::render(&qemu_grace::argv(&vm, g), format),
+            None => qemu::render(&qemu::argv(&vm), format),
+        },
         GenTarget::Libvirt => libvirt_domain(&ctx, &vm),
         GenTarget::CloudHypervisor => {
             for w in clique_offset::cloud_hypervisor(topo, &layout)? {

@@ -21,6 +21,7 @@ mod fabric_hook;
 mod first_run;
 mod gen_address_space;
 mod gen_golden;
+mod gen_grace;
 mod gen_guest_io;
 mod gen_vsock;
 mod guest_io_real;

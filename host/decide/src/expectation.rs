@@ -81,6 +81,21 @@ pub fn add_fabric(e: &mut Expectation, topo: &Topology, fabric: &Fabric) {
     });
 }
 
+/// Adds a Grace guest's NUMA shape: the node count and distances the guest will list, and
+/// each GPU's nodes (memory node, then companions). Only Grace guests carry it, so other
+/// expectations keep their bytes.
+pub fn add_grace_numa(e: &mut Expectation, grace: &crate::grace_guest::GraceGuest) {
+    e.numa = Some(vfio_p2p_contract::ExpectedNuma {
+        nodes: grace.node_count,
+        distances: grace.distances.clone(),
+    });
+    for g in &mut e.gpus {
+        if let Some(n) = grace.gpus.iter().find(|n| n.host == g.host_bdf) {
+            g.numa_nodes = n.nodes.iter().map(|n| n.id).collect();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,20 +170,5 @@ mod tests {
         assert_eq!(e.gpus.len(), 8);
         let half = |f: &Fabric| f.state.as_ref().unwrap().partitions[1].bdfs().unwrap();
         assert!(expect(FabricModel::FullPassthrough, half).fabric.is_none());
-    }
-}
-
-/// Adds a Grace guest's NUMA shape: the node count and distances the guest will list, and
-/// each GPU's nodes (memory node, then companions). Only Grace guests carry it, so other
-/// expectations keep their bytes.
-pub fn add_grace_numa(e: &mut Expectation, grace: &crate::grace_guest::GraceGuest) {
-    e.numa = Some(vfio_p2p_contract::ExpectedNuma {
-        nodes: grace.node_count,
-        distances: grace.distances.clone(),
-    });
-    for g in &mut e.gpus {
-        if let Some(n) = grace.gpus.iter().find(|n| n.host == g.host_bdf) {
-            g.numa_nodes = n.nodes.iter().map(|n| n.id).collect();
-        }
     }
 }

@@ -14,6 +14,7 @@ pub mod plan_table;
 pub mod proxmox;
 pub mod qemu;
 pub mod qemu_argv_patch;
+pub mod qemu_grace;
 pub mod topo_report;
 pub mod verdicts;
 pub mod vm;

@@ -32,7 +32,7 @@ pub enum ArgvFormat {
 pub struct DeviceJson(Vec<(&'static str, Value)>);
 
 impl DeviceJson {
-    fn insert(&mut self, key: &'static str, value: Value) {
+    pub fn insert(&mut self, key: &'static str, value: Value) {
         self.0.push((key, value));
     }
 }

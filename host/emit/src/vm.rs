@@ -7,6 +7,7 @@ use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_config::vm_devices::{Disk, DiskBus};
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 use vfio_p2p_decide::address_space::GuestAddressSpace;
+use vfio_p2p_decide::grace_guest::GraceGuest;
 use vfio_p2p_decide::guest_layout::GuestLayout;
 
 /// How the expectation reaches QEMU's fw_cfg.
@@ -30,7 +31,16 @@ pub struct VmDefinition<'a> {
     pub address_space: GuestAddressSpace,
     /// The backend decided for this VM: legacy or iommufd (`auto` is resolved before).
     pub iommu_backend: IommuBackend,
+    /// A Grace host's guest: an aarch64 `virt` machine with the GPUs' NUMA nodes and
+    /// vSMMUs; `None` for every other host, whose output is the x86 q35 one.
+    pub grace: Option<&'a GraceGuest>,
 }
+
+/// The arm64 UEFI firmware (Debian's qemu-efi-aarch64: AAVMF) a Grace guest boots with
+/// where vm.yaml names no `ovmf_code` of its own.
+pub const AAVMF_CODE: &str = "/usr/share/AAVMF/AAVMF_CODE.fd";
+/// Its variable store template.
+pub const AAVMF_VARS: &str = "/usr/share/AAVMF/AAVMF_VARS.fd";
 
 /// The pcie.0 slot of the VM's NIC (`network:`); the guest layout uses 0x08 and up.
 pub const NIC_SLOT: u8 = 0x02;
@@ -72,6 +82,16 @@ impl VmDefinition<'_> {
                 "name={name},string={}",
                 self.expectation.to_json().replace(',', ",,")
             ),
+        }
+    }
+
+    /// The aarch64 firmware: vm.yaml's `ovmf_code` where it names one, else AAVMF's.
+    pub fn aarch64_firmware(&self) -> String {
+        let code = &self.config.ovmf_code;
+        if code.as_path() == std::path::Path::new(vfio_p2p_config::vm::DEFAULT_OVMF_CODE) {
+            AAVMF_CODE.to_string()
+        } else {
+            code.display().to_string()
         }
     }
 

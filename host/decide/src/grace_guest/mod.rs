@@ -139,21 +139,31 @@ pub fn is_grace(topo: &Topology, gpus: &[Bdf]) -> bool {
         && c2c_gpus(topo).keys().any(|b| gpus.contains(b))
 }
 
+/// The high MMIO window the GPUs of `layout` need: a power of two holding their 64-bit
+/// BARs, at least `virt`'s default.
+pub fn window(topo: &Topology, layout: &GuestLayout) -> u64 {
+    let devices: Vec<_> = layout
+        .passed()
+        .filter_map(|g| topo.device(&g.host))
+        .collect();
+    crate::mmio::hole64_size(&devices)
+        .next_power_of_two()
+        .max(HIGHMEM_MMIO_DEFAULT)
+}
+
 /// The Grace guest for the GPUs of `flat` (a flat layout: one root port per GPU on
-/// `pcie.0`), with `memory_mib` of RAM, for the QEMU `qemu` (unknown: the newest): the
-/// layout rewritten (CPU nodes; a `pxb-pcie` per physical SMMU in the per-physical form),
-/// the Grace pieces, and the warnings to say.
+/// `pcie.0`), with `memory_mib` of RAM, in the forms `pieces` says the VMM takes (see
+/// [`qemu_pieces`]): the layout rewritten (CPU nodes; a `pxb-pcie` per physical SMMU in
+/// the per-physical form), the Grace pieces, and the warnings to say.
 pub fn decide(
     topo: &Topology,
     mut flat: GuestLayout,
     memory_mib: u64,
-    qemu: Option<QemuVersion>,
+    pieces: QemuPieces,
 ) -> Result<(GuestLayout, GraceGuest, Vec<String>), GraceError> {
     flat.numa_nodes = cpu_nodes(topo, &flat);
-    let devices: Vec<_> = flat.passed().filter_map(|g| topo.device(&g.host)).collect();
-    let bars = crate::mmio::hole64_size(&devices);
-    let window = bars.next_power_of_two().max(HIGHMEM_MMIO_DEFAULT);
-    let (pieces, mut warnings) = qemu_pieces(qemu, window)?;
+    let window = window(topo, &flat);
+    let mut warnings = Vec::new();
     let gpus = gpu_nodes(topo, &flat)?;
     let smmus = match pieces.smmu_form {
         SmmuForm::PerPhysical => per_smmu_buses(topo, &mut flat, &mut warnings)?,
@@ -179,7 +189,7 @@ pub fn decide(
         Some(d) => (guest.distances, guest.distances_from_host) = (d, true),
         None => {
             warnings.push(format!(
-                "{} does not show the NUMA distances of nodes {hosts:?} (nodeN/distance): the guest gets QEMU's, 10 local and 20 between nodes",
+                "{} does not show the NUMA distances of nodes {hosts:?} (nodeN/distance): the guest gets the default ones, 10 local and 20 between nodes",
                 topo.source
             ));
             guest.distances = default_distances(hosts.len());
@@ -382,12 +392,12 @@ fn hugepages_fit(memory_mib: u64, cpu_nodes: u64) -> Result<(), GraceError> {
     let n = cpu_nodes.max(1);
     let per = memory_mib / n;
     let first = memory_mib - per * (n - 1);
-    match (per % page_mib, first % page_mib) {
-        (0, 0) => Ok(()),
-        _ => Err(GraceError::HugepageFit {
+    match (per.is_multiple_of(page_mib), first.is_multiple_of(page_mib)) {
+        (true, true) => Ok(()),
+        (per_fits, _) => Err(GraceError::HugepageFit {
             memory_mib,
             cpu_nodes: n,
-            share: if per % page_mib != 0 { per } else { first },
+            share: if per_fits { first } else { per },
             multiple: n * page_mib,
         }),
     }

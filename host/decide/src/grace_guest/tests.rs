@@ -22,8 +22,12 @@ fn example(name: &str) -> Topology {
     Topology::from_record(&synth::example(name).unwrap())
 }
 
+fn pieces(topo: &Topology, qemu: Option<QemuVersion>) -> QemuPieces {
+    qemu_pieces(qemu, window(topo, &flat(topo))).unwrap().0
+}
+
 fn grace(topo: &Topology, qemu: Option<QemuVersion>) -> (GuestLayout, GraceGuest, Vec<String>) {
-    decide(topo, flat(topo), 16384, qemu).unwrap()
+    decide(topo, flat(topo), 16384, pieces(topo, qemu)).unwrap()
 }
 
 #[test]
@@ -151,7 +155,7 @@ fn a_gpu_the_host_shows_fewer_nodes_for_is_refused_naming_it() {
         host.numa_nodes.remove(&n);
     }
     let topo = Topology::from_record(&host);
-    let e = decide(&topo, flat(&topo), 16384, v(11, 1)).unwrap_err();
+    let e = decide(&topo, flat(&topo), 16384, pieces(&topo, v(11, 1))).unwrap_err();
     assert!(
         matches!(e, GraceError::MissingNodes { found: 1, .. }),
         "{e}"
@@ -180,7 +184,7 @@ fn without_host_distances_the_guest_gets_qemus_and_a_warning() {
 #[test]
 fn hugepages_only_on_a_64k_kernel_and_ram_in_whole_pages() {
     let topo = example("gb200");
-    let e = decide(&topo, flat(&topo), 16384 + 512, v(11, 1)).unwrap_err();
+    let e = decide(&topo, flat(&topo), 16384 + 512, pieces(&topo, v(11, 1))).unwrap_err();
     assert!(
         matches!(e, GraceError::HugepageFit { multiple: 1024, .. }),
         "{e}"
@@ -188,7 +192,7 @@ fn hugepages_only_on_a_64k_kernel_and_ram_in_whole_pages() {
     let mut host = synth::example("gb200").unwrap();
     host.hugepage_sizes_kib = vec![2048, 1048576];
     let topo = Topology::from_record(&host);
-    let (_, g, _) = decide(&topo, flat(&topo), 16384 + 512, v(11, 1)).unwrap();
+    let (_, g, _) = decide(&topo, flat(&topo), 16384 + 512, pieces(&topo, v(11, 1))).unwrap();
     assert_eq!(g.hugepage_kib, None);
 }
 
