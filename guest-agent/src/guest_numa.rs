@@ -140,8 +140,9 @@ pub fn judge(plan: &ExpectedNuma, gpus: &[ExpectedGpu], found: NumaScan) -> Numa
     if ids != (0..plan.nodes).collect::<Vec<_>>() {
         problems.push(format!(
             "the guest has NUMA nodes {ids:?}, planned 0..{} ({} nodes): start the VM with \
-             the arguments `vfio-p2p gen` wrote",
-            plan.nodes, plan.nodes
+             the arguments `vfio-p2p gen` wrote, on a guest kernel that takes {} nodes \
+             (CONFIG_NODES_SHIFT; Debian's arm64 kernel takes 16, and drops SRAT past that)",
+            plan.nodes, plan.nodes, plan.nodes
         ));
     }
     for g in gpus {

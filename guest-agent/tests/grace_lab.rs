@@ -14,9 +14,18 @@ use vfio_p2p_agent::guest_numa;
 use vfio_p2p_contract::Expectation;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/grace/lab");
+/// The gb200 run on Debian's 16-node arm64 kernel (tests/fixtures/grace/lab-gb200/record).
+const GB200: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/grace/lab-gb200"
+);
 
 fn text(name: &str) -> String {
-    fs::read_to_string(Path::new(DIR).join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    text_in(DIR, name)
+}
+
+fn text_in(dir: &str, name: &str) -> String {
+    fs::read_to_string(Path::new(dir).join(name)).unwrap_or_else(|e| panic!("{dir}/{name}: {e}"))
 }
 
 fn json(name: &str) -> Value {
@@ -29,7 +38,11 @@ fn expectation(name: &str) -> Expectation {
 
 /// `tree.txt`'s lines, `path<TAB>content`.
 fn tree() -> Vec<(String, String)> {
-    text("tree.txt")
+    tree_in(DIR)
+}
+
+fn tree_in(dir: &str) -> Vec<(String, String)> {
+    text_in(dir, "tree.txt")
         .lines()
         .filter_map(|l| l.split_once('\t'))
         .map(|(p, c)| (p.to_string(), c.to_string()))
@@ -38,7 +51,11 @@ fn tree() -> Vec<(String, String)> {
 
 /// The guest's node files written back below `root` as the kernel showed them.
 fn node_tree(root: &Path) {
-    for (path, content) in tree() {
+    node_tree_of(DIR, root)
+}
+
+fn node_tree_of(dir: &str, root: &Path) {
+    for (path, content) in tree_in(dir) {
         if !path.starts_with("/sys/devices/system/node/") {
             continue;
         }
@@ -148,4 +165,40 @@ fn each_gpu_is_at_its_planned_address_behind_its_own_vsmmu() {
     let vsmmus = argv.iter().filter(|a| a.contains("arm-smmuv3")).count();
     assert_eq!(smmus.len(), vsmmus.min(e.gpus.len()), "{smmus:?}");
     assert!(smmus.iter().all(|s| s.contains("arm-smmu-v3")), "{smmus:?}");
+}
+
+#[test]
+fn a_16_node_guest_kernel_fails_gb200_naming_the_gpus_without_their_nodes() {
+    assert!(text_in(GB200, "dmesg.txt").contains("SRAT: Too many proximity domains"));
+    assert_eq!(text_in(GB200, "expect-report.json.rc").trim(), "1");
+    let t = tempfile::tempdir().unwrap();
+    node_tree_of(GB200, t.path());
+    let found = guest_numa::scan(t.path());
+    assert_eq!(found.nodes.len(), 16);
+    let e = Expectation::from_json(&text_in(GB200, "expect.json")).unwrap();
+    assert_eq!(e.numa.as_ref().unwrap().nodes, 34);
+    let report = guest_numa::judge(e.numa.as_ref().unwrap(), &e.gpus, found);
+    assert!(
+        report.problems[0].contains("planned 0..34"),
+        "{:?}",
+        report.problems
+    );
+    // nodes 16..34 are missing: each one's GPU is named
+    let missing: Vec<&String> = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("is not in this guest"))
+        .collect();
+    assert_eq!(missing.len(), 18, "{:?}", report.problems);
+    for g in e
+        .gpus
+        .iter()
+        .filter(|g| g.numa_nodes.iter().any(|n| *n >= 16))
+    {
+        let who = format!("GPU {} (host {})", g.guest_bdf, g.host_bdf);
+        assert!(
+            missing.iter().any(|p| p.starts_with(&who)),
+            "{who}: {missing:?}"
+        );
+    }
 }
