@@ -21,22 +21,39 @@ fn args(name: &str) -> Vec<String> {
 #[test]
 fn todays_gen_is_the_one_the_grace_guest_booted() {
     let example = fixture("example.txt").trim().to_string();
-    assert_ne!(example, "hand", "the fixture is the hand-written guest: record a run of gen's");
+    assert_ne!(
+        example, "hand",
+        "the fixture is the hand-written guest: record a run of gen's"
+    );
     let dir = tempfile::tempdir().unwrap();
     let expect = dir.path().join("expect.json");
     let out = crate::cli::vfio_p2p()
-        .args(["--example", &example, "gen", "qemu", "--format", "json", "--expect-out"])
+        .args([
+            "--example",
+            &example,
+            "gen",
+            "qemu",
+            "--format",
+            "json",
+            "--expect-out",
+        ])
         .arg(&expect)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // the expectation's file is wherever --expect-out put it, here and in the lab
     let at = |v: Value| -> Vec<String> {
         serde_json::from_value::<Vec<String>>(v)
             .unwrap()
             .into_iter()
             .map(|a| match a.split_once(",file=") {
-                Some((name, _)) if name == "name=opt/vfio-p2p/expect.json" => format!("{name},file=…"),
+                Some((name, _)) if name == "name=opt/vfio-p2p/expect.json" => {
+                    format!("{name},file=…")
+                }
                 _ => a,
             })
             .collect()
@@ -79,16 +96,18 @@ fn the_guest_ran_gens_topology_with_stand_ins_for_the_gpus() {
     let gen = args("gen.json");
     let run = args("argv-run.json");
     // NUMA nodes, distances and generic initiators exactly as gen wrote them
-    for w in gen.windows(2).filter(|w| w[0] == "-numa" || w[1].starts_with("acpi-generic-initiator,")) {
+    for w in gen
+        .windows(2)
+        .filter(|w| w[0] == "-numa" || w[1].starts_with("acpi-generic-initiator,"))
+    {
         assert!(run.windows(2).any(|r| r == w), "{w:?} is not in the run");
     }
     assert!(gen.iter().any(|a| a.starts_with("acpi-generic-initiator,")));
     let ran = devices(&run);
     for (driver, props) in devices(&gen) {
         let same = |d: &str, keep: &[&str]| {
-            ran.iter().any(|(rd, rp)| {
-                rd == d && keep.iter().all(|k| rp.get(*k) == props.get(*k))
-            })
+            ran.iter()
+                .any(|(rd, rp)| rd == d && keep.iter().all(|k| rp.get(*k) == props.get(*k)))
         };
         match driver.as_str() {
             // the GPU: a stand-in with its id (the generic initiators' pci-dev), bus and address
@@ -97,7 +116,10 @@ fn the_guest_ran_gens_topology_with_stand_ins_for_the_gpus() {
             "arm-smmuv3" => assert!(same("arm-smmuv3", &["id", "primary-bus"]), "{props:?}"),
             d => {
                 let keys: Vec<&str> = props.keys().map(String::as_str).collect();
-                assert!(same(d, &keys), "{d} {props:?} is not in the run as gen wrote it");
+                assert!(
+                    same(d, &keys),
+                    "{d} {props:?} is not in the run as gen wrote it"
+                );
             }
         }
     }
