@@ -171,6 +171,8 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let needs = Needs {
         qemu_version: args.qemu.clone(),
         fm_config: true,
+        // the Grace rows say what the installed libvirt writes
+        libvirt_version: Some(None),
         ..Needs::nvlink(&args.plan.nvlink)
     };
     let ctx = Context::load(global, &args.plan.host, &needs)?;
@@ -220,6 +222,13 @@ pub fn run(global: &GlobalArgs, args: CheckArgs) -> anyhow::Result<ExitCode> {
     let p = plan(topo, &gpus, &ctx.plan_options(&args.plan, None));
     let mut report = check::run_checks(topo, &gpus, &host, &vmm, &p);
     report.extend(check::nic_checks(topo, &gpus, &nics, &host));
+    report.extend(check::grace_checks(
+        topo,
+        &gpus,
+        &host,
+        &vmm,
+        ctx.probes.libvirt_version.as_ref(),
+    ));
     report.extend(check::reset_checks(topo, &gpus, &nics, ctx.host.reset));
     let reserved = ctx.host.reserved.iter().copied().collect();
     report.extend(check::fabric_checks(

@@ -1,5 +1,7 @@
 //! `vfio-p2p gen qemu|libvirt|cloud-hypervisor|nccl|proxmox|incus`: a VM definition from the plan.
 
+mod grace;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -19,7 +21,6 @@ use vfio_p2p_decide::clique_offset;
 use vfio_p2p_decide::cloud_hypervisor as ch_decide;
 use vfio_p2p_decide::expectation;
 use vfio_p2p_decide::fleet_verdict::DomainPlan;
-use vfio_p2p_decide::grace_guest::{self, GraceGuest, QemuPieces, SmmuForm};
 use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
 use vfio_p2p_decide::guest_paths;
 use vfio_p2p_decide::iommu_backend;
@@ -30,7 +31,6 @@ use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::incus::{self, CliqueForm, IncusOutput};
 use vfio_p2p_emit::libvirt;
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
-use vfio_p2p_emit::qemu_grace;
 use vfio_p2p_emit::vm::{ExpectationSource, VmDefinition};
 use vfio_p2p_emit::{cloud_hypervisor, nccl, proxmox};
 use vfio_p2p_model::vmm::LibvirtVersion;
@@ -475,79 +475,84 @@ fn target_layout(
     Ok(layout)
 }
 
-/// A Grace host's guest for qemu, libvirt and cloud-hypervisor: the GPUs laid out flat,
-/// then given their NUMA nodes, vSMMUs and window by `grace_guest` in the forms the QEMU
-/// that runs the VM takes (Cloud Hypervisor: no SMMU, its own root bus); `None` elsewhere.
-fn grace_layout(
+/// What Cloud Hypervisor or qemu-server cannot take, refused at vm.yaml's line.
+fn vmm_refusal(
     args: &GenArgs,
     config: &VmConfig,
-    ctx: &Context,
-    gpus: &[pci_config::Bdf],
-    nics: &[pci_config::Bdf],
-    cliques: &std::collections::BTreeMap<pci_config::Bdf, Option<u8>>,
-) -> anyhow::Result<Option<(guest_layout::GuestLayout, GraceGuest)>> {
-    let topo = &ctx.topo;
-    let whole_vm = matches!(
-        args.target,
-        GenTarget::Qemu | GenTarget::Libvirt | GenTarget::CloudHypervisor
-    );
-    if !whole_vm || args.as_is || !grace_guest::is_grace(topo, gpus) {
-        return Ok(None);
-    }
-    if let Some(d) = config
-        .devices
-        .disks
-        .iter()
-        .find(|d| d.bus == vfio_p2p_config::vm_devices::DiskBus::Sata)
-    {
-        let at = vm_yaml_at(args, d.at.map(|a| (a.line(), a.column())));
-        bail!("{at}disks: {} is a sata disk; the aarch64 virt machine of a Grace guest has no AHCI controller: use bus: virtio", d.path.display());
-    }
-    let opts = LayoutOptions {
-        topology: GuestTopology::Flat,
-        guest_numa: false,
-    };
-    let flat = guest_layout::decide_with_nics(topo, gpus, nics, cliques, opts)
-        .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
-    let (pieces, warnings) = match args.target {
-        GenTarget::CloudHypervisor => (
-            QemuPieces {
-                smmu_form: SmmuForm::MachineWide,
-                highmem_mmio_size: false,
-            },
-            Vec::new(),
-        ),
-        _ => {
-            let version = match &ctx.probes.qemu_version {
-                Some(Ok(v)) => Some(*v),
-                Some(Err(why)) => {
-                    tracing::warn!("{why}");
-                    None
-                }
-                None => None,
-            };
-            grace_guest::qemu_pieces(version, grace_guest::window(topo, &flat))?
+    layout: &guest_layout::GuestLayout,
+    backend: IommuBackend,
+) -> anyhow::Result<()> {
+    match args.target {
+        GenTarget::CloudHypervisor => {
+            ch_decide::refusal(config, layout, backend).map_err(|r| refused(args, r))
         }
-    };
-    let (layout, grace, more) = grace_guest::decide(topo, flat, config.memory_mib, pieces)
-        .map_err(|e| {
-            let at = match (&args.config, config.memory_at) {
-                (Some(p), Some(at)) if matches!(e, grace_guest::GraceError::HugepageFit { .. }) => {
-                    format!("{}:{}:{}: ", p.display(), at.line(), at.column())
-                }
-                _ => String::new(),
-            };
-            anyhow::anyhow!("{at}{e} (host: {})", topo.source)
-        })?;
-    for w in warnings.into_iter().chain(more) {
-        tracing::warn!("{w}");
+        GenTarget::Proxmox => proxmox_decide::refusal(config, layout).map_err(|r| refused(args, r)),
+        _ => Ok(()),
     }
-    let layout = match args.target {
-        GenTarget::CloudHypervisor => ch_decide::guest_layout(config, &layout)
-            .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))?,
-        _ => layout,
-    };
-    Ok(Some((layout, grace)))
+}
+
+/// The guest's address space as each target needs it: the NCCL file describes GPUs, not a
+/// VM's memory, and a Grace guest's window follows neither q35's nor OVMF's rules
+/// (`grace_guest` sizes it); every other VM is checked against the host's width.
+fn vm_address_space(
+    args: &GenArgs,
+    config: &VmConfig,
+    topo: &vfio_p2p_model::Topology,
+    hole64: u64,
+    grace: bool,
+) -> anyhow::Result<GuestAddressSpace> {
+    let other = address_space::GuestVendor::Other;
+    Ok(match args.target {
+        GenTarget::Nccl => address_space::for_vm(0, hole64, None, other)?,
+        _ if grace => address_space::for_vm(config.memory_mib << 20, hole64, None, other)?,
+        _ => guest_address_space(args, config, topo, hole64)?,
+    })
+}
+
+/// The text of the target: the VM definition, the NCCL file or the Incus profile, with the
+/// warnings each renderer has.
+fn render(
+    args: &GenArgs,
+    ctx: &Context,
+    vm: &VmDefinition,
+    grace_vmm: Option<grace::GraceVmm>,
+    incus: Option<Result<IncusServer, String>>,
+) -> anyhow::Result<String> {
+    let format = args.format.unwrap_or_default();
+    let topo = &ctx.topo;
+    use grace::GraceVmm::{Libvirt as GraceLibvirt, Qemu as GraceQemu};
+    if let (Some(vmm @ (GraceQemu | GraceLibvirt)), Some(g)) = (grace_vmm, vm.grace) {
+        return Ok(grace::text(vmm, ctx, vm, g, format));
+    }
+    Ok(match args.target {
+        GenTarget::Qemu => qemu::render(&qemu::argv(vm), format),
+        GenTarget::Libvirt => libvirt_domain(ctx, vm),
+        GenTarget::CloudHypervisor => {
+            for w in clique_offset::cloud_hypervisor(topo, vm.layout)? {
+                tracing::warn!("{w}");
+            }
+            let (argv, warnings) = cloud_hypervisor::argv(vm);
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            qemu::render(&argv, format)
+        }
+        GenTarget::Nccl => nccl::topology_xml(vm, topo),
+        GenTarget::Proxmox => proxmox::config(vm),
+        GenTarget::Incus => {
+            for w in incus::guest_io_warnings(vm)
+                .into_iter()
+                .chain(incus::address_space_warning(vm))
+            {
+                tracing::warn!("{w}");
+            }
+            let form = incus_clique_form(incus.unwrap_or_else(|| Err("not asked".into())));
+            match args.incus_output.unwrap_or_default() {
+                IncusOutput::Profile => incus::profile(vm, form),
+                IncusOutput::Commands => incus::commands(vm, form),
+            }
+        }
+    })
 }
 
 pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
@@ -590,7 +595,20 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .with_context(|| format!("laying out the guest PCIe tree for {}", config.name))?;
-    let grace = grace_layout(&args, &config, &ctx, &gpus, &nics, &p.assignments)?;
+    let grace_vmm = match args.target {
+        _ if args.as_is => None,
+        GenTarget::Qemu => Some(grace::GraceVmm::Qemu),
+        GenTarget::Libvirt => Some(grace::GraceVmm::Libvirt),
+        GenTarget::CloudHypervisor => Some(grace::GraceVmm::CloudHypervisor),
+        _ => None,
+    };
+    let grace = match grace_vmm {
+        Some(vmm) => {
+            let path = args.config.as_deref();
+            grace::layout(vmm, path, &config, &ctx, &gpus, &nics, &p.assignments)?
+        }
+        None => None,
+    };
     let layout = match &grace {
         Some((grace_layout, _)) => grace_layout.clone(),
         None => target_layout(&args, &config, topo, layout)?,
@@ -607,28 +625,10 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         .filter_map(|g| topo.device(&g.host))
         .collect();
     let hole64 = mmio::hole64_size(&devices);
-    let address_space = match args.target {
-        // the NCCL file describes GPUs, not a VM's memory
-        // nor does a Grace guest's window follow q35's and OVMF's rules (grace_guest sizes it)
-        GenTarget::Nccl => {
-            address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
-        }
-        _ if grace.is_some() => {
-            address_space::for_vm(0, hole64, None, address_space::GuestVendor::Other)?
-        }
-        _ => guest_address_space(&args, &config, topo, hole64)?,
-    };
+    let address_space = vm_address_space(&args, &config, topo, hole64, grace.is_some())?;
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let backend = iommu_backend(&ctx, config.iommu_backend, has_cliques);
-    match args.target {
-        GenTarget::CloudHypervisor => {
-            ch_decide::refusal(&config, &layout, backend).map_err(|r| refused(&args, r))?
-        }
-        GenTarget::Proxmox => {
-            proxmox_decide::refusal(&config, &layout).map_err(|r| refused(&args, r))?
-        }
-        _ => {}
-    }
+    vmm_refusal(&args, &config, &layout, backend)?;
     let expectation_source = expectation_source(args.expect_out.as_deref(), &expectation)?;
     let vm = VmDefinition {
         config: &config,
@@ -644,39 +644,7 @@ pub fn run(global: &GlobalArgs, args: GenArgs) -> anyhow::Result<ExitCode> {
         warn_unknown_cpu(topo);
     }
     warn_iommufd_cliques(vm.iommu_backend, config.iommu_backend, has_cliques);
-    let format = args.format.unwrap_or_default();
-    let text = match args.target {
-        GenTarget::Qemu => match &grace {
-            Some(g) => qemu::render(&qemu_grace::argv(&vm, g), format),
-            None => qemu::render(&qemu::argv(&vm), format),
-        },
-        GenTarget::Libvirt => libvirt_domain(&ctx, &vm),
-        GenTarget::CloudHypervisor => {
-            for w in clique_offset::cloud_hypervisor(topo, &layout)? {
-                tracing::warn!("{w}");
-            }
-            let (argv, warnings) = cloud_hypervisor::argv(&vm);
-            for w in warnings {
-                tracing::warn!("{w}");
-            }
-            qemu::render(&argv, format)
-        }
-        GenTarget::Nccl => nccl::topology_xml(&vm, topo),
-        GenTarget::Proxmox => proxmox::config(&vm),
-        GenTarget::Incus => {
-            for w in incus::guest_io_warnings(&vm)
-                .into_iter()
-                .chain(incus::address_space_warning(&vm))
-            {
-                tracing::warn!("{w}");
-            }
-            let form = incus_clique_form(incus.unwrap_or_else(|| Err("not asked".into())));
-            match args.incus_output.unwrap_or_default() {
-                IncusOutput::Profile => incus::profile(&vm, form),
-                IncusOutput::Commands => incus::commands(&vm, form),
-            }
-        }
-    };
+    let text = render(&args, &ctx, &vm, grace_vmm, incus)?;
     if let (Some(plan), Some(dir)) = (&report_plan, &args.state_dir) {
         register(plan, dir)?;
     }

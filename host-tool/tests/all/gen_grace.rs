@@ -153,3 +153,131 @@ fn the_expectation_lists_the_gpus_nodes() {
     );
     assert_eq!(e["numa"]["distances"][0][26], 40);
 }
+
+/// The aarch64 domain: libvirt 9.0 (installed here) gets the generic initiators in
+/// `<qemu:commandline>` under a comment and validates against its own schema; 12.x writes
+/// `<acpi nodeset>` on each GPU's hostdev instead (validated by sid's libvirt in the lab:
+/// 9.0's schema has no such element).
+#[test]
+fn libvirt_domains_by_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = fake_qemu(dir.path(), "11.1.3");
+    let (old, err) = ok(gen(
+        "gb200",
+        Some(&q),
+        &["libvirt", "--libvirt-version", "9.0"],
+    ));
+    assert!(
+        err.contains("warning: libvirt 9.0 is not known to write acpi-generic-initiator"),
+        "{err}"
+    );
+    assert!(
+        old.contains("<type arch='aarch64' machine='virt'>hvm</type>"),
+        "{old}"
+    );
+    assert!(
+        old.contains("<!-- libvirt 9.0 has no element for acpi-generic-initiator"),
+        "{old}"
+    );
+    assert_eq!(
+        old.matches("acpi-generic-initiator,id=").count(),
+        32,
+        "{old}"
+    );
+    assert!(old.contains("pci-dev=ua-gpu3,node=33"), "{old}");
+    assert!(!old.contains("<acpi nodeset='"), "{old}");
+    insta::assert_snapshot!("libvirt-gb200-9.0", old);
+    let (new, err) = ok(gen(
+        "gh200",
+        Some(&q),
+        &["libvirt", "--libvirt-version", "12.8"],
+    ));
+    assert!(!err.contains("acpi-generic-initiator"), "{err}");
+    assert!(new.contains("<acpi nodeset='1-8'/>"), "{new}");
+    assert!(!new.contains("-object"), "{new}");
+    insta::assert_snapshot!("libvirt-gh200-12.8", new);
+    if crate::real::have("virt-xml-validate") {
+        let path = dir.path().join("gb200.xml");
+        std::fs::write(&path, &old).unwrap();
+        crate::real::validate(&path);
+    }
+}
+
+/// The QEMU version gates hold for libvirt too (libvirt runs that QEMU).
+#[test]
+fn libvirt_refuses_a_qemu_without_generic_initiators() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gen(
+        "gh200",
+        Some(&fake_qemu(dir.path(), "8.2.2")),
+        &["libvirt", "--libvirt-version", "12.8"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs QEMU >= 9.0.0"));
+}
+
+/// Cloud Hypervisor: a memory zone per CPU node, a Generic Initiator `--numa` per GPU node
+/// naming the GPU's `--device id` (CH >= 51: vmm/src/config.rs `NumaConfig::device_id`).
+#[test]
+fn cloud_hypervisor_numa_device_ids() {
+    let (text, _) = ok(gen(
+        "gb200",
+        None,
+        &["cloud-hypervisor", "--format", "argv"],
+    ));
+    assert_eq!(text.matches(",device_id=gpu").count(), 32, "{text}");
+    assert!(
+        text.contains("guest_numa_id=33,device_id=gpu3,distances=[0@40,1@20,"),
+        "{text}"
+    );
+    assert!(text.contains("--memory\nsize=0\n"), "{text}");
+    insta::assert_snapshot!("cloud-hypervisor-gb200", text);
+}
+
+/// `check` on a Grace host: its rows, each with the fix where it does not pass; a QEMU
+/// without generic initiators fails the QEMU row naming the version needed.
+#[test]
+fn check_has_the_grace_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |qemu: &str| {
+        let out = crate::cli::vfio_p2p()
+            .args(["--example", "gb200", "check", "--format", "json", "--qemu"])
+            .arg(fake_qemu(dir.path(), qemu))
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let row = |r: &serde_json::Value, check: &str| -> serde_json::Value {
+        r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} row: {r}"))
+    };
+    let new = run("11.1.3");
+    for c in [
+        "grace-driver",
+        "grace-kernel-config",
+        "grace-hugepages",
+        "grace-smmu",
+        "grace-numa-nodes",
+    ] {
+        row(&new, c);
+    }
+    assert_eq!(row(&new, "grace-qemu")["status"], "pass");
+    assert_eq!(row(&new, "grace-hugepages")["status"], "pass");
+    let old = run("8.2.2");
+    assert_eq!(row(&old, "grace-qemu")["status"], "fail");
+    assert!(row(&old, "grace-qemu")["fix"]
+        .as_str()
+        .unwrap()
+        .contains("QEMU >= 9.0.0"));
+    // x86 hosts get none of them
+    let out = crate::cli::vfio_p2p()
+        .args(["--example", "hgx-h100", "check", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("grace-"));
+}

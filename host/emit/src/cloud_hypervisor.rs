@@ -15,6 +15,7 @@
 use super::vm::VmDefinition;
 use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_config::vm_devices::{Console, Network};
+use vfio_p2p_decide::grace_guest::GraceGuest;
 
 pub const CLOUD_HYPERVISOR_BINARY: &str = "cloud-hypervisor";
 
@@ -31,8 +32,13 @@ pub fn argv(vm: &VmDefinition) -> (Vec<String>, Vec<String>) {
         "boot={},max_phys_bits={}",
         c.vcpus, vm.address_space.max_phys_bits
     ));
-    a.push("--memory".into());
-    a.push(format!("size={}M", c.memory_mib));
+    match vm.grace {
+        Some(g) => a.extend(grace_memory(vm, g)),
+        None => {
+            a.push("--memory".into());
+            a.push(format!("size={}M", c.memory_mib));
+        }
+    }
     if vm.iommu_backend == IommuBackend::Iommufd {
         // without cliques (refused with them) no peer DMA is promised, and BAR mapping
         // (which fails) is off
@@ -57,6 +63,9 @@ pub fn argv(vm: &VmDefinition) -> (Vec<String>, Vec<String>) {
         a.push("--device".into());
         a.push(d);
     }
+    if let Some(g) = vm.grace {
+        a.extend(grace_numa(vm, g));
+    }
     guest_io(vm, &mut a, &mut warnings);
     if let Some(r) = c.report {
         // hybrid vsock: the guest's connections to CID 2 port P arrive at SOCKET_P on the host
@@ -67,6 +76,67 @@ pub fn argv(vm: &VmDefinition) -> (Vec<String>, Vec<String>) {
         ));
     }
     (a, warnings)
+}
+
+/// A Grace guest's RAM: one memory zone per CPU node, on the host node it stands for, in
+/// huge pages where decided (CH: `--memory size=0` with `--memory-zone`, docs/memory.md).
+fn grace_memory(vm: &VmDefinition, g: &GraceGuest) -> Vec<String> {
+    let mut a: Vec<String> = vec!["--memory".into(), "size=0".into()];
+    for (i, n) in vm.layout.numa_nodes.iter().enumerate() {
+        let (_, mib) = vm.numa_share(i);
+        let mut zone = format!("id=mem{},size={mib}M,host_numa_node={}", n.id, n.host_node);
+        if let Some(kib) = g.hugepage_kib {
+            zone.push_str(&format!(",hugepages=on,hugepage_size={}M", kib / 1024));
+        }
+        a.extend(["--memory-zone".into(), zone]);
+    }
+    a
+}
+
+/// A Grace guest's nodes: each CPU node with its vCPUs and zone, then each GPU's nodes as
+/// Generic Initiator nodes (`device_id=` the GPU's `--device id`, Cloud Hypervisor >= 51),
+/// each with its distances to the others where they are the host's.
+fn grace_numa(vm: &VmDefinition, g: &GraceGuest) -> Vec<String> {
+    let distances = |id: u32| -> String {
+        let Some(row) = g
+            .distances
+            .get(id as usize)
+            .filter(|_| g.distances_from_host)
+        else {
+            return String::new();
+        };
+        let list: Vec<String> = row
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != id as usize)
+            .map(|(j, d)| format!("{j}@{d}"))
+            .collect();
+        format!(",distances=[{}]", list.join(","))
+    };
+    let mut a = Vec::new();
+    for (i, n) in vm.layout.numa_nodes.iter().enumerate() {
+        let (cpus, _) = vm.numa_share(i);
+        let cpus = super::vm::cpulist(&cpus);
+        a.push("--numa".into());
+        a.push(format!(
+            "guest_numa_id={},cpus=[{cpus}],memory_zones=mem{}{}",
+            n.id,
+            n.id,
+            distances(n.id)
+        ));
+    }
+    for gpu in &g.gpus {
+        for n in &gpu.nodes {
+            a.push("--numa".into());
+            a.push(format!(
+                "guest_numa_id={},device_id={}{}",
+                n.id,
+                gpu.gpu,
+                distances(n.id)
+            ));
+        }
+    }
+    a
 }
 
 /// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.

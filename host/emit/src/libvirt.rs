@@ -119,7 +119,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     write_bridges(w, vm);
     let native_iommufd = vm.iommu_backend == IommuBackend::Iommufd && version.has_iommufd();
     for g in vm.layout.passed() {
-        write_hostdevs(w, g, controller_index(vm, &g.parent), native_iommufd);
+        write_hostdevs(w, g, controller_index(vm, &g.parent), native_iommufd, None);
     }
     if let Some(r) = vm.config.report {
         // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
@@ -142,6 +142,17 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
 /// virtio devices at fixed pcie.0 slots below the layout's, as libvirt would otherwise add a
 /// root port for each.
 fn write_guest_io(w: &mut String, vm: &VmDefinition) {
+    write_disks_and_nic(w, vm);
+    // `virsh console NAME` reaches the guest's ttyS0
+    write_console(
+        w,
+        vm,
+        "<target type='isa-serial' port='0'>\n        <model name='isa-serial'/>\n      </target>",
+    );
+}
+
+/// The disks and the NIC of vm.yaml (see [`write_guest_io`]).
+pub(crate) fn write_disks_and_nic(w: &mut String, vm: &VmDefinition) {
     let c = vm.config;
     for (i, (d, at, boots)) in disk_places(&c.devices.disks).into_iter().enumerate() {
         let path = escape(d.path.to_str().unwrap_or_default()).into_owned();
@@ -202,6 +213,12 @@ fn write_guest_io(w: &mut String, vm: &VmDefinition) {
             pci_address(&Bdf::new(0, 0, NIC_SLOT, 0), Some(0), "")
         );
     }
+}
+
+/// vm.yaml's console as a `<serial>` with `target` (the machine's serial port model) and
+/// its `<console>`.
+pub(crate) fn write_console(w: &mut String, vm: &VmDefinition, target: &str) {
+    let c = vm.config;
     let (kind, source) = match &c.devices.console {
         Console::None => return,
         Console::Serial => ("pty", String::new()),
@@ -216,10 +233,9 @@ fn write_guest_io(w: &mut String, vm: &VmDefinition) {
             )
         }
     };
-    // `virsh console NAME` reaches the guest's ttyS0
     let _ = writeln!(
         w,
-        "    <serial type='{kind}'>{source}\n      <target type='isa-serial' port='0'>\n        <model name='isa-serial'/>\n      </target>\n    </serial>"
+        "    <serial type='{kind}'>{source}\n      {target}\n    </serial>"
     );
     let _ = writeln!(
         w,
@@ -255,7 +271,7 @@ fn write_machine(w: &mut String, vm: &VmDefinition) {
 
 /// With guest NUMA nodes: each node's vCPUs pinned to its host node's CPUs, and its
 /// memory bound to that host node (`strict`: QEMU's `policy=bind`).
-fn write_numa_tune(w: &mut String, vm: &VmDefinition) {
+pub(crate) fn write_numa_tune(w: &mut String, vm: &VmDefinition) {
     let nodes = &vm.layout.numa_nodes;
     if nodes.is_empty() {
         return;
@@ -332,7 +348,7 @@ fn write_root_bus(w: &mut String, vm: &VmDefinition) {
 }
 
 /// libvirt's controller index is its bus name; children refer to the parent's index.
-fn controller_index(vm: &VmDefinition, id: &str) -> u32 {
+pub(crate) fn controller_index(vm: &VmDefinition, id: &str) -> u32 {
     if id == ROOT_BUS {
         return 0;
     }
@@ -344,7 +360,7 @@ fn controller_index(vm: &VmDefinition, id: &str) -> u32 {
 }
 
 /// One `<controller>` per guest bridge (expanders, root ports, switch ports).
-fn write_bridges(w: &mut String, vm: &VmDefinition) {
+pub(crate) fn write_bridges(w: &mut String, vm: &VmDefinition) {
     for (i, b) in vm.layout.bridges.iter().enumerate() {
         let (model, name) = match b.kind {
             GuestBridgeKind::Expander { .. } => ("pcie-expander-bus", "pxb-pcie"),
@@ -447,7 +463,7 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, version: LibvirtVersio
 }
 
 /// Every hostdev's alias (all functions of every passed GPU and NIC).
-fn hostdev_aliases<'a>(devices: impl Iterator<Item = &'a GuestGpu>) -> Vec<String> {
+pub(crate) fn hostdev_aliases<'a>(devices: impl Iterator<Item = &'a GuestGpu>) -> Vec<String> {
     devices
         .flat_map(|g| {
             std::iter::once(g.id.as_str()).chain(g.other_functions.iter().map(|f| f.id.as_str()))
@@ -458,7 +474,7 @@ fn hostdev_aliases<'a>(devices: impl Iterator<Item = &'a GuestGpu>) -> Vec<Strin
 
 /// `<qemu:device>` entries naming the iommufd object on every hostdev, with the clique
 /// on the GPUs that have one.
-fn iommufd_override_devices(aliases: &[String], cliques: &[(String, u8)]) -> String {
+pub(crate) fn iommufd_override_devices(aliases: &[String], cliques: &[(String, u8)]) -> String {
     let mut s = String::new();
     for alias in aliases {
         let _ = writeln!(
@@ -481,7 +497,15 @@ pub fn clique_entries(gpus: &[GuestGpu]) -> Vec<(String, u8)> {
         .collect()
 }
 
-fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32, iommufd: bool) {
+/// The hostdevs of a passed device's functions; `acpi`, an element the GPU's own function
+/// carries after its source (a Grace GPU's `<acpi nodeset='…'/>`).
+pub(crate) fn write_hostdevs(
+    w: &mut String,
+    g: &GuestGpu,
+    bus_index: u32,
+    iommufd: bool,
+    acpi: Option<&str>,
+) {
     let driver = if iommufd {
         "<driver name='vfio' iommufd='yes'/>"
     } else {
@@ -500,9 +524,13 @@ fn write_hostdevs(w: &mut String, g: &GuestGpu, bus_index: u32, iommufd: bool) {
         } else {
             ""
         };
+        let acpi = match acpi {
+            Some(a) if id == g.id => format!("\n      {a}"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             w,
-            "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      {driver}\n      <source>\n        {}\n      </source>\n      <alias name='{}'/>\n      {}\n    </hostdev>",
+            "    <hostdev mode='subsystem' type='pci' managed='yes'>\n      {driver}\n      <source>\n        {}\n      </source>{acpi}\n      <alias name='{}'/>\n      {}\n    </hostdev>",
             host_address(&host),
             alias_for(id),
             pci_address(&guest, Some(bus_index), multi)

@@ -359,7 +359,7 @@ fn matrix_table_at(report: &HostTopoReport, width: usize) -> String {
                 if c2c {
                     row.push(g.cpu_link.clone().unwrap_or_else(|| "PCIe".into()));
                     row.push(g.gpu_numa_id.map_or("N/A".into(), |n| n.to_string()));
-                    row.push(node_list(&g.gpu_numa_companions));
+                    row.push(crate::node_ranges::node_list(&g.gpu_numa_companions));
                 }
             }
             row
@@ -470,28 +470,6 @@ struct GpuTree<'a> {
     c2c: BTreeMap<Bdf, vfio_p2p_model::grace::C2cGpu>,
 }
 
-/// Node ids as a list with ranges (`2-9`, `3,5`), `N/A` when there are none.
-fn node_list(nodes: &[u32]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < nodes.len() {
-        let mut j = i;
-        while j + 1 < nodes.len() && nodes[j + 1] == nodes[j] + 1 {
-            j += 1;
-        }
-        parts.push(match j > i {
-            true => format!("{}-{}", nodes[i], nodes[j]),
-            false => nodes[i].to_string(),
-        });
-        i = j + 1;
-    }
-    if parts.is_empty() {
-        "N/A".into()
-    } else {
-        parts.join(",")
-    }
-}
-
 impl<'a> GpuTree<'a> {
     fn new(topo: &'a Topology) -> Self {
         let mut shown = BTreeSet::new();
@@ -559,7 +537,7 @@ impl<'a> GpuTree<'a> {
             }
             if let Some(c) = self.c2c.get(&d.bdf) {
                 let memory = c.memory_node().map_or("N/A".into(), |n| n.to_string());
-                let companions = node_list(c.companions());
+                let companions = crate::node_ranges::node_list(c.companions());
                 let _ = write!(s, "  memory node {memory}, companion nodes {companions}");
             }
             if let Some(unit) = self.topo.iommu_units.get(&d.bdf) {

@@ -143,6 +143,15 @@ pub const IOMMUFD_SINCE: LibvirtVersion = LibvirtVersion {
 /// `host-phys-bits=on`.
 pub const MAXPHYSADDR_SINCE: LibvirtVersion = LibvirtVersion { major: 8, minor: 7 };
 
+/// First libvirt known to write QEMU's `acpi-generic-initiator` itself, from a hostdev's
+/// `<acpi nodeset='…'/>` ("Add support for NUMA affinity of PCI devices", for NVIDIA MIG,
+/// in the libvirt 12.0.0 changes Ubuntu 26.04 lists since its 11.6; the exact first
+/// release between them is not checked, so older ones get `<qemu:commandline>`).
+pub const ACPI_NODESET_SINCE: LibvirtVersion = LibvirtVersion {
+    major: 12,
+    minor: 0,
+};
+
 impl FromStr for LibvirtVersion {
     type Err = String;
 
@@ -175,6 +184,10 @@ impl LibvirtVersion {
 
     pub fn has_iommufd(&self) -> bool {
         *self >= IOMMUFD_SINCE
+    }
+
+    pub fn has_acpi_nodeset(&self) -> bool {
+        *self >= ACPI_NODESET_SINCE
     }
 
     pub fn has_maxphysaddr(&self) -> bool {

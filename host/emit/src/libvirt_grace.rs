@@ -1,0 +1,220 @@
+//! libvirt domain XML for a Grace guest: `arch='aarch64'`, machine `virt`, AAVMF, GICv3,
+//! the CPU cells and each GPU's memory-0 cells with the host's distances, huge pages,
+//! one SMMUv3 for the machine, the GPUs on root ports of `pcie.0`.
+//!
+//! What libvirt has no element for goes in `<qemu:commandline>`, with a comment saying so:
+//! the high MMIO window (`-machine highmem-mmio-size=`, merged with libvirt's own
+//! `-machine`) and, before [`ACPI_NODESET_SINCE`], the `acpi-generic-initiator` objects
+//! (from then on each GPU's hostdev carries `<acpi nodeset='…'/>` and libvirt writes them).
+//! The per-bus vSMMU (`gen qemu` gives one per physical SMMU) is not written here: libvirt's
+//! form for it and its first version are not checked, so the machine gets one.
+
+use std::fmt::Write;
+
+use quick_xml::escape::escape;
+
+use super::libvirt::pci_address;
+use super::libvirt::{
+    clique_entries, controller_index, hostdev_aliases, iommufd_override_devices, override_devices,
+    set_args, write_bridges, write_console, write_disks_and_nic, write_hostdevs, write_numa_tune,
+    VSOCK_SLOT,
+};
+use super::qemu_grace::generic_initiators;
+use super::vm::{cpulist, VmDefinition, AAVMF_VARS, IOMMUFD_OBJECT_ID};
+use pci_config::Bdf;
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_decide::grace_guest::{GraceGuest, SmmuForm};
+use vfio_p2p_model::domain::QEMU_NS;
+use vfio_p2p_model::vmm::{LibvirtVersion, ACPI_NODESET_SINCE};
+
+/// Why an older libvirt gets the generic initiators through `<qemu:commandline>`.
+pub fn acpi_form_warning(version: LibvirtVersion) -> String {
+    format!(
+        "libvirt {version} is not known to write acpi-generic-initiator from a hostdev's <acpi nodeset> (checked from {ACPI_NODESET_SINCE}): \
+         the GPUs' generic initiators go in <qemu:commandline>, naming each hostdev's alias"
+    )
+}
+
+/// The domain XML of a Grace guest.
+pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> String {
+    let mut x = String::new();
+    let w = &mut x;
+    let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
+    write_machine(w, vm, g);
+    write_numa_tune(w, vm);
+    write_cpu(w, vm, g);
+    let _ = writeln!(w, "  <devices>");
+    let _ = writeln!(w, "    <controller type='usb' model='none'/>");
+    let _ = writeln!(
+        w,
+        "    <controller type='pci' index='0' model='pcie-root'/>"
+    );
+    write_bridges(w, vm);
+    let native_iommufd = vm.iommu_backend == IommuBackend::Iommufd && version.has_iommufd();
+    for d in vm.layout.passed() {
+        let acpi = g
+            .gpus
+            .iter()
+            .find(|n| n.gpu == d.id && version.has_acpi_nodeset())
+            .map(|n| {
+                let ids: Vec<u32> = n.nodes.iter().map(|n| n.id).collect();
+                format!("<acpi nodeset='{}'/>", crate::node_ranges::node_list(&ids))
+            });
+        let bus = controller_index(vm, &d.parent);
+        write_hostdevs(w, d, bus, native_iommufd, acpi.as_deref());
+    }
+    if g.smmu_form == SmmuForm::MachineWide {
+        let _ = writeln!(w, "    <iommu model='smmuv3'/>");
+    }
+    if let Some(r) = vm.config.report {
+        let _ = writeln!(
+            w,
+            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
+            r.cid,
+            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
+        );
+    }
+    write_disks_and_nic(w, vm);
+    // virt's serial port is a PL011: the guest's ttyAMA0
+    write_console(
+        w,
+        vm,
+        "<target type='system-serial' port='0'>\n        <model name='pl011'/>\n      </target>",
+    );
+    let _ = writeln!(w, "    <memballoon model='none'/>");
+    let _ = writeln!(w, "  </devices>");
+    write_qemu_elements(w, vm, g, version);
+    let _ = writeln!(w, "</domain>");
+    x
+}
+
+/// Name, memory (huge pages for the CPU cells), vCPUs, aarch64 virt with AAVMF, GICv3.
+fn write_machine(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
+    let c = vm.config;
+    let _ = writeln!(w, "  <name>{}</name>", escape(c.name.as_str()));
+    let _ = writeln!(w, "  <memory unit='MiB'>{}</memory>", c.memory_mib);
+    if let Some(kib) = g.hugepage_kib {
+        let ids: Vec<u32> = vm.layout.numa_nodes.iter().map(|n| n.id).collect();
+        let _ = writeln!(
+            w,
+            "  <memoryBacking>\n    <hugepages>\n      <page size='{kib}' unit='KiB' nodeset='{}'/>\n    </hugepages>\n  </memoryBacking>",
+            crate::node_ranges::node_list(&ids)
+        );
+    }
+    let _ = writeln!(w, "  <vcpu placement='static'>{}</vcpu>", c.vcpus);
+    let _ = writeln!(w, "  <os>");
+    let _ = writeln!(w, "    <type arch='aarch64' machine='virt'>hvm</type>");
+    let _ = writeln!(
+        w,
+        "    <loader readonly='yes' type='pflash'>{}</loader>",
+        escape(vm.aarch64_firmware().as_str())
+    );
+    let vars = c
+        .ovmf_vars
+        .as_ref()
+        .map_or(AAVMF_VARS.to_string(), |p| p.display().to_string());
+    let _ = writeln!(w, "    <nvram template='{}'/>", escape(vars.as_str()));
+    let _ = writeln!(w, "  </os>");
+    let _ = writeln!(
+        w,
+        "  <features>\n    <acpi/>\n    <gic version='3'/>\n  </features>"
+    );
+}
+
+/// host-passthrough with one cell per CPU node, then each GPU's memory-0 cells; every cell
+/// with its distances where they are the host's.
+fn write_cpu(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
+    let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
+    let distances = |w: &mut String, id: u32| {
+        let Some(row) = g
+            .distances
+            .get(id as usize)
+            .filter(|_| g.distances_from_host)
+        else {
+            return;
+        };
+        let _ = writeln!(w, "        <distances>");
+        for (j, d) in row.iter().enumerate() {
+            let _ = writeln!(w, "          <sibling id='{j}' value='{d}'/>");
+        }
+        let _ = writeln!(w, "        </distances>");
+    };
+    let close = if g.distances_from_host { ">" } else { "/>" };
+    for (i, n) in vm.layout.numa_nodes.iter().enumerate() {
+        let (cpus, mem) = vm.numa_share(i);
+        let _ = writeln!(
+            w,
+            "      <cell id='{}' cpus='{}' memory='{mem}' unit='MiB'{close}",
+            n.id,
+            cpulist(&cpus)
+        );
+        distances(w, n.id);
+        if g.distances_from_host {
+            let _ = writeln!(w, "      </cell>");
+        }
+    }
+    for n in g.gpus.iter().flat_map(|gpu| &gpu.nodes) {
+        let _ = writeln!(w, "      <cell id='{}' memory='0' unit='KiB'{close}", n.id);
+        distances(w, n.id);
+        if g.distances_from_host {
+            let _ = writeln!(w, "      </cell>");
+        }
+    }
+    let _ = writeln!(w, "    </numa>\n  </cpu>");
+}
+
+/// fw_cfg's expectation, the window and (older libvirt) the generic initiators in
+/// `<qemu:commandline>`; the cliques (and iommufd before libvirt has it) as for x86.
+fn write_qemu_elements(w: &mut String, vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) {
+    let cliques = clique_entries(&vm.layout.gpus);
+    let iommufd_aliases = if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
+        hostdev_aliases(vm.layout.passed())
+    } else {
+        Vec::new()
+    };
+    let _ = writeln!(w, "  <qemu:commandline>");
+    let arg = |w: &mut String, a: &str| {
+        let _ = writeln!(w, "    <qemu:arg value='{}'/>", escape(a));
+    };
+    arg(w, "-fw_cfg");
+    arg(w, &vm.fw_cfg_expectation());
+    if let Some(size) = g.highmem_mmio_size {
+        let _ = writeln!(
+            w,
+            "    <!-- libvirt has no element for virt's highmem-mmio-size -->"
+        );
+        arg(w, "-machine");
+        arg(w, &format!("highmem-mmio-size={}G", size >> 30));
+    }
+    if !version.has_acpi_nodeset() {
+        let _ = writeln!(w, "    <!-- libvirt {version} has no element for acpi-generic-initiator (<acpi nodeset> on the hostdev from {ACPI_NODESET_SINCE}) -->");
+        for gi in generic_initiators(g) {
+            arg(w, "-object");
+            // the GPU's QEMU id under libvirt is its hostdev alias
+            arg(w, &gi.replace("pci-dev=", "pci-dev=ua-"));
+        }
+    }
+    if !iommufd_aliases.is_empty() {
+        arg(w, "-object");
+        arg(w, &format!("iommufd,id={IOMMUFD_OBJECT_ID}"));
+    }
+    if !version.has_override() {
+        for a in set_args(&cliques) {
+            arg(w, &a);
+        }
+        for a in &iommufd_aliases {
+            arg(w, "-set");
+            arg(w, &format!("device.{a}.iommufd={IOMMUFD_OBJECT_ID}"));
+        }
+    }
+    let _ = writeln!(w, "  </qemu:commandline>");
+    if version.has_override() && (!cliques.is_empty() || !iommufd_aliases.is_empty()) {
+        let _ = writeln!(w, "  <qemu:override>");
+        if iommufd_aliases.is_empty() {
+            w.push_str(&override_devices(&cliques, "    "));
+        } else {
+            w.push_str(&iommufd_override_devices(&iommufd_aliases, &cliques));
+        }
+        let _ = writeln!(w, "  </qemu:override>");
+    }
+}
