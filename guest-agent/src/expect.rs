@@ -111,6 +111,10 @@ pub struct ExpectReport {
     /// The expectation plans a fabric but NVML is not there to check it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric_unchecked: Option<String>,
+    /// The guest's NUMA nodes against the plan, when the expectation has a `numa` block
+    /// (Grace: GPU memory nodes and their generic initiators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<crate::guest_numa::NumaReport>,
 }
 
 impl ExpectReport {
@@ -120,6 +124,7 @@ impl ExpectReport {
             .filter(|g| !matches!(g.status, GpuStatus::Ok | GpuStatus::Unchecked))
             .count()
             + self.fabric.as_ref().map_or(0, |f| f.mismatches())
+            + self.numa.as_ref().map_or(0, |n| n.mismatches())
     }
 
     pub fn unchecked(&self) -> usize {
@@ -141,8 +146,13 @@ fn same_id(found: &str, want: PciId) -> bool {
 }
 
 /// Compares the expectation with a scan: each GPU at its guest address, with its
-/// IDs, and with exactly the expected clique (`null`: no capability).
+/// IDs, and with exactly the expected clique (`null`: no capability); and, when the
+/// expectation plans NUMA nodes, the nodes read below the scan's root.
 pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport {
+    let numa = expect.numa.as_ref().map(|plan| {
+        let found = crate::guest_numa::scan(Path::new(&scan.sysfs_root));
+        crate::guest_numa::judge(plan, &expect.gpus, found)
+    });
     let gpus = expect
         .gpus
         .iter()
@@ -219,6 +229,7 @@ pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport
         unexpected,
         fabric: None,
         fabric_unchecked: None,
+        numa,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod cross_process;
 pub mod cuda;
 pub mod expect;
 pub mod fabric;
+pub mod guest_numa;
 pub mod guest_topo;
 pub mod kernels;
 pub mod measure;

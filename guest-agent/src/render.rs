@@ -111,6 +111,14 @@ pub fn expect(e: &ExpectReport) -> String {
     if let Some(why) = &e.fabric_unchecked {
         out.push_str(&fit(&format!("fabric not checked: {why}")));
     }
+    if let Some(n) = &e.numa {
+        if n.problems.is_empty() {
+            out.push_str(&format!("NUMA: {} nodes as planned\n", n.planned_nodes));
+        }
+        for p in &n.problems {
+            out.push_str(&fit(&format!("NUMA: {p}")));
+        }
+    }
     for b in &e.unexpected {
         out.push_str(&format!("note: GPU {b} is not in the host's expectation\n"));
     }

@@ -77,6 +77,7 @@ fn a_refused_activation_gives_the_gpus_back_and_an_accepted_one_keeps_them() {
         dry_run: false,
         lock_timeout: Duration::from_secs(5),
         guest: Some("vm1".into()),
+        memory_offline_wait: Duration::ZERO,
     };
     let before = bindings(root);
     assert!(before

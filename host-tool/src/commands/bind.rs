@@ -70,6 +70,7 @@ impl ChangeArgs {
             dry_run: self.dry_run,
             lock_timeout: Duration::from_secs(self.lock_timeout),
             guest,
+            memory_offline_wait: vfio_p2p_bind::GPU_MEMORY_OFFLINE_WAIT,
         }
     }
 }

@@ -252,6 +252,7 @@ fn session(guest: &str, dry_run: bool) -> SessionOptions {
         dry_run,
         lock_timeout: LOCK_TIMEOUT,
         guest: Some(guest.to_string()),
+        memory_offline_wait: vfio_p2p_bind::GPU_MEMORY_OFFLINE_WAIT,
     }
 }
 

@@ -694,3 +694,29 @@ fn prepare_reads_the_host_once() {
     }
     assert_eq!(reads(t.path(), false, &xml), 1, "prepare with a bind");
 }
+
+/// Grace (#38): the hook binds a GH200's `managed='no'` hostdev to nvgrace_gpu_vfio_pci,
+/// not vfio-pci, once `/proc/iomem` shows its memory offline. On plain files nothing rebinds,
+/// so the read-back names the driver it expected and the rollback leaves `nvidia`.
+#[test]
+fn a_grace_gpu_is_bound_to_the_nvgrace_variant_driver() {
+    let t = tempfile::tempdir().unwrap();
+    write_tree(&example("gh200").unwrap(), t.path()).unwrap();
+    fs::create_dir_all(t.path().join("proc")).unwrap();
+    fs::write(
+        t.path().join("proc/iomem"),
+        "80000000-fffbffff : System RAM\n",
+    )
+    .unwrap();
+    let xml = "<domain type='kvm'>\n  <name>vm1</name>\n  <devices>\n    <hostdev mode='subsystem' type='pci' managed='no'>\n      <driver name='vfio'/>\n      <source><address domain='0x0009' bus='0x01' slot='0x00' function='0x0'/></source>\n    </hostdev>\n  </devices>\n</domain>\n";
+    hook(t.path(), "prepare", "begin", xml)
+        .code(1)
+        .stderr(predicate::str::contains(
+            "binding its managed='no' hostdevs: 0009:01:00.0: after writing /sys/bus/pci/drivers_probe",
+        ))
+        .stderr(predicate::str::contains("expected it bound to nvgrace_gpu_vfio_pci"));
+    let dev = t.path().join("sys/bus/pci/devices/0009:01:00.0");
+    assert!(fs::read_link(dev.join("driver"))
+        .unwrap()
+        .ends_with("nvidia"));
+}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use pci_config::Bdf;
 use serde::Serialize;
 
-use super::bind_plan::{Target, VFIO_PCI};
+use super::bind_plan::{is_vfio_driver, Target, VFIO_PCI};
 use super::state::ResetChange;
 use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding, read_reset_method};
 use vfio_p2p_read::Binding;
@@ -93,7 +93,10 @@ impl fmt::Display for SysfsWrite {
 pub fn writes_for(bdf: Bdf, before: &Binding, target: &Target) -> Vec<SysfsWrite> {
     let dev = device_dir(bdf);
     let (want_override, want_driver): (Option<&str>, Option<Option<&str>>) = match target {
-        Target::Vfio => (Some(VFIO_PCI), Some(Some(VFIO_PCI))),
+        Target::Vfio | Target::VfioVariant { .. } => {
+            let d = target.vfio_driver();
+            (d, Some(d))
+        }
         Target::Exactly(b) => (b.driver_override.as_deref(), Some(b.driver.as_deref())),
         Target::HostDefault => (None, None),
     };
@@ -107,7 +110,7 @@ pub fn writes_for(bdf: Bdf, before: &Binding, target: &Target) -> Vec<SysfsWrite
     let current = before.driver.as_deref();
     let unbind = match want_driver {
         Some(want) => current.is_some() && current != want,
-        None => current == Some(VFIO_PCI),
+        None => is_vfio_driver(current),
     };
     if unbind {
         out.push(SysfsWrite {
@@ -147,10 +150,10 @@ pub fn reset_write(bdf: Bdf, methods: &str) -> SysfsWrite {
 /// Whether `now` is where `target` wanted the device.
 fn reached(now: &Binding, target: &Target) -> bool {
     match target {
-        Target::Vfio => now.driver.as_deref() == Some(VFIO_PCI),
+        Target::Vfio | Target::VfioVariant { .. } => now.driver.as_deref() == target.vfio_driver(),
         Target::Exactly(b) => now == b,
         Target::HostDefault => {
-            now.driver_override.is_none() && now.driver.as_deref() != Some(VFIO_PCI)
+            now.driver_override.is_none() && !is_vfio_driver(now.driver.as_deref())
         }
     }
 }
@@ -158,6 +161,7 @@ fn reached(now: &Binding, target: &Target) -> bool {
 fn target_text(target: &Target) -> String {
     match target {
         Target::Vfio => format!("bound to {VFIO_PCI}"),
+        Target::VfioVariant { driver } => format!("bound to {driver}"),
         Target::Exactly(b) => format!("back on {}", binding_text(b)),
         Target::HostDefault => format!("off {VFIO_PCI} with driver_override cleared"),
     }

@@ -15,16 +15,64 @@ use vfio_p2p_read::{Binding, DeviceUse};
 /// The driver `bind` moves devices to.
 pub const VFIO_PCI: &str = "vfio-pci";
 
+/// The vfio-pci variant driver that NVIDIA Grace GPUs (GPU memory coherent with the CPU
+/// over NVLink-C2C) need: Linux's drivers/vfio/pci/nvgrace-gpu/main.c, module
+/// `nvgrace-gpu-vfio-pci`, registered under its `KBUILD_MODNAME`.
+pub const NVGRACE_GPU_VFIO_PCI: &str = "nvgrace_gpu_vfio_pci";
+/// The module that registers [`NVGRACE_GPU_VFIO_PCI`].
+pub const NVGRACE_GPU_VFIO_PCI_MODULE: &str = "nvgrace-gpu-vfio-pci";
+
+/// NVIDIA device ids in that driver's id table (`nvgrace_gpu_vfio_pci_table`): GH200
+/// 0x2342 (120 GB), 0x2345 (480 GB), 0x2348; GB200 0x2941; GB300 0x31c2.
+pub const GRACE_GPU_IDS: [u16; 5] = [0x2342, 0x2345, 0x2348, 0x2941, 0x31c2];
+
+/// The driver a device goes to: Grace GPUs to [`NVGRACE_GPU_VFIO_PCI`], all else to vfio-pci.
+pub fn vfio_driver_for(topo: &Topology, bdf: &Bdf) -> &'static str {
+    match topo.device(bdf) {
+        Some(d) if d.vendor == 0x10de && GRACE_GPU_IDS.contains(&d.device) => NVGRACE_GPU_VFIO_PCI,
+        _ => VFIO_PCI,
+    }
+}
+
+/// Whether `driver` is one that hands the device to a VM (vfio-pci or its Grace variant).
+pub fn is_vfio_driver(driver: Option<&str>) -> bool {
+    matches!(driver, Some(VFIO_PCI | NVGRACE_GPU_VFIO_PCI))
+}
+
 /// Where a device should end up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "to")]
 pub enum Target {
     /// Bound to vfio-pci with `driver_override` = vfio-pci.
     Vfio,
+    /// Bound to a vfio-pci variant driver (a Grace GPU: [`NVGRACE_GPU_VFIO_PCI`]) with
+    /// `driver_override` naming it.
+    VfioVariant { driver: String },
     /// Exactly this driver (or none) and `driver_override`: a recorded original.
     Exactly(Binding),
     /// `driver_override` cleared and the kernel's own choice of driver (`drivers_probe`).
     HostDefault,
+}
+
+impl Target {
+    /// The VFIO driver the target binds to (`None`: it leaves VFIO).
+    pub fn vfio_driver(&self) -> Option<&str> {
+        match self {
+            Target::Vfio => Some(VFIO_PCI),
+            Target::VfioVariant { driver } => Some(driver),
+            Target::Exactly(_) | Target::HostDefault => None,
+        }
+    }
+
+    /// Where `bdf` goes to be given to a VM: vfio-pci or, for a Grace GPU, its variant.
+    pub fn vfio_for(topo: &Topology, bdf: &Bdf) -> Target {
+        match vfio_driver_for(topo, bdf) {
+            VFIO_PCI => Target::Vfio,
+            d => Target::VfioVariant {
+                driver: d.to_string(),
+            },
+        }
+    }
 }
 
 /// Why a device is in the plan.
@@ -220,12 +268,13 @@ pub fn plan_bind(
     let mut devices = Vec::new();
     for (bdf, reason) in chosen {
         let before = binding_of(topo, &bdf);
+        let target = Target::vfio_for(topo, &bdf);
         devices.push(PlannedDevice {
             bdf,
             reason,
-            unchanged: opts.reset_only || before.driver.as_deref() == Some(VFIO_PCI),
+            unchanged: opts.reset_only || before.driver.as_deref() == target.vfio_driver(),
             before,
-            target: Target::Vfio,
+            target,
             iommu_group: topo.device(&bdf).and_then(|d| d.iommu_group),
             reset: reset_change(topo, &bdf, opts.reset, &vm)?,
         });
@@ -299,8 +348,8 @@ pub fn plan_unbind(
                     Some(r) => (Target::Exactly(r.original.clone()), before == r.original),
                     None => (
                         Target::HostDefault,
-                        before.driver.as_deref() != Some(VFIO_PCI)
-                            && before.driver_override.as_deref() != Some(VFIO_PCI),
+                        !is_vfio_driver(before.driver.as_deref())
+                            && !is_vfio_driver(before.driver_override.as_deref()),
                     ),
                 };
                 // the reset method bind set goes back to what it was

@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod bind_plan;
 pub mod lock;
+pub mod memory_offline;
 pub mod partition_activation;
 pub mod session;
 pub mod sim;
@@ -19,10 +20,12 @@ pub use apply::{
     FailAt, FileWriter, Moved, SysfsWrite, SysfsWriter, Transaction, TransactionError,
 };
 pub use bind_plan::{
-    plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice, Reason, Target,
-    VFIO_PCI,
+    is_vfio_driver, plan_bind, plan_unbind, vfio_driver_for, BindOptions, BindPlan, BindPlanError,
+    PlannedDevice, Reason, Target, GRACE_GPU_IDS, NVGRACE_GPU_VFIO_PCI,
+    NVGRACE_GPU_VFIO_PCI_MODULE, VFIO_PCI,
 };
 pub use lock::{BindLock, LockError};
+pub use memory_offline::{OfflineError, GPU_MEMORY_OFFLINE_WAIT};
 pub use session::{
     bind, unbind, DeviceReport, SessionError, SessionOptions, SessionReport, UnbindSelection,
 };
@@ -59,5 +62,7 @@ impl SysfsWriter for Box<dyn SysfsWriter> {
     }
 }
 
+#[cfg(test)]
+mod grace_tests;
 #[cfg(test)]
 mod reset_tests;

@@ -67,6 +67,7 @@ fn opts() -> SessionOptions {
         dry_run: false,
         lock_timeout: Duration::ZERO,
         guest: None,
+        memory_offline_wait: Duration::ZERO,
     }
 }
 

@@ -14,10 +14,11 @@ use super::apply::{
     reset_write, writes_for, SysfsWrite, SysfsWriter, Transaction, TransactionError,
 };
 use super::bind_plan::{
-    plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice, Reason, Target,
-    VFIO_PCI,
+    is_vfio_driver, plan_bind, plan_unbind, BindOptions, BindPlan, BindPlanError, PlannedDevice,
+    Reason, Target, NVGRACE_GPU_VFIO_PCI, NVGRACE_GPU_VFIO_PCI_MODULE, VFIO_PCI,
 };
 use super::lock::{BindLock, LockError};
+use super::memory_offline::{wait_gpu_memory_offline, OfflineError};
 use super::state::{BindState, DeviceRecordEntry, StateError};
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::binding::driver_registered;
@@ -37,8 +38,14 @@ pub enum SessionError {
     Transaction(#[from] Box<TransactionError>),
     #[error("{bdf}: its binding changed since the host was read ({read} then, {now} now), by another bind, unbind or hook; run again")]
     Changed { bdf: Bdf, read: String, now: String },
-    #[error("the vfio-pci driver is not loaded ({path} is absent): {fix}")]
-    NoVfioPci { path: String, fix: String },
+    #[error("the {driver} driver is not loaded ({path} is absent): {fix}")]
+    NoVfioPci {
+        driver: String,
+        path: String,
+        fix: String,
+    },
+    #[error(transparent)]
+    MemoryOnline(#[from] OfflineError),
 }
 
 /// Which devices `unbind` restores.
@@ -58,6 +65,9 @@ pub struct SessionOptions {
     pub lock_timeout: Duration,
     /// The libvirt guest a hook acts for (recorded with what it binds).
     pub guest: Option<String>,
+    /// How long `bind` waits for a Grace GPU's memory to go offline before it gives up
+    /// and changes nothing ([`crate::GPU_MEMORY_OFFLINE_WAIT`] unless a test says less).
+    pub memory_offline_wait: Duration,
 }
 
 /// What happened (or, dry-run, would happen) to one device.
@@ -96,35 +106,45 @@ fn lock(root: &Path, opts: &SessionOptions) -> Result<Option<BindLock>, LockErro
     BindLock::acquire(root, opts.lock_timeout).map(Some)
 }
 
-/// Makes sure the vfio-pci driver is registered: `modprobe vfio-pci` on the live host
-/// (`root` is `/`), a clear error anywhere else.
-fn ensure_vfio_pci(root: &Path) -> Result<(), SessionError> {
-    if driver_registered(root, VFIO_PCI) {
+/// Makes sure `driver` (vfio-pci or the Grace variant) is registered: `modprobe` of its
+/// module on the live host (`root` is `/`), a clear error anywhere else.
+fn ensure_driver(root: &Path, driver: &str) -> Result<(), SessionError> {
+    if driver_registered(root, driver) {
         return Ok(());
     }
+    let module = match driver {
+        NVGRACE_GPU_VFIO_PCI => NVGRACE_GPU_VFIO_PCI_MODULE,
+        d => d,
+    };
     let path = root
-        .join("sys/bus/pci/drivers/vfio-pci")
+        .join("sys/bus/pci/drivers")
+        .join(driver)
         .display()
         .to_string();
+    let missing = |fix: String| SessionError::NoVfioPci {
+        driver: driver.to_string(),
+        path: path.clone(),
+        fix,
+    };
     if root != Path::new("/") {
-        return Err(SessionError::NoVfioPci {
-            path,
-            fix: "load it on that host (modprobe vfio-pci); bind loads it itself only on the live root /".into(),
-        });
+        return Err(missing(format!(
+            "load it on that host (modprobe {module}); bind loads it itself only on the live root /"
+        )));
     }
-    let status = std::process::Command::new("modprobe")
-        .arg(VFIO_PCI)
-        .status();
-    if driver_registered(root, VFIO_PCI) {
+    let status = std::process::Command::new("modprobe").arg(module).status();
+    if driver_registered(root, driver) {
         return Ok(());
     }
-    Err(SessionError::NoVfioPci {
-        path,
-        fix: match status {
-            Ok(s) => format!("`modprobe vfio-pci` exited with {s}; install the kernel's vfio-pci module (linux-modules-extra on Ubuntu) and check dmesg"),
-            Err(e) => format!("running modprobe failed ({e}); install kmod, or load vfio-pci by hand"),
-        },
-    })
+    let install = match driver {
+        VFIO_PCI => "install the kernel's vfio-pci module (linux-modules-extra on Ubuntu)".to_string(),
+        _ => format!(
+            "install a kernel with {module} (CONFIG_NVGRACE_GPU_VFIO_PCI; its id table must list the GPU)"
+        ),
+    };
+    Err(missing(match status {
+        Ok(s) => format!("`modprobe {module}` exited with {s}; {install} and check dmesg"),
+        Err(e) => format!("running modprobe failed ({e}); install kmod, or load {module} by hand"),
+    }))
 }
 
 /// `/dev/vfio/N` of a device on vfio-pci, when it exists below `root`.
@@ -179,8 +199,20 @@ pub fn bind<W: SysfsWriter>(
         });
     }
     unchanged_since_read(root, &plan)?;
-    if !moves.is_empty() {
-        ensure_vfio_pci(root)?;
+    let drivers: std::collections::BTreeSet<&str> =
+        moves.iter().filter_map(|(_, t)| t.vfio_driver()).collect();
+    for d in drivers {
+        ensure_driver(root, d)?;
+    }
+    // Grace: the GPU memory the host driver onlined must be gone before the GPU moves;
+    // waited for before anything is written, so a timeout leaves the host as it was
+    let grace: Vec<Bdf> = moves
+        .iter()
+        .filter(|(_, t)| t.vfio_driver() == Some(NVGRACE_GPU_VFIO_PCI))
+        .map(|(b, _)| *b)
+        .collect();
+    if !grace.is_empty() {
+        wait_gpu_memory_offline(root, &grace, opts.memory_offline_wait)?;
     }
     let mut state = BindState::load(root)?;
     let before_record = state.clone();
@@ -257,7 +289,7 @@ fn dry_run_report(plan: &BindPlan) -> SessionReport {
                 .collect(),
                 vfio_group: d
                     .iommu_group
-                    .filter(|_| d.target == Target::Vfio)
+                    .filter(|_| d.target.vfio_driver().is_some())
                     .map(|g| format!("/dev/vfio/{g}")),
             })
             .collect(),
@@ -282,7 +314,7 @@ fn report(
                     .last()
                     .map(|m| m.after.clone())
                     .unwrap_or_else(|| d.before.clone());
-                let on_vfio = after.driver.as_deref() == Some(VFIO_PCI);
+                let on_vfio = is_vfio_driver(after.driver.as_deref());
                 DeviceReport {
                     bdf: d.bdf,
                     reason: d.reason,
@@ -473,6 +505,7 @@ mod tests {
             dry_run: false,
             lock_timeout: Duration::ZERO,
             guest: None,
+            memory_offline_wait: Duration::ZERO,
         }
     }
 

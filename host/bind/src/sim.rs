@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use pci_config::Bdf;
 
 use super::apply::SysfsWriter;
-use super::bind_plan::VFIO_PCI;
+use super::bind_plan::{is_vfio_driver, GRACE_GPU_IDS, NVGRACE_GPU_VFIO_PCI, VFIO_PCI};
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_read::binding::{device_dir, driver_dir, read_binding};
 use vfio_p2p_read::snapshot::write_sysfs_tree;
@@ -27,6 +27,14 @@ pub fn write_tree(host: &HostRecord, root: &Path) -> io::Result<()> {
     let drivers = root.join("sys/bus/pci/drivers");
     fs::write(root.join("sys/bus/pci/drivers_probe"), "")?;
     fs::create_dir_all(drivers.join(VFIO_PCI))?;
+    // a Grace host's GPUs need the variant driver: loaded, as on a host prepared for VMs
+    if host
+        .devices
+        .iter()
+        .any(|d| d.vendor == 0x10de && GRACE_GPU_IDS.contains(&d.device))
+    {
+        fs::create_dir_all(drivers.join(NVGRACE_GPU_VFIO_PCI))?;
+    }
     for d in fs::read_dir(&drivers)?.flatten() {
         fs::write(d.path().join("bind"), "")?;
         fs::write(d.path().join("unbind"), "")?;
@@ -149,7 +157,7 @@ impl SimKernel {
             root.join(driver_dir(driver)),
             root.join(device_dir(bdf)).join("driver"),
         )?;
-        if driver == VFIO_PCI {
+        if is_vfio_driver(Some(driver)) {
             if let Some(g) = Self::group_of(root, bdf) {
                 fs::create_dir_all(root.join("dev/vfio"))?;
                 fs::write(root.join("dev/vfio").join(g), "")?;
@@ -161,7 +169,7 @@ impl SimKernel {
     fn detach(root: &Path, bdf: Bdf) -> io::Result<()> {
         let was = read_binding(root, bdf).map_err(io::Error::other)?.driver;
         fs::remove_file(root.join(device_dir(bdf)).join("driver"))?;
-        if was.as_deref() == Some(VFIO_PCI) {
+        if is_vfio_driver(was.as_deref()) {
             if let Some(g) = Self::group_of(root, bdf) {
                 let members =
                     fs::read_dir(root.join(format!("sys/kernel/iommu_groups/{g}/devices")))?;
@@ -170,7 +178,7 @@ impl SimKernel {
                         .to_str()
                         .and_then(|n| n.parse::<Bdf>().ok())
                         .and_then(|b| read_binding(root, b).ok())
-                        .is_some_and(|b| b.driver.as_deref() == Some(VFIO_PCI))
+                        .is_some_and(|b| is_vfio_driver(b.driver.as_deref()))
                 });
                 if !still {
                     fs::remove_file(root.join("dev/vfio").join(g))?;
@@ -252,7 +260,7 @@ impl SysfsWriter for SimKernel {
                 }
                 if b.driver_override.as_deref().is_some_and(|o| o != *driver)
                     || self.default_driver.get(&bdf).map(String::as_str) != Some(*driver)
-                        && *driver != VFIO_PCI
+                        && !is_vfio_driver(Some(driver))
                 {
                     return Err(err(libc::ENODEV));
                 }
