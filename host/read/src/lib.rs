@@ -20,6 +20,7 @@ pub mod host_probe;
 pub mod incus;
 pub mod kubevirt_vmi;
 pub mod nvidia_smi;
+pub mod outside_call;
 pub mod proxmox_conf;
 pub mod qemu_argv;
 pub mod snapshot;
