@@ -473,3 +473,17 @@ fn iommufd_with_cliques_needs_bar_dmabuf_in_kernel_and_qemu() {
     let c = find(&run(&t, g, &facts, &new_vmm), "iommu-backend", None).clone();
     assert!(c.saw.contains("auto picks iommufd"), "{}", c.saw);
 }
+
+#[test]
+fn checks_bus_reset_warning_names_what_the_bind_would_reset_below_a_bridge() {
+    let (mut topo, a, behind) = crate::reset::tests::deep_host();
+    topo.devices.get_mut(&a).unwrap().reset_methods = Some(vec!["bus".into()]);
+    let gpu = topo.device(&a).unwrap().clone();
+    let row = super::host_rules::check_reset(&topo, &gpu);
+    assert!(
+        row.saw
+            .contains(&format!("a bus reset also resets {behind}")),
+        "{}",
+        row.saw
+    );
+}
