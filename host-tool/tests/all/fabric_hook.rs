@@ -745,3 +745,25 @@ fn release_deactivates_before_the_gpus_go_back_to_the_host() {
     assert_eq!(h.fm()["observations"], json!(["deactivate 1: present"]));
     assert!(!fs::read_to_string(&bound).unwrap().contains(gpu));
 }
+
+#[test]
+fn a_resync_past_fms_limit_names_the_record_not_fm() {
+    let h = Host::new(SHARED, &board());
+    let entries: Vec<String> = (0..65)
+        .map(|i| format!(r#""{i}": {{"guest": null, "gpus": []}}"#))
+        .collect();
+    fs::create_dir_all(h.root().join("run/vfio-p2p")).unwrap();
+    fs::write(
+        h.root().join("run/vfio-p2p/fabric.json"),
+        format!(r#"{{"partitions": {{{}}}}}"#, entries.join(", ")),
+    )
+    .unwrap();
+    h.cmd()
+        .args(["fabric", "resync"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "fmSetActivatedFabricPartitions not made: vfio-p2p's partition record lists 65 active partitions, more than the 64",
+        ));
+    assert!(!h.calls().iter().any(|c| c.starts_with("set_activated")));
+}

@@ -80,7 +80,11 @@ impl Connection {
         let (target, unix) = connect_target(&self.address);
         let room = abi::MAX_STR_LENGTH - 1; // keep the terminating NUL
         if target.len() > room || target.contains('\0') {
-            return Err(self.error(FmCall::Connect, abi::BADPARAM));
+            return Err(FmError::NotMade {
+                call: FmCall::Connect,
+                address: self.address.clone(),
+                why: format!("the address is {} bytes or holds a NUL; fmConnect takes at most {room} (FM_MAX_STR_LENGTH with its NUL): give a shorter HOST:PORT or unix:/PATH", target.len()),
+            });
         }
         for (d, b) in params.address_info.iter_mut().zip(target.bytes()) {
             *d = b as std::ffi::c_char;
@@ -262,7 +266,15 @@ impl Connection {
     pub(super) fn set_activated(&self, ids: &[u32]) -> Result<(), FmError> {
         let call = FmCall::SetActivated;
         if ids.len() > abi::MAX_FABRIC_PARTITIONS {
-            return Err(self.error(call, abi::BADPARAM));
+            return Err(FmError::NotMade {
+                call,
+                address: self.address.clone(),
+                why: format!(
+                    "vfio-p2p's partition record lists {} active partitions, more than the {} FM has and this call takes (FM_MAX_FABRIC_PARTITIONS): the record (fabric.json under /run/vfio-p2p) is not one vfio-p2p wrote; compare it with `vfio-p2p fabric list` and remove the partitions FM does not list",
+                    ids.len(),
+                    abi::MAX_FABRIC_PARTITIONS
+                ),
+            });
         }
         let f: WithStruct<abi::ActivatedPartitionList> = self.symbol(
             b"fmSetActivatedFabricPartitions\0",

@@ -76,6 +76,13 @@ pub enum FmError {
         /// An earlier call is what blocked: this one was not made.
         earlier: bool,
     },
+    /// The call was not made: what vfio-p2p would send exceeds what FM's SDK takes.
+    #[error("Fabric Manager at {address}: {call} not made: {why}")]
+    NotMade {
+        call: FmCall,
+        address: String,
+        why: String,
+    },
     #[error("Fabric Manager at {address} answered {call} with {count} entries, more than the {max} its SDK allows: not a Fabric Manager this tool understands")]
     BadAnswer {
         call: FmCall,
@@ -90,7 +97,9 @@ impl FmError {
         match self {
             FmError::NoLibrary { .. } => FmFailure::NoLibrary,
             FmError::Deadline { .. } => FmFailure::Unreachable,
-            FmError::Symbol { .. } | FmError::BadAnswer { .. } => FmFailure::Refused,
+            FmError::Symbol { .. } | FmError::BadAnswer { .. } | FmError::NotMade { .. } => {
+                FmFailure::Refused
+            }
             FmError::Call { call, code, .. } => match (*code, call) {
                 (abi::CONNECTION_NOT_VALID | abi::TIMEOUT, _) => FmFailure::Unreachable,
                 (
