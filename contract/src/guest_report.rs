@@ -55,6 +55,26 @@ pub struct GuestReport {
     /// Ordered pairs; empty when nothing was measured.
     #[serde(default)]
     pub pairs: Vec<ReportedPair>,
+    /// The agent's NVSwitch fabric check (module ids, FM registration against the planned
+    /// partition), when its expectation plans a fabric; absent otherwise (and from agents
+    /// before it: the field is additive, the version stays 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<ReportedFabric>,
+}
+
+/// Most fabric problems one report carries, and the longest of them.
+pub const MAX_FABRIC_PROBLEMS: usize = 2 * MAX_GPUS;
+pub const MAX_PROBLEM_TEXT: usize = 512;
+
+/// The guest's fabric check as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedFabric {
+    /// `false`: the guest could not check it (no NVML).
+    pub checked: bool,
+    /// What differs from the plan, one sentence each; empty: as planned.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// One NVIDIA GPU the guest found.
@@ -137,6 +157,20 @@ impl GuestReport {
                 limit: MAX_GPUS,
             });
         }
+        if let Some(f) = &self.fabric {
+            if f.problems.len() > MAX_FABRIC_PROBLEMS {
+                return Err(GuestReportError::TooLarge {
+                    field: "fabric.problems",
+                    limit: MAX_FABRIC_PROBLEMS,
+                });
+            }
+            if f.problems.iter().any(|p| p.len() > MAX_PROBLEM_TEXT) {
+                return Err(GuestReportError::TooLarge {
+                    field: "fabric.problems",
+                    limit: MAX_PROBLEM_TEXT,
+                });
+            }
+        }
         let max_pairs = MAX_GPUS * (MAX_GPUS - 1);
         if self.pairs.len() > max_pairs {
             return Err(GuestReportError::TooLarge {
@@ -179,6 +213,7 @@ mod tests {
                 clique_readable: true,
             }],
             pairs: vec![],
+            fabric: None,
         }
     }
 
@@ -186,6 +221,18 @@ mod tests {
     fn round_trips() {
         let r = sample();
         assert_eq!(GuestReport::from_json(r.to_json().as_bytes()).unwrap(), r);
+        assert!(
+            !r.to_json().contains("fabric"),
+            "absent stays absent (v1 bytes)"
+        );
+        let mut r = sample();
+        r.fabric = Some(ReportedFabric {
+            checked: true,
+            problems: vec!["GPU 0000:06:00.0: module 3 where the plan has 1".into()],
+        });
+        assert_eq!(GuestReport::from_json(r.to_json().as_bytes()).unwrap(), r);
+        r.fabric.as_mut().unwrap().problems = vec![String::new(); MAX_FABRIC_PROBLEMS + 1];
+        assert!(GuestReport::from_json(r.to_json().as_bytes()).is_err());
     }
 
     #[test]

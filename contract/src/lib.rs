@@ -45,8 +45,9 @@ mod pci_id;
 pub mod prometheus;
 
 pub use guest_report::{
-    GuestReport, GuestReportError, ReportChannel, ReportedGpu, ReportedPair, DEFAULT_REPORT_PORT,
-    GUEST_REPORT_VERSION, HOST_CID, MAX_GUEST_REPORT_BYTES,
+    GuestReport, GuestReportError, ReportChannel, ReportedFabric, ReportedGpu, ReportedPair,
+    DEFAULT_REPORT_PORT, GUEST_REPORT_VERSION, HOST_CID, MAX_FABRIC_PROBLEMS,
+    MAX_GUEST_REPORT_BYTES, MAX_PROBLEM_TEXT,
 };
 pub use pci_id::PciId;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use vfio_p2p_contract::prometheus::{pair_metrics, Exposition};
 use vfio_p2p_contract::{
-    GuestReport, ReportChannel, ReportedGpu, ReportedPair, GUEST_REPORT_VERSION, HOST_CID,
+    GuestReport, ReportChannel, ReportedFabric, ReportedGpu, ReportedPair, GUEST_REPORT_VERSION,
+    HOST_CID, MAX_FABRIC_PROBLEMS, MAX_PROBLEM_TEXT,
 };
 
 use vfio_p2p_vsock::VsockStream;
@@ -39,9 +40,51 @@ fn gpus(scan: &Scan) -> Vec<ReportedGpu> {
         .collect()
 }
 
-/// A sysfs-only report (`expect --send`): GPUs and cliques, nothing measured.
-pub fn from_scan(scan: &Scan, vm: &str, agent_exit: u8) -> GuestReport {
-    from_scan_gpus(gpus(scan), vm, agent_exit)
+/// The fabric check as sent: `checked: false` where the expectation planned a fabric and
+/// NVML was not there to check it.
+pub fn fabric_result(
+    fabric: Option<&crate::fabric::FabricReport>,
+    unchecked: Option<&String>,
+) -> Option<ReportedFabric> {
+    match (fabric, unchecked) {
+        (Some(f), _) => Some(ReportedFabric {
+            checked: true,
+            problems: f
+                .problems
+                .iter()
+                .take(MAX_FABRIC_PROBLEMS)
+                .map(|p| cut(p, MAX_PROBLEM_TEXT))
+                .collect(),
+        }),
+        (None, Some(why)) => Some(ReportedFabric {
+            checked: false,
+            problems: vec![cut(why, MAX_PROBLEM_TEXT)],
+        }),
+        (None, None) => None,
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// A sysfs-only report (`expect --send`): GPUs and cliques, nothing measured; the fabric
+/// check when the expectation planned one.
+pub fn from_scan(
+    scan: &Scan,
+    vm: &str,
+    agent_exit: u8,
+    fabric: Option<ReportedFabric>,
+) -> GuestReport {
+    GuestReport {
+        fabric,
+        ..from_scan_gpus(gpus(scan), vm, agent_exit)
+    }
 }
 
 fn from_scan_gpus(gpus: Vec<ReportedGpu>, vm: &str, agent_exit: u8) -> GuestReport {
@@ -54,6 +97,7 @@ fn from_scan_gpus(gpus: Vec<ReportedGpu>, vm: &str, agent_exit: u8) -> GuestRepo
         agent_exit,
         gpus,
         pairs: Vec::new(),
+        fabric: None,
     }
 }
 
@@ -62,6 +106,7 @@ pub fn from_report(r: &Report, vm: &str, agent_exit: u8) -> GuestReport {
     let mut out = GuestReport {
         measured: true,
         gpus: r.scan.as_ref().map(gpus).unwrap_or_default(),
+        fabric: fabric_result(r.fabric.as_ref(), None),
         ..from_scan_gpus(Vec::new(), vm, agent_exit)
     };
     out.pairs = r

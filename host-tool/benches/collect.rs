@@ -89,6 +89,7 @@ fn report(vm: &str) -> Vec<u8> {
             })
             .collect(),
         pairs,
+        fabric: None,
     }
     .to_json()
     .into_bytes()

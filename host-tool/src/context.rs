@@ -20,11 +20,11 @@ use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
-use vfio_p2p_model::fabric_state::{FabricState, FmConfigFile, NvlsmProbe};
+use vfio_p2p_model::fabric_state::{check_module_map, FabricState, FmConfigFile, NvlsmProbe};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
 use vfio_p2p_model::Topology;
-use vfio_p2p_read::fabric_manager::read_fabric_manager;
+use vfio_p2p_read::fabric_manager::{fabric_state, read_fabric_manager};
 use vfio_p2p_read::fm_api::{FmFailure, FmSession};
 use vfio_p2p_read::synth;
 use vfio_p2p_read::{fm_capture, host_probe, nvidia_smi, vmm};
@@ -389,6 +389,20 @@ fn load_fabric(
         };
         if let Some(state) = &mut live.state {
             state.apply_module_addresses(&host.fabric_modules);
+            let gpus: Vec<Bdf> = topo
+                .gpus()
+                .filter(|g| g.is_nvidia_gpu())
+                .map(|g| g.bdf)
+                .collect();
+            let checked =
+                check_module_map(&host.fabric_modules, &gpus).and_then(|()| state.check());
+            if let Err(e) = checked {
+                let why = format!("{}: {e}", live.source);
+                // FM's live answer is then as good as none (the policy decides); a file's
+                // or an example's is an error in it.
+                anyhow::ensure!(live.session.is_some(), "{why}");
+                live = LiveFabric::unreachable(why);
+            }
         }
     }
     let model = vfio_p2p_decide::fabric::resolve_model(host.fabric, live.state.is_some());
@@ -432,14 +446,22 @@ fn live_fabric(address: &str, explicit: bool) -> LiveFabric {
         }
         Err(e) => return LiveFabric::unreachable(e.to_string()),
     };
-    match read_fabric_manager(&session) {
-        Ok(report) => LiveFabric {
-            state: Some(FabricState::from(&report)),
-            source: format!("Fabric Manager at {address}"),
+    let source = format!("Fabric Manager at {address}");
+    let state = read_fabric_manager(&session)
+        .map_err(|e| e.to_string())
+        .and_then(|report| {
+            fabric_state(&report).map_err(|e| {
+                format!("{source} answered a partition list it cannot have: {e}; check /var/log/fabricmanager.log and restart it")
+            })
+        });
+    match state {
+        Ok(state) => LiveFabric {
+            state: Some(state),
+            source,
             unreachable: None,
             session: Some(session),
         },
-        Err(e) => LiveFabric::unreachable(e.to_string()),
+        Err(e) => LiveFabric::unreachable(e),
     }
 }
 

@@ -38,7 +38,13 @@ pub(super) fn run(
         (0, _) => 2,
         _ => 1,
     };
-    deliver(f, send.send, Some(&e), send::from_scan(&scan, &e.vm, code))?;
+    let fabric = send::fabric_result(r.fabric.as_ref(), r.fabric_unchecked.as_ref());
+    deliver(
+        f,
+        send.send,
+        Some(&e),
+        send::from_scan(&scan, &e.vm, code, fabric),
+    )?;
     if r.mismatches() > 0 {
         Ok(1)
     } else if let Some(why) = &r.fabric_unchecked {

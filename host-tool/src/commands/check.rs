@@ -84,7 +84,8 @@ pub struct CheckArgs {
     pub iommu_backend: Option<IommuBackend>,
     /// The VM's RAM in GiB: checks that it and the GPUs' 64-bit MMIO window fit the guest's
     /// physical address space (the host's width, as OVMF places the window).
-    #[arg(long, value_name = "GIB")]
+    /// (At most 2^34-1 GiB: the bytes must fit 64 bits.)
+    #[arg(long, value_name = "GIB", value_parser = clap::value_parser!(u64).range(1..=(u64::MAX >> 30)))]
     pub memory_gib: Option<u64>,
     /// The VMM that will run the VM.
     #[arg(long, value_enum, default_value_t)]

@@ -16,8 +16,9 @@ use vfio_p2p_bind::partition_activation::{activate, deactivate, resync, Activati
 use vfio_p2p_bind::writer;
 use vfio_p2p_config::host::{FabricManagerSource, HostConfig};
 use vfio_p2p_emit::fabric_list::{self, FabricListing, Holder};
-use vfio_p2p_model::fabric_state::FabricState;
-use vfio_p2p_read::fabric_manager::read_fabric_manager;
+use vfio_p2p_model::fabric_state::{check_module_map, FabricState};
+use vfio_p2p_model::Topology;
+use vfio_p2p_read::fabric_manager::{fabric_state, read_fabric_manager};
 use vfio_p2p_read::fm_api::FmSession;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -102,8 +103,20 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
     let mut fm = FmSession::open(&address)?;
     // FM's partitions with host.yaml's module addresses, as the hook and planning see them.
     let read_state = |fm: &FmSession| -> anyhow::Result<FabricState> {
-        let mut state = FabricState::from(&read_fabric_manager(fm)?);
+        let mut state = fabric_state(&read_fabric_manager(fm)?)
+            .map_err(|e| anyhow::anyhow!("Fabric Manager at {address}: {e}"))?;
         state.apply_module_addresses(&config.fabric_modules);
+        if !config.fabric_modules.is_empty() {
+            let topo = Topology::from_record(&vfio_p2p_read::read_host(root)?);
+            let gpus: Vec<_> = topo
+                .gpus()
+                .filter(|g| g.is_nvidia_gpu())
+                .map(|g| g.bdf)
+                .collect();
+            check_module_map(&config.fabric_modules, &gpus)
+                .and_then(|()| state.check())
+                .map_err(|e| anyhow::anyhow!("host.yaml with Fabric Manager at {address}: {e}"))?;
+        }
         Ok(state)
     };
     match a.action {
@@ -130,6 +143,9 @@ pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
             }
             if gpus.len() < p.gpus.len() || !r.not_resettable.is_empty() {
                 println!("warning: FM lists not every GPU's PCI address, or a GPU has no reset method: reset the partition's GPUs yourself before its VM starts");
+            }
+            for (bdf, driver) in &r.reset_on_host_driver {
+                println!("warning: {bdf} was reset while still on its host driver {driver}: FM's sequence resets a partition's GPUs on vfio-pci (`vfio-p2p bind {bdf}` first)");
             }
             println!("activated Fabric Manager partition {id}");
         }

@@ -15,7 +15,7 @@ use crate::context::source::{HostConfigFrom, HostSource};
 use crate::context::{ChangeRoot, Context, Needs};
 use vfio_p2p_bind::partition_activation::guest::{self as guest_fabric, FabricStep};
 use vfio_p2p_bind::partition_activation::{
-    activate, deactivate, ActivationError, ActivationRecord,
+    activate, deactivate, forget_stale, ActivationError, ActivationRecord,
 };
 use vfio_p2p_bind::{
     self, writer, BindOptions, BindState, SessionOptions, SysfsWriter, UnbindSelection,
@@ -395,6 +395,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         mut session,
         partition,
         gpus,
+        live_active,
     } = fabric
     {
         let step = ActivateStep {
@@ -404,6 +405,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
             gpus: &gpus,
             policy,
             dry_run,
+            live_active,
         };
         if let Err(refusal) = step.run(&mut sysfs, &mut session, &mut warnings) {
             return refuse(guest, &refusal);
@@ -426,9 +428,29 @@ struct ActivateStep<'a> {
     gpus: &'a [Bdf],
     policy: HookPolicy,
     dry_run: bool,
+    /// FM's live list has the partition active.
+    live_active: bool,
 }
 
 impl ActivateStep<'_> {
+    /// A record entry for this guest that FM's live list contradicts (FM restarted, or was
+    /// down when the guest stopped) is dropped, said, and the partition activated again.
+    fn forget_stale_record(&self, warnings: &mut Vec<String>) -> Result<(), String> {
+        let id = self.partition;
+        if self.live_active || self.dry_run {
+            return Ok(());
+        }
+        match forget_stale(self.root, id, self.guest, LOCK_TIMEOUT) {
+            Ok(true) => warnings.push(format!("partition {id} was recorded active for {}, but Fabric Manager lists it inactive (FM restarted, or was down when the guest stopped): the record was stale; activating it again", self.guest)),
+            Ok(false) => {}
+            Err(e) if self.policy == HookPolicy::Deny => {
+                return Err(format!("partition {id}: cannot confirm vfio-p2p's record against Fabric Manager: {e} (hook_policy: deny)"));
+            }
+            Err(e) => warnings.push(format!("partition {id}: cannot confirm vfio-p2p's record against Fabric Manager: {e}")),
+        }
+        Ok(())
+    }
+
     /// Under `deny` a failure rolls the bind back and is the refusal (`Err`); under `warn`
     /// it is a warning and the guest starts without NVLink.
     fn run(
@@ -442,6 +464,7 @@ impl ActivateStep<'_> {
             println!("would reset {list} and activate Fabric Manager partition {id}");
             return Ok(());
         }
+        self.forget_stale_record(warnings)?;
         let opts = session(self.guest, false);
         let done = match self.policy {
             HookPolicy::Deny => guest_fabric::activate_or_roll_back(
@@ -468,6 +491,9 @@ impl ActivateStep<'_> {
                 }
             }
         };
+        for (bdf, driver) in &done.reset_on_host_driver {
+            warnings.push(format!("{bdf} was reset for partition {id} while still on its host driver {driver} (a managed='yes' hostdev: libvirt binds it to vfio-pci after the hook); make the GPUs managed='no' so that the hook binds them first, as FM's sequence wants"));
+        }
         if !done.not_resettable.is_empty() {
             warnings.push(format!(
                 "{} have no reset method (no sysfs `reset`): activated partition {id} without the reset FM's sequence asks for",

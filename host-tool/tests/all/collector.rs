@@ -12,7 +12,8 @@ use vfio_p2p_collector::store::Store;
 use vfio_p2p_collector::transport::ChannelListener;
 use vfio_p2p_collector::{serve, Collector, Handled, Limits};
 use vfio_p2p_contract::{
-    Expectation, ExpectedGpu, ExpectedPair, GuestReport, PciId, ReportedGpu, ReportedPair, Verdict,
+    Expectation, ExpectedFabric, ExpectedGpu, ExpectedPair, GuestReport, PciId, ReportedFabric,
+    ReportedGpu, ReportedPair, Verdict,
 };
 use vfio_p2p_decide::fleet_verdict::{judge, BandwidthFloors, DomainPlan, Outcome};
 
@@ -85,6 +86,7 @@ fn report(vm: &str, gbps: f64) -> GuestReport {
             pair("0000:06:00.0", "0000:07:00.0"),
             pair("0000:07:00.0", "0000:06:00.0"),
         ],
+        fabric: None,
     }
 }
 
@@ -193,6 +195,59 @@ fn a_matching_report_passes_and_a_wrong_clique_fails() {
     assert_eq!(
         bad.problems,
         ["GPU 0000:07:00.0: clique 1 where the plan has 0"]
+    );
+}
+
+#[test]
+fn a_vm_on_an_fm_partition_passes_only_with_a_clean_fabric_check_in_its_report() {
+    let on_fabric = |domain: &str, cid| {
+        let mut p = plan(domain, cid);
+        p.expectation.fabric = Some(ExpectedFabric {
+            model: "shared-nvswitch".into(),
+            partition_id: Some(1),
+            fm_version: None,
+        });
+        p
+    };
+    let plans = [
+        on_fabric("clean", 20),
+        on_fabric("failed", 21),
+        on_fabric("silent", 22),
+        on_fabric("unchecked", 23),
+    ];
+    let mut h = Harness::new(&plans, quick_limits());
+    let with = |vm: &str, fabric| GuestReport {
+        fabric,
+        ..report(vm, 24.0)
+    };
+    let checked = |problems: &[&str]| {
+        Some(ReportedFabric {
+            checked: true,
+            problems: problems.iter().map(|p| p.to_string()).collect(),
+        })
+    };
+    h.send(20, with("clean", checked(&[])).to_json().as_bytes());
+    let failed = checked(&["GPU 0000:06:00.0 is not registered with the fabric"]);
+    h.send(21, with("failed", failed).to_json().as_bytes());
+    h.send(22, with("silent", None).to_json().as_bytes());
+    let unchecked = Some(ReportedFabric {
+        checked: false,
+        problems: vec!["NVML cannot be loaded".into()],
+    });
+    h.send(23, with("unchecked", unchecked).to_json().as_bytes());
+    h.finish();
+    let verdict = |d: &str| h.store().latest(d).unwrap().unwrap();
+    assert_eq!(verdict("clean").verdict, Outcome::Pass);
+    let failed = verdict("failed");
+    assert_eq!(failed.verdict, Outcome::Fail);
+    assert_eq!(
+        failed.problems,
+        ["fabric: GPU 0000:06:00.0 is not registered with the fabric"]
+    );
+    assert_eq!(verdict("silent").verdict, Outcome::Fail);
+    assert_eq!(
+        verdict("unchecked").problems,
+        ["fabric not checked in the guest: NVML cannot be loaded"]
     );
 }
 

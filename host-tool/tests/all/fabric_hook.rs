@@ -99,6 +99,13 @@ fn domain(buses: &[u8]) -> String {
 const SHARED: &str = "fabric: shared-nvswitch\n";
 const SHARED_DENY: &str = "fabric: shared-nvswitch\nhook_policy: deny\n";
 
+/// The warning for a GPU reset for `partition` while still on its host driver.
+fn on_host_driver(bdf: &str, partition: u32) -> impl predicates::Predicate<str> {
+    predicate::str::contains(format!(
+        "warning: hook: vm1: {bdf} was reset for partition {partition} while still on its host driver nvidia (a managed='yes' hostdev"
+    ))
+}
+
 fn reset_value(h: &Host, bdf: &str) -> String {
     fs::read_to_string(h.root().join("sys/bus/pci/devices").join(bdf).join("reset")).unwrap()
 }
@@ -106,10 +113,13 @@ fn reset_value(h: &Host, bdf: &str) -> String {
 #[test]
 fn prepare_resets_and_activates_the_vms_partition_and_release_deactivates_it() {
     let h = Host::new(SHARED_DENY, &board());
+    // The hostdevs are managed='yes': libvirt binds them after the hook, so FM's reset
+    // happens on the host driver, and that is said (FM's sequence resets on vfio-pci).
     h.hook("prepare", "begin", &domain(&[0x05, 0x06]))
         .success()
         .stdout("")
-        .stderr("");
+        .stderr(on_host_driver("0000:05:00.0", 1))
+        .stderr(on_host_driver("0000:06:00.0", 1));
     assert_eq!(h.active(), vec![1]);
     assert_eq!(
         h.calls(),
@@ -231,7 +241,7 @@ fn gpus_that_are_not_a_partition_are_a_finding() {
     let h = Host::new(SHARED_DENY, &board());
     h.hook("prepare", "begin", &domain(&[0x05, 0x06, 0x09, 0x0a]))
         .success()
-        .stderr("");
+        .stderr(on_host_driver("0000:0a:00.0", 0));
     assert_eq!(h.active(), vec![0]);
 }
 
@@ -260,7 +270,7 @@ fn fm_without_pci_ids_is_matched_through_host_yamls_modules() {
     let h = Host::new(&modules, &fm);
     h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
         .success()
-        .stderr("");
+        .stderr(on_host_driver("0000:09:00.0", 2));
     assert_eq!(h.active(), vec![2]);
     assert_eq!(reset_value(&h, "0000:09:00.0"), "1");
     assert_eq!(reset_value(&h, "0000:05:00.0"), "");
@@ -466,4 +476,299 @@ fn release_warns_when_fm_is_gone_and_still_gives_the_gpus_back() {
         "vm1",
         "kept for a later deactivate"
     );
+}
+
+/// The hook and the reading commands facing an FM whose library blocks in `call` (the
+/// stand-in's `hang`): each returns within FM's call deadline (6 s) plus its own work.
+fn hung(call: &str) -> Value {
+    let mut fm = board();
+    fm["hang"] = json!([call]);
+    fm
+}
+
+const WITHIN: std::time::Duration = std::time::Duration::from_secs(40);
+const SAID: &str = "did not return within 6 s (Fabric Manager hangs, or its socket stalls)";
+
+#[test]
+fn a_hung_fm_activation_starts_the_guest_under_warn_and_refuses_it_under_deny() {
+    let h = Host::new(SHARED, &hung("activate"));
+    let t = std::time::Instant::now();
+    h.cmd()
+        .args(["hook", "run", "vm1", "prepare", "begin", "-"])
+        .write_stdin(domain(&[0x05, 0x06]))
+        .timeout(WITHIN)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains(format!(
+            "fmActivateFabricPartition(1) {SAID}"
+        )))
+        .stderr(predicate::str::contains(
+            "the guest starts without NVLink (hook_policy: warn)",
+        ));
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(h.calls().last().unwrap(), "activate 1 (hangs)");
+    assert!(h.record().is_none());
+    let h = Host::new(SHARED_DENY, &hung("activate"));
+    h.cmd()
+        .args(["hook", "run", "vm1", "prepare", "begin", "-"])
+        .write_stdin(domain(&[0x05, 0x06]))
+        .timeout(WITHIN)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(SAID))
+        .stderr(predicate::str::contains("(hook_policy: deny)"));
+    assert!(h.record().is_none(), "nothing recorded active");
+    // The bind lock was given back with the hook: the next operation takes it at once.
+    h.cmd()
+        .args(["hook", "run", "vm1", "release", "end", "-"])
+        .timeout(std::time::Duration::from_secs(10))
+        .assert()
+        .success();
+}
+
+#[test]
+fn a_hung_fm_connect_or_query_starts_the_guest_under_warn_and_refuses_under_deny() {
+    for call in ["connect", "get_supported"] {
+        let h = Host::new(SHARED, &hung(call));
+        h.cmd()
+            .args(["hook", "run", "vm1", "prepare", "begin", "-"])
+            .write_stdin(domain(&[0x05, 0x06]))
+            .timeout(WITHIN)
+            .assert()
+            .success()
+            .stderr(predicate::str::contains(SAID))
+            .stderr(predicate::str::contains("hook_policy: warn"));
+        let h = Host::new(SHARED_DENY, &hung(call));
+        h.cmd()
+            .args(["hook", "run", "vm1", "prepare", "begin", "-"])
+            .write_stdin(domain(&[0x05, 0x06]))
+            .timeout(WITHIN)
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains(SAID));
+        assert_eq!(reset_value(&h, "0000:05:00.0"), "", "{call}: nothing done");
+    }
+}
+
+#[test]
+fn a_hung_fm_deactivation_warns_and_release_still_gives_the_gpus_back() {
+    for yaml in [SHARED, SHARED_DENY] {
+        let h = Host::new(yaml, &board());
+        h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+        let mut fm = h.fm();
+        fm["hang"] = json!(["deactivate"]);
+        h.set_fm(&fm);
+        h.cmd()
+            .args(["hook", "run", "vm1", "release", "end", "-"])
+            .timeout(WITHIN)
+            .assert()
+            .success()
+            .stderr(predicate::str::contains(format!(
+                "warning: hook: vm1: deactivating Fabric Manager partition 1: Fabric Manager at 127.0.0.1:6666: fmDeactivateFabricPartition(1) {SAID}"
+            )));
+        assert_eq!(h.record().unwrap()["partitions"]["1"]["guest"], "vm1");
+    }
+}
+
+#[test]
+fn place_and_check_facing_a_hung_fm_finish_with_a_warning() {
+    // (`topo` shows the PCIe tree only: it never asks FM.)
+    for args in [&["place", "--shape", "1x2"][..], &["check"][..]] {
+        let h = Host::new(SHARED, &hung("get_supported"));
+        let out = h
+            .cmd()
+            .args(args)
+            .arg("--host-config")
+            .arg(h.root().join("etc/vfio-p2p/host.yaml"))
+            .timeout(WITHIN)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.code().is_some(), "{args:?} was killed: {all}");
+        assert!(all.contains(SAID), "{args:?}: {all}");
+        assert_eq!(h.calls().last().unwrap(), "get_supported (hangs)");
+    }
+}
+
+#[test]
+fn fm_answers_it_cannot_have_are_refused_under_deny_and_warned_under_warn() {
+    // Partition 1 listed twice (the second with partition 2's GPUs): activating "1" for
+    // 09+0a would hand this VM another VM's GPUs.
+    let mut twice = board();
+    twice["partitions"][2]["id"] = json!(1);
+    // A GPU with failed NVLinks that FM names by no address: which one cannot be told.
+    let mut nameless = board();
+    nameless["nvlink_failed_gpus"] = json!([{ "pci": "", "ports": [3] }]);
+    // One PCI address under two module ids.
+    let mut two_ids = board();
+    two_ids["partitions"][2]["gpus"][0]["module_id"] = json!(7);
+    two_ids["partitions"][2]["gpus"][0]["pci"] = json!("00000000:05:00.0");
+    for (fm, words) in [
+        (&twice, "partition 1 is listed twice"),
+        (
+            &nameless,
+            "a GPU with failed NVLinks is listed without a PCI bus id",
+        ),
+        (
+            &two_ids,
+            "0000:05:00.0 is listed as module 1 and as module 7",
+        ),
+    ] {
+        let h = Host::new(SHARED_DENY, fm);
+        h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
+            .code(1)
+            .stderr(predicate::str::contains(format!(
+                "Fabric Manager at 127.0.0.1:6666 answered a partition list it cannot have: {words}"
+            )));
+        assert_eq!(h.active(), Vec::<u64>::new(), "{words}");
+        let h = Host::new(SHARED, fm);
+        h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
+            .success()
+            .stderr(predicate::str::contains(words))
+            .stderr(predicate::str::contains("hook_policy: warn"));
+        assert_eq!(h.active(), Vec::<u64>::new(), "{words}");
+    }
+}
+
+#[test]
+fn modules_mapped_to_a_nic_are_refused_before_anything_is_reset() {
+    let mut fm = board();
+    for p in fm["partitions"].as_array_mut().unwrap() {
+        for g in p["gpus"].as_array_mut().unwrap() {
+            g["pci"] = json!("");
+        }
+    }
+    // Module 3 at 0b:00.0, the example's ConnectX NIC.
+    let yaml = format!(
+        "{SHARED_DENY}fabric_manager:\n  modules: {{1: \"0000:05:00.0\", 2: \"0000:06:00.0\", 3: \"0000:0b:00.0\", 4: \"0000:0a:00.0\"}}\n"
+    );
+    let h = Host::new(&yaml, &fm);
+    h.hook("prepare", "begin", &domain(&[0x09, 0x0a]))
+        .code(1)
+        .stderr(predicate::str::contains(
+        "fabric_manager.modules maps module 3 to 0000:0b:00.0, which is no NVIDIA GPU on this host",
+    ));
+    h.cmd()
+        .args(["fabric", "activate", "2"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "fabric_manager.modules maps module 3 to 0000:0b:00.0",
+        ));
+    let nic_reset = h.root().join("sys/bus/pci/devices/0000:0b:00.0/reset");
+    assert_eq!(
+        fs::read_to_string(nic_reset).unwrap_or_default(),
+        "",
+        "the NIC was not reset"
+    );
+    assert_eq!(h.active(), Vec::<u64>::new());
+}
+
+#[test]
+fn a_capture_with_one_gpu_under_two_module_ids_is_an_error_naming_it() {
+    let h = Host::new(SHARED, &board());
+    let capture = h.root().join("partitions.json");
+    fs::write(
+        &capture,
+        r#"{"partitions": [
+  {"id": 1, "gpus": [{"module_id": 1, "bdf": "0000:05:00.0"}, {"module_id": 2, "bdf": "0000:06:00.0"}]},
+  {"id": 2, "gpus": [{"module_id": 3, "bdf": "0000:05:00.0"}, {"module_id": 4, "bdf": "0000:0a:00.0"}]}
+]}"#,
+    )
+    .unwrap();
+    let yaml = h.root().join("host-capture.yaml");
+    fs::write(
+        &yaml,
+        format!(
+            "{SHARED}fabric_manager:\n  partitions: {}\n",
+            capture.display()
+        ),
+    )
+    .unwrap();
+    h.cmd()
+        .args(["place", "--shape", "2x2", "--host-config"])
+        .arg(&yaml)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(format!(
+            "{}: 0000:05:00.0 is listed as module 1 and as module 3",
+            capture.display()
+        )));
+}
+
+#[test]
+fn a_record_fm_contradicts_is_said_and_the_partition_activated_again() {
+    let h = Host::new(SHARED_DENY, &board());
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+    // FM down when the guest stops: the record stays.
+    let mut fm = h.fm();
+    fm["running"] = json!(false);
+    h.set_fm(&fm);
+    h.hook("release", "end", "").success();
+    assert_eq!(h.record().unwrap()["partitions"]["1"]["guest"], "vm1");
+    // FM restarted (no partition active), the guest started again.
+    fm["running"] = json!(true);
+    for p in fm["partitions"].as_array_mut().unwrap() {
+        p["active"] = json!(false);
+    }
+    h.set_fm(&fm);
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06]))
+        .success()
+        .stderr(predicate::str::contains(
+            "warning: hook: vm1: partition 1 was recorded active for vm1, but Fabric Manager lists it inactive",
+        ));
+    assert_eq!(h.active(), vec![1]);
+    assert_eq!(h.calls().last().unwrap(), "activate 1");
+    assert_eq!(h.record().unwrap()["partitions"]["1"]["guest"], "vm1");
+}
+
+#[test]
+fn release_deactivates_before_the_gpus_go_back_to_the_host() {
+    let h = Host::new(SHARED, &board());
+    h.hook("prepare", "begin", &domain(&[0x05, 0x06])).success();
+    // vm1 has a device in the bind record, for release to give back after the deactivation.
+    let gpu = "0000:0a:00.0";
+    let bound = h.root().join("run/vfio-p2p/state.json");
+    fs::write(
+        &bound,
+        format!(r#"{{"devices": {{"{gpu}": {{"original": {{"driver": "nvidia", "driver_override": null}}, "bound_with": "{gpu}", "guest": "vm1"}}}}}}"#),
+    )
+    .unwrap();
+    let mut fm = h.fm();
+    fm["observe"] = json!({ "file": bound, "text": gpu });
+    h.set_fm(&fm);
+    h.hook("release", "end", "").success();
+    // FM's sequence: deactivate while the GPUs are still on vfio-pci, then give them back.
+    assert_eq!(h.fm()["observations"], json!(["deactivate 1: present"]));
+    assert!(!fs::read_to_string(&bound).unwrap().contains(gpu));
+}
+
+#[test]
+fn a_resync_past_fms_limit_names_the_record_not_fm() {
+    let h = Host::new(SHARED, &board());
+    let entries: Vec<String> = (0..65)
+        .map(|i| format!(r#""{i}": {{"guest": null, "gpus": []}}"#))
+        .collect();
+    fs::create_dir_all(h.root().join("run/vfio-p2p")).unwrap();
+    fs::write(
+        h.root().join("run/vfio-p2p/fabric.json"),
+        format!(r#"{{"partitions": {{{}}}}}"#, entries.join(", ")),
+    )
+    .unwrap();
+    h.cmd()
+        .args(["fabric", "resync"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "fmSetActivatedFabricPartitions not made: vfio-p2p's partition record lists 65 active partitions, more than the 64",
+        ));
+    assert!(!h.calls().iter().any(|c| c.starts_with("set_activated")));
 }

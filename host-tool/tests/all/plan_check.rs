@@ -258,3 +258,24 @@ fn plan_takes_the_host_config_under_its_flags() {
         .stderr(predicates::str::contains("host.yaml:1:"))
         .stderr(predicates::str::contains("p2p_levle"));
 }
+
+#[test]
+fn a_memory_size_whose_bytes_overflow_is_refused() {
+    // 2^34 GiB is 2^64 bytes: it wrapped to 0 and passed the address-space check.
+    let out = vfio_p2p()
+        .args([
+            "--example",
+            "dual-socket-pcie",
+            "check",
+            "--memory-gib",
+            "17179869184",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid value '17179869184' for '--memory-gib <GIB>'"),
+        "{err}"
+    );
+}

@@ -271,7 +271,17 @@ fn fabric_manager_source(
                     .rsplit_once(':')
                     .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
             };
-            if valid {
+            let target = a.value.strip_prefix("unix:").unwrap_or(&a.value);
+            if valid && target.len() > MAX_FM_ADDRESS {
+                Err(ConfigError::invalid(
+                    path,
+                    &a.referenced,
+                    format!(
+                        "fabric_manager: address is {} bytes; Fabric Manager's fmConnect takes at most {MAX_FM_ADDRESS} (FM_MAX_STR_LENGTH, NUL included), and a UNIX socket path at most 107: give a shorter path",
+                        target.len()
+                    ),
+                ))
+            } else if valid {
                 Ok(FabricManagerSource::Live(a.value))
             } else {
                 Err(ConfigError::invalid(
@@ -288,9 +298,24 @@ fn fabric_manager_source(
     }
 }
 
+/// The longest address `fmConnect` takes: `FM_MAX_STR_LENGTH` (256) with its NUL.
+const MAX_FM_ADDRESS: usize = 255;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_fm_address_too_long_for_fm_connect_is_refused_as_such() {
+        let long = format!("fabric_manager:\n  address: unix:/{}\n", "s".repeat(299));
+        let e = parse(&long).unwrap_err().to_string();
+        assert!(
+            e.contains("address is 300 bytes; Fabric Manager's fmConnect takes at most 255"),
+            "{e}"
+        );
+        let fits = format!("fabric_manager:\n  address: unix:/{}\n", "s".repeat(100));
+        assert!(parse(&fits).is_ok());
+    }
 
     fn parse(text: &str) -> Result<HostConfig, ConfigError> {
         HostConfig::parse(text, Path::new("/etc/vfio-p2p/host.yaml"))

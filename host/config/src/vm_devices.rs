@@ -66,7 +66,7 @@ pub struct Disk {
 impl Disk {
     /// A block device (`/dev/…`) rather than an image file.
     pub fn is_block_device(&self) -> bool {
-        self.path.starts_with("/dev")
+        is_device_path(&self.path)
     }
 }
 
@@ -191,10 +191,18 @@ fn disk_list(files: Vec<DiskFile>) -> Result<Vec<Disk>, FieldError> {
         if let Some(e) = super::config_path_error("disks: path", &path) {
             return Err(FieldError::new(&at, e));
         }
-        if disks.iter().any(|d| d.path == path) {
+        if let Some(d) = disks.iter().find(|d| lexical(&d.path) == lexical(&path)) {
+            let also = if d.path == path {
+                String::new()
+            } else {
+                format!(" (as {})", d.path.display())
+            };
             return Err(FieldError::new(
                 &at,
-                format!("disks: {} is listed twice", path.display()),
+                format!(
+                    "disks: {} is listed twice{also}; a VMM refuses one image as two drives",
+                    path.display()
+                ),
             ));
         }
         let format = match f.format {
@@ -234,9 +242,36 @@ fn disk_list(files: Vec<DiskFile>) -> Result<Vec<Disk>, FieldError> {
     Ok(disks)
 }
 
+/// The file systems under `/dev` that hold files, not devices (tmpfs and hugetlbfs mounts
+/// of a standard Linux host: systemd's `dev-shm.mount`, `dev-hugepages.mount`,
+/// `dev-mqueue.mount`; devpts).
+const FILES_UNDER_DEV: [&str; 4] = ["/dev/shm", "/dev/hugepages", "/dev/mqueue", "/dev/pts"];
+
+/// A path under `/dev` that names a device, not a file on one of its file systems.
+fn is_device_path(path: &Path) -> bool {
+    path.starts_with("/dev") && !FILES_UNDER_DEV.iter().any(|d| path.starts_with(d))
+}
+
+/// `path` with `.` and `..` resolved as written (no file system look-up): two names of one
+/// image (`/img/a.qcow2`, `/img/../img/a.qcow2`) compare equal.
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `.qcow2` is qcow2; `.raw`, `.img` and block devices (`/dev/…`) are raw.
 fn format_from_name(path: &Path) -> Option<DiskFormat> {
-    if path.starts_with("/dev") {
+    if is_device_path(path) {
         return Some(DiskFormat::Raw);
     }
     match path.extension()?.to_str()? {
@@ -299,6 +334,12 @@ fn bridge_name_error(name: &str) -> Option<String> {
         && !name
             .chars()
             .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control() || c == '\'');
+    // ',' separates options in QEMU's -netdev and Proxmox's net0: (a name with it would
+    // add options such as `link_down=1`), '=' and '"' likewise in their key=value lists.
+    let separator = name.chars().find(|c| matches!(c, ',' | '=' | '"' | ';'));
+    if let Some(c) = separator.filter(|_| ok) {
+        return Some(format!("network: bridge {name:?} has {c:?}, which separates options in QEMU's -netdev and Proxmox's net0: and would change them; rename the bridge (1-15 letters, digits, '-', '_', '.')"));
+    }
     (!ok).then(|| {
         format!("network: bridge {name:?} is not an interface name: use 1-15 characters, no '/', ':', quote or space (`ip link show type bridge` lists them)")
     })
@@ -310,7 +351,8 @@ fn mac_of(m: &Spanned<String>) -> Result<String, FieldError> {
         .value
         .split(':')
         .map(|o| {
-            (o.len() == 2)
+            // from_str_radix takes a sign ("+5"): only two hex digits are an octet
+            (o.len() == 2 && o.chars().all(|c| c.is_ascii_hexdigit()))
                 .then(|| u8::from_str_radix(o, 16).ok())
                 .flatten()
         })
@@ -337,6 +379,10 @@ fn mac_of(m: &Spanned<String>) -> Result<String, FieldError> {
     Ok(m.value.to_ascii_lowercase())
 }
 
+/// The longest path a UNIX socket can be bound to: `sun_path` is 108 bytes, NUL included
+/// (unix(7)).
+const MAX_SOCKET_PATH: usize = 107;
+
 fn console_of(
     kind: Option<Spanned<ConsoleKind>>,
     socket: Option<Spanned<PathBuf>>,
@@ -344,7 +390,13 @@ fn console_of(
     let kind = kind.map(|k| k.value).unwrap_or_default();
     match (kind, socket) {
         (ConsoleKind::Socket, Some(p)) => {
-            match super::config_path_error("console_socket", &p.value) {
+            let long = p.value.as_os_str().len() > MAX_SOCKET_PATH;
+            let e = super::config_path_error("console_socket", &p.value).or_else(|| long.then(|| format!(
+                "console_socket: {} is {} bytes, more than the {MAX_SOCKET_PATH} a UNIX socket's path holds (sun_path is 108 bytes with its NUL, unix(7)); give a shorter path",
+                p.value.display(),
+                p.value.as_os_str().len()
+            )));
+            match e {
                 Some(e) => Err(FieldError::new(&p.referenced, e)),
                 None => Ok(Console::Socket(Some(p.value))),
             }
@@ -431,6 +483,30 @@ mod tests {
             parse("name: a\nconsole: none\n").unwrap().console,
             Console::None
         );
+        let long = format!("/run/{}.sock", "x".repeat(102));
+        assert_eq!(long.len(), 112);
+        let e = parse(&format!(
+            "name: a\nconsole: socket\nconsole_socket: {long}\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("is 112 bytes, more than the 107 a UNIX socket's path holds"),
+            "{e}"
+        );
+        let fits = format!("/run/{}.sock", "x".repeat(97));
+        assert!(parse(&format!(
+            "name: a\nconsole: socket\nconsole_socket: {fits}\n"
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn files_on_dev_shm_are_images_not_block_devices() {
+        let d = parse("name: a\ndisks:\n  - path: /dev/shm/x.qcow2\n  - path: /dev/vdb\n").unwrap();
+        assert_eq!(d.disks[0].format, DiskFormat::Qcow2);
+        assert!(!d.disks[0].is_block_device());
+        assert!(d.disks[1].is_block_device());
+        assert_eq!(d.disks[1].format, DiskFormat::Raw);
     }
 
     /// Each rule, with the line and column it points at.
@@ -453,6 +529,9 @@ mod tests {
             ("name: a\nnetwork:\n  bridge: br0/x\n", "vm.yaml:3:11: network: bridge \"br0/x\" is not an interface name"),
             ("name: a\nnetwork:\n  bridge: a-bridge-too-long\n", "vm.yaml:3:11: network: bridge \"a-bridge-too-long\" is not an interface name"),
             ("name: a\nnetwork:\n  bridge: br0\n  mac: 52:54:00:12:34\n", "vm.yaml:4:8: network: mac \"52:54:00:12:34\" is not a MAC address"),
+            ("name: a\nnetwork:\n  bridge: br0\n  mac: 52:54:00:12:34:+5\n", "vm.yaml:4:8: network: mac \"52:54:00:12:34:+5\" is not a MAC address"),
+            ("name: a\nnetwork:\n  bridge: v,link_down=1\n", "vm.yaml:3:11: network: bridge \"v,link_down=1\" has ',', which separates options"),
+            ("name: a\ndisks:\n  - path: /img/a.qcow2\n  - path: /img/../img/a.qcow2\n", "vm.yaml:4:11: disks: /img/../img/a.qcow2 is listed twice (as /img/a.qcow2)"),
             ("name: a\nnetwork:\n  bridge: br0\n  mac: 01:00:5e:00:00:01\n", "vm.yaml:4:8: network: mac \"01:00:5e:00:00:01\" is a multicast address"),
             ("name: a\nnetwork:\n  bridge: br0\n  mac: 00:00:00:00:00:00\n", "vm.yaml:4:8: network: mac \"00:00:00:00:00:00\" is all zeros"),
             ("name: a\nnetwork:\n  mode: none\n  mac: 52:54:00:12:34:56\n", "vm.yaml:3:3: network: mac is not used with `mode: none`"),

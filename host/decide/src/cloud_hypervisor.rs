@@ -101,6 +101,8 @@ pub enum Unsupported {
     SataDisk { path: String },
     #[error("Cloud Hypervisor cannot take a path with a comma in its options: {path}; rename the file or link it from a path without one")]
     CommaInPath { path: String },
+    #[error("Cloud Hypervisor cannot take a path with {c:?} in its options (its option parser reads '\"' as a quote and '[ ]' as a list, option_parser's split_commas): {path}; rename the file or link it from a path without one")]
+    QuoteInPath { path: String, c: char },
     #[error("Cloud Hypervisor has no user-mode networking: use `network: {{bridge: br0}}` (a tap in a host bridge) or `mode: none`")]
     UserNetwork,
 }
@@ -131,8 +133,8 @@ pub fn refusal(
         if disk.bus == DiskBus::Sata {
             return refuse(disk.at, Unsupported::SataDisk { path });
         }
-        if path.contains(',') {
-            return refuse(disk.at, Unsupported::CommaInPath { path });
+        if let Some(why) = option_syntax(path) {
+            return refuse(disk.at, why);
         }
     }
     if let Some(Network::User { .. }) = d.network {
@@ -140,11 +142,19 @@ pub fn refusal(
     }
     if let Some(socket) = d.console.socket_path(&config.name) {
         let path = socket.display().to_string();
-        if path.contains(',') {
-            return refuse(d.console_socket_at, Unsupported::CommaInPath { path });
+        if let Some(why) = option_syntax(path) {
+            return refuse(d.console_socket_at, why);
         }
     }
     Ok(())
+}
+
+/// A path CH's option parser would split or unquote: a comma, a '"', a '[' or ']'.
+fn option_syntax(path: String) -> Option<Unsupported> {
+    match path.chars().find(|c| matches!(c, ',' | '"' | '[' | ']'))? {
+        ',' => Some(Unsupported::CommaInPath { path }),
+        c => Some(Unsupported::QuoteInPath { path, c }),
+    }
 }
 
 #[cfg(test)]

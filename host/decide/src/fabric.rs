@@ -327,7 +327,10 @@ fn unplaced_vm(
             && q.bdfs().is_some_and(|b| host.evaluate("", &b).is_some())
     };
     let sizes: BTreeSet<usize> = state.partitions.iter().map(|p| p.gpus.len()).collect();
-    let reason = if !sizes.contains(&r.gpus) {
+    let reason = if sizes.is_empty() {
+        "Fabric Manager lists no partitions (none is supported on this board as it is now)"
+            .to_string()
+    } else if !sizes.contains(&r.gpus) {
         format!(
             "Fabric Manager has no partition of {} GPUs (its partitions have {} GPUs)",
             r.gpus,
@@ -345,7 +348,15 @@ fn unplaced_vm(
             .filter(|p| p.gpus.len() == r.gpus)
             .map(|p| match usable(state, p, blocked) {
                 Err(e) => format!("{}: {e}", p.id),
-                Ok(()) => format!("{}: its IOMMU groups hold other devices", p.id),
+                Ok(()) => match p
+                    .gpus
+                    .iter()
+                    .filter_map(|g| g.bdf)
+                    .find(|b| !host.has_gpu(b))
+                {
+                    Some(b) => format!("{}: its GPU {b} is not a GPU of this host", p.id),
+                    None => format!("{}: its IOMMU groups hold other devices", p.id),
+                },
             })
             .collect();
         format!(

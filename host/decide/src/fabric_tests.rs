@@ -277,3 +277,34 @@ fn partitions_without_addresses_cannot_be_matched() {
     assert!(e.fix.contains("fabric activate"), "{e}");
     assert!(e.fix.contains("fabric_manager: modules:"), "{e}");
 }
+
+#[test]
+fn unplaced_reasons_name_gpus_not_on_the_host_and_an_empty_list() {
+    let (topo, mut state) = hgx();
+    // Partition 1's first GPU moved to an address this host does not have.
+    let n = state.partitions[1].gpus.len();
+    state.partitions[1].gpus[0].bdf = Some("0000:ee:00.0".parse().unwrap());
+    let others: Vec<u32> = state
+        .partitions
+        .iter()
+        .filter(|p| p.gpus.len() == n && p.id != 1)
+        .map(|p| p.id)
+        .collect();
+    for p in &mut state.partitions {
+        if others.contains(&p.id) {
+            p.active = true;
+        }
+    }
+    let p = place(&topo, &state, 1, n);
+    let reason = &p.unplaced[0].reason;
+    assert!(
+        reason.contains("1: its GPU 0000:ee:00.0 is not a GPU of this host"),
+        "{reason}"
+    );
+    state.partitions.clear();
+    let p = place(&topo, &state, 1, 2);
+    assert_eq!(
+        p.unplaced[0].reason,
+        "Fabric Manager lists no partitions (none is supported on this board as it is now)"
+    );
+}

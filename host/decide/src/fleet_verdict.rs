@@ -117,6 +117,7 @@ pub fn judge(
     let gpus = judge_gpus(e, report, &mut problems);
     listed_twice(report, &mut problems);
     let pairs = judge_pairs(e, report, floors, &mut problems);
+    judge_fabric(e, report, &mut problems);
     Record {
         domain: plan.domain.clone(),
         cid: plan.cid,
@@ -134,6 +135,23 @@ pub fn judge(
         measured: report.measured,
         gpus,
         pairs,
+    }
+}
+
+/// A VM planned on an NVSwitch fabric passes only with the guest's fabric check in the
+/// report, done and clean.
+fn judge_fabric(e: &Expectation, r: &GuestReport, problems: &mut Vec<String>) {
+    let planned = e.fabric.is_some() || e.gpus.iter().any(|g| g.module_id.is_some());
+    if !planned {
+        return;
+    }
+    match &r.fabric {
+        None => problems.push("planned on an NVSwitch fabric, but the report carries no fabric check (an agent older than the check, or one run without the expectation)".into()),
+        Some(f) if !f.checked => problems.push(format!(
+            "fabric not checked in the guest: {}",
+            f.problems.first().map_or("no reason given", String::as_str)
+        )),
+        Some(f) => problems.extend(f.problems.iter().map(|p| format!("fabric: {p}"))),
     }
 }
 

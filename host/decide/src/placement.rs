@@ -564,6 +564,11 @@ impl PlacementHost {
         Some(self.placed(name, &c))
     }
 
+    /// Whether `bdf` is one of this host's GPUs.
+    pub fn has_gpu(&self, bdf: &Bdf) -> bool {
+        self.gpus.binary_search(bdf).is_ok()
+    }
+
     /// The host's GPUs that are neither unavailable nor in `used`, in BDF order.
     pub fn free_gpus_without(&self, used: &BTreeSet<Bdf>) -> Vec<Bdf> {
         self.units

@@ -94,7 +94,7 @@ pub fn bus_reset_reaches(topo: &Topology, gpu: &Bdf) -> Vec<Bdf> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use vfio_p2p_read::synth::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
@@ -141,6 +141,33 @@ mod tests {
         topo.devices.get_mut(&a).unwrap().reset_methods = None;
         let e = choose(&topo, &a, ResetPolicy::Bus, &vm(&[a])).unwrap_err();
         assert!(matches!(e, ResetError::Unreadable { .. }), "{e}");
+    }
+
+    /// A GPU whose bus also holds a PCIe-to-PCI bridge with a NIC behind it (check's
+    /// reset row is tested on it too: `check::tests`).
+    pub(crate) fn deep_host() -> (Topology, Bdf, Bdf) {
+        let mut b = HostBuilder::new("deep reset host");
+        let hb = b.host_bridge(0, 0x40);
+        let rp = b.root_port(hb, Some(0), Some(ACS_ISOLATING));
+        let gpu = EndpointSpec::gpu(0x10de, 0x2330, 80);
+        let a = b.endpoint(Attach::Below(rp), 0, &gpu, None);
+        let bridge = b.bridge(Attach::Below(rp), 0x8, 0x12d8, 0xe113, None, None);
+        let nic = EndpointSpec::nic(0x15b3, 0x1021);
+        let behind = b.endpoint(Attach::Below(bridge), 0, &nic, None);
+        (Topology::from_record(&b.build()), a, behind)
+    }
+
+    #[test]
+    fn a_bus_reset_reaches_below_a_bridge_on_the_gpus_bus() {
+        let (topo, a, behind) = deep_host();
+        assert_eq!(bus_reset_reaches(&topo, &a), vec![a, behind]);
+        assert_eq!(
+            choose(&topo, &a, ResetPolicy::Bus, &vm(&[a])),
+            Err(ResetError::TakesOthers {
+                gpu: a,
+                others: behind.to_string()
+            })
+        );
     }
 
     #[test]

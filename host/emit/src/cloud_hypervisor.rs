@@ -156,9 +156,20 @@ fn boot(c: &vfio_p2p_config::vm::VmConfig, a: &mut Vec<String>) {
     }
 }
 
-/// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME`, cut to Linux's 15 bytes.
+/// The tap Cloud Hypervisor creates for the VM's NIC: `tap-NAME` where that fits Linux's 15
+/// bytes (IFNAMSIZ), else `tap-` + the name's first 6 characters + `-` + 4 hex digits of a
+/// hash of the whole name, so that `gpu-worker-01` and `gpu-worker-02` get two taps.
 pub fn tap_name(vm: &str) -> String {
-    format!("tap-{vm}").chars().take(15).collect()
+    let plain = format!("tap-{vm}");
+    if plain.len() <= 15 {
+        return plain;
+    }
+    // FNV-1a, 32 bits, folded to 16: stable across builds and platforms.
+    let h = vm.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let prefix: String = vm.chars().filter(char::is_ascii).take(6).collect();
+    format!("tap-{prefix}-{:04x}", (h >> 16) ^ (h & 0xffff))
 }
 
 /// vm.yaml's disks (Cloud Hypervisor boots the first and reads its format itself), the
@@ -205,3 +216,17 @@ fn guest_io(vm: &VmDefinition, a: &mut Vec<String>, warnings: &mut Vec<String>) 
 
 /// Where the Cloud Hypervisor vsock sockets go; `vfio-p2p collect --unix-socket` serves them.
 pub const VSOCK_SOCKET_DIR: &str = "/run/vfio-p2p/vsock";
+
+#[cfg(test)]
+mod tap_tests {
+    use super::tap_name;
+
+    #[test]
+    fn long_names_get_taps_of_their_own_within_15_bytes() {
+        assert_eq!(tap_name("train-01"), "tap-train-01");
+        let (a, b) = (tap_name("gpu-worker-01"), tap_name("gpu-worker-02"));
+        assert_ne!(a, b);
+        assert!(a.len() <= 15 && b.len() <= 15, "{a} {b}");
+        assert!(a.starts_with("tap-gpu-wo-"), "{a}");
+    }
+}

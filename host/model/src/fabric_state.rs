@@ -9,6 +9,9 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
+/// `FM_MAX_FABRIC_PARTITIONS`: the most partitions FM lists (its SDK's array size).
+pub const MAX_PARTITIONS: usize = 64;
+
 /// One GPU of a partition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +97,69 @@ impl FabricState {
         }
     }
 
+    /// Whether FM's answer can be trusted, whatever its source (live API, `fmpm -l`
+    /// capture, vfio-p2p's JSON, an example's table): partition ids unique and within FM's
+    /// limit, each module once per partition, and one PCI address per module id and one
+    /// module id per PCI address across all partitions. `Err` says what is wrong, to be
+    /// prefixed with the source.
+    pub fn check(&self) -> Result<(), String> {
+        use std::collections::{btree_map::Entry, BTreeMap, BTreeSet};
+        if self.partitions.len() > MAX_PARTITIONS {
+            return Err(format!(
+                "{} partitions, more than Fabric Manager's {MAX_PARTITIONS} (FM_MAX_FABRIC_PARTITIONS): not a Fabric Manager partition list",
+                self.partitions.len()
+            ));
+        }
+        let mut ids = BTreeSet::new();
+        let mut module_of: BTreeMap<Bdf, u32> = BTreeMap::new();
+        let mut bdf_of: BTreeMap<u32, Bdf> = BTreeMap::new();
+        for p in &self.partitions {
+            if !ids.insert(p.id) {
+                return Err(format!(
+                    "partition {} is listed twice: FM's partition ids are unique",
+                    p.id
+                ));
+            }
+            let mut modules = BTreeSet::new();
+            for g in &p.gpus {
+                if !modules.insert(g.module_id) {
+                    return Err(format!(
+                        "partition {}: module {} is listed twice",
+                        p.id, g.module_id
+                    ));
+                }
+                let Some(bdf) = g.bdf else { continue };
+                match module_of.entry(bdf) {
+                    Entry::Occupied(e) if *e.get() != g.module_id => {
+                        return Err(format!(
+                            "{bdf} is listed as module {} and as module {} (partition {}): one GPU has one module id",
+                            e.get(),
+                            g.module_id,
+                            p.id
+                        ));
+                    }
+                    e => {
+                        e.or_insert(g.module_id);
+                    }
+                }
+                match bdf_of.entry(g.module_id) {
+                    Entry::Occupied(e) if *e.get() != bdf => {
+                        return Err(format!(
+                            "module {} is listed at {} and at {bdf} (partition {}): one module id has one PCI address",
+                            g.module_id,
+                            e.get(),
+                            p.id
+                        ));
+                    }
+                    e => {
+                        e.or_insert(bdf);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A GPU's module id, from any partition that lists it.
     pub fn module_id(&self, bdf: &Bdf) -> Option<u32> {
         self.partitions
@@ -101,6 +167,21 @@ impl FabricState {
             .flat_map(|p| &p.gpus)
             .find(|g| g.bdf.as_ref() == Some(bdf))
             .map(|g| g.module_id)
+    }
+}
+
+/// host.yaml's `fabric_manager: modules:` (module id → PCI address) against the host's
+/// NVIDIA GPUs: every address must be one of them, or FM's partition would reach (and
+/// `fabric activate` reset) another device.
+pub fn check_module_map(
+    modules: &std::collections::BTreeMap<u32, Bdf>,
+    nvidia_gpus: &[Bdf],
+) -> Result<(), String> {
+    match modules.iter().find(|(_, b)| !nvidia_gpus.contains(b)) {
+        Some((m, b)) => Err(format!(
+            "fabric_manager.modules maps module {m} to {b}, which is no NVIDIA GPU on this host: give each module id its GPU's address (`vfio-p2p topo` lists the GPUs)"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -117,6 +198,9 @@ pub enum FmConfigFile {
         path: String,
         fabric_mode: Option<u8>,
     },
+    /// The last `FABRIC_MODE=` line (the one FM uses) holds no mode FM knows (0, 1, 2):
+    /// what it holds, in words.
+    Invalid { path: String, message: String },
 }
 
 /// The NVLink Subnet Manager (NVLSM) beside Fabric Manager on an NVLink-5 board
@@ -153,4 +237,67 @@ pub struct Daemon {
     /// The management port GUID on its command line (`-g`, `--guid`,
     /// `--fm-sm-mgmt-port-guid`): the ConnectX-7 bridge port FM and NVLSM must share.
     pub port_guid: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(module_id: u32, bus: u8) -> PartitionGpu {
+        PartitionGpu {
+            module_id,
+            bdf: Some(Bdf::new(0, bus, 0, 0)),
+            nvlinks_available: 18,
+            nvlinks_max: 18,
+        }
+    }
+
+    fn state(partitions: &[(u32, Vec<PartitionGpu>)]) -> FabricState {
+        FabricState {
+            partitions: partitions
+                .iter()
+                .map(|(id, gpus)| FabricPartition {
+                    id: *id,
+                    gpus: gpus.clone(),
+                    active: false,
+                })
+                .collect(),
+            ..FabricState::default()
+        }
+    }
+
+    #[test]
+    fn every_source_is_checked_for_what_fm_never_says() {
+        let good = state(&[(0, vec![gpu(1, 5), gpu(2, 6)]), (1, vec![gpu(1, 5)])]);
+        assert_eq!(good.check(), Ok(()));
+        let twice = state(&[(1, vec![gpu(1, 5)]), (1, vec![gpu(2, 6)])]);
+        assert!(twice
+            .check()
+            .unwrap_err()
+            .contains("partition 1 is listed twice"));
+        let two_ids = state(&[(0, vec![gpu(1, 5), gpu(2, 6)]), (1, vec![gpu(3, 5)])]);
+        assert_eq!(
+            two_ids.check().unwrap_err(),
+            "0000:05:00.0 is listed as module 1 and as module 3 (partition 1): one GPU has one module id"
+        );
+        let two_addresses = state(&[(0, vec![gpu(1, 5)]), (1, vec![gpu(1, 6)])]);
+        assert!(two_addresses
+            .check()
+            .unwrap_err()
+            .contains("module 1 is listed at 0000:05:00.0 and at 0000:06:00.0"));
+        let module_twice = state(&[(0, vec![gpu(1, 5), gpu(1, 5)])]);
+        assert!(module_twice.check().is_err());
+        let many: Vec<(u32, Vec<PartitionGpu>)> = (0..65).map(|i| (i, vec![])).collect();
+        assert!(state(&many).check().unwrap_err().contains("65 partitions"));
+        let limit: Vec<(u32, Vec<PartitionGpu>)> = (0..64).map(|i| (i, vec![])).collect();
+        assert_eq!(state(&limit).check(), Ok(()));
+        let gpus = [Bdf::new(0, 5, 0, 0)];
+        assert_eq!(check_module_map(&[(1, gpus[0])].into(), &gpus), Ok(()));
+        let nic = Bdf::new(0, 0x31, 0, 0);
+        assert!(check_module_map(&[(1, gpus[0]), (2, nic)].into(), &gpus)
+            .unwrap_err()
+            .starts_with(
+                "fabric_manager.modules maps module 2 to 0000:31:00.0, which is no NVIDIA GPU"
+            ));
+    }
 }

@@ -21,6 +21,7 @@ use serde_saphyr::Spanned;
 
 use super::proxmox_conf::split_shell_words;
 use super::qemu_argv::read_qemu_argv;
+use crate::outside_call::{run_program, PROGRAM_DEADLINE};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_files::read_input_file;
 use vfio_p2p_model::domain::{
@@ -324,10 +325,18 @@ pub fn read_incus_server_file(path: &Path) -> Result<IncusServer, IncusError> {
 /// Runs `incus query /1.0` and parses it; `Err` says why the server could not be asked.
 pub fn incus_server_of(program: &Path) -> Result<IncusServer, String> {
     let shown = format!("`{} query /1.0`", program.display());
-    let out = std::process::Command::new(program)
-        .args(["query", "/1.0"])
-        .output()
-        .map_err(|e| format!("could not run {shown}: {e}"))?;
+    let out = run_program(
+        std::process::Command::new(program).args(["query", "/1.0"]),
+        &shown,
+        PROGRAM_DEADLINE,
+        MAX_INCUS_CONFIG_BYTES as usize,
+    )
+    .map_err(|e| e.to_string())?;
+    if out.cut {
+        return Err(format!(
+            "{shown} printed more than {MAX_INCUS_CONFIG_BYTES} bytes: not the answer of an Incus server"
+        ));
+    }
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(format!(

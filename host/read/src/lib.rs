@@ -23,6 +23,7 @@ pub mod iommu_unit;
 pub mod kubevirt_vmi;
 pub mod numa_sysfs;
 pub mod nvidia_smi;
+pub mod outside_call;
 pub mod proxmox_conf;
 pub mod qemu_argv;
 pub mod snapshot;

@@ -2,6 +2,9 @@
 //! (what a QEMU command line asks for is `read::qemu_argv`'s).
 
 use std::path::Path;
+use std::process::Command;
+
+use crate::outside_call::{run_program, MAX_PROGRAM_OUTPUT, PROGRAM_DEADLINE};
 
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion};
 
@@ -25,10 +28,14 @@ pub fn parse_qemu_version(text: &str) -> Option<QemuVersion> {
 
 /// Runs `PATH --version` and parses it.
 pub fn qemu_version_of(path: &Path) -> Result<QemuVersion, String> {
-    let out = std::process::Command::new(path)
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("running {} --version: {e}", path.display()))?;
+    let shown = format!("`{} --version`", path.display());
+    let out = run_program(
+        Command::new(path).arg("--version"),
+        &shown,
+        PROGRAM_DEADLINE,
+        MAX_PROGRAM_OUTPUT,
+    )
+    .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
     parse_qemu_version(&text).ok_or_else(|| {
         format!(
@@ -43,7 +50,9 @@ pub fn qemu_version_of(path: &Path) -> Result<QemuVersion, String> {
 /// says why none could be read.
 pub fn installed_libvirt_version() -> Result<LibvirtVersion, String> {
     for tool in ["virsh", "libvirtd"] {
-        if let Ok(out) = std::process::Command::new(tool).arg("--version").output() {
+        let shown = format!("`{tool} --version`");
+        let run = |c: &mut Command| run_program(c, &shown, PROGRAM_DEADLINE, MAX_PROGRAM_OUTPUT);
+        if let Ok(out) = run(Command::new(tool).arg("--version")) {
             let text = String::from_utf8_lossy(&out.stdout);
             if let Some(v) = text
                 .split_whitespace()
@@ -74,8 +83,13 @@ mod tests {
         assert!(!v("QEMU emulator version 8.0.5")
             .unwrap()
             .has_clique_fallback());
-        assert!(v("QEMU emulator version 8.1.0").unwrap() >= QemuVersion::CLIQUE_FALLBACK);
-        assert!(v("QEMU emulator version 8.0.5").unwrap() < QemuVersion::CLIQUE_FALLBACK);
+        // Ask the model, as the decision does: 8.1.0 itself has the 0xD4 fallback.
+        assert!(v("QEMU emulator version 8.1.0")
+            .unwrap()
+            .has_clique_fallback());
+        assert!(!v("QEMU emulator version 8.0.5")
+            .unwrap()
+            .has_clique_fallback());
         assert_eq!(v("QEMU emulator version 9.2").map(|q| q.micro), Some(0));
         assert_eq!(v("cloud-hypervisor v39.0"), None);
     }

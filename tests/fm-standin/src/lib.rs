@@ -20,6 +20,11 @@
 //!   "nvlink_failed_gpus": [ { "pci": "00000000:14:00.0", "ports": [3] } ],
 //!   "fail_activate": { "1": "nvlink_error" },   // in_use, not_supported, nvlink_error,
 //!   "fail_deactivate": {},                      //   not_ready, generic, connection_lost
+//!   "observe": { "file": "/x/state.json", "text": "0000:0a:00.0" },  // each call appends
+//!                                    //   "WHAT: present|absent" (text in file) to "observations"
+//!   "hang": ["activate"],            // these calls never return (connect, get_supported,
+//!                                    //   get_unsupported, get_nvlink_failed, activate,
+//!                                    //   deactivate, set_activated): logged as "… (hangs)"
 //!   "calls": [] }                    // appended: what was called, in order
 //! ```
 //!
@@ -184,7 +189,32 @@ struct State {
     #[serde(default)]
     fail_deactivate: BTreeMap<String, String>,
     #[serde(default)]
+    hang: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    observe: Option<Observe>,
+    #[serde(default)]
+    observations: Vec<String>,
+    #[serde(default)]
     calls: Vec<String>,
+}
+
+/// A file whose content the tests want seen at each call (what the caller did before it).
+#[derive(Debug, Serialize, Deserialize)]
+struct Observe {
+    file: String,
+    text: String,
+}
+
+/// A call `hang` names: logged, then blocked for good, as a hung FM's library blocks.
+fn hang_if_asked(state: &mut State, what: &str) {
+    let name = what.split(' ').next().unwrap_or_default();
+    if state.hang.iter().any(|h| h == name) {
+        state.calls.push(format!("{what} (hangs)"));
+        save(state);
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -247,6 +277,12 @@ fn call(handle: *mut c_void, what: String, f: impl FnOnce(&mut State) -> c_int) 
     let Some(mut state) = load() else {
         return ST_GENERIC_ERROR;
     };
+    hang_if_asked(&mut state, &what);
+    if let Some(o) = &state.observe {
+        let seen = std::fs::read_to_string(&o.file).is_ok_and(|t| t.contains(&o.text));
+        let seen = if seen { "present" } else { "absent" };
+        state.observations.push(format!("{what}: {seen}"));
+    }
     let n = CALLS.fetch_add(1, Ordering::SeqCst);
     let rc = if state.connection_lost_after.is_some_and(|after| n >= after) || !state.running {
         ST_CONNECTION_NOT_VALID
@@ -318,6 +354,7 @@ pub unsafe extern "C" fn fmConnect(params: *mut ConnectParams, handle: *mut *mut
         return ST_GENERIC_ERROR;
     };
     let kind = if p.is_unix_socket == 1 { "unix" } else { "tcp" };
+    hang_if_asked(&mut state, &format!("connect {kind} {address}"));
     let rc = if state.running {
         ST_SUCCESS
     } else {

@@ -23,6 +23,9 @@ pub enum FabricStep {
         session: FmSession,
         partition: u32,
         gpus: Vec<Bdf>,
+        /// FM's live list has it active already (checked against the record: a record
+        /// FM contradicts is stale, [`super::forget_stale`]).
+        live_active: bool,
     },
     /// The VM cannot get NVLink: the hook's policy decides (warn: start without it).
     Finding(String),
@@ -60,6 +63,7 @@ pub fn plan_for_guest(
     match partition_for(state, &gpus, reserved) {
         Ok(p) => FabricStep::Activate {
             partition: p.id,
+            live_active: p.active,
             gpus,
             session,
         },

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::{BindLock, LockError, SysfsWrite, SysfsWriter};
 pub use state::{ActivationRecord, ActivePartition, RecordError};
-use vfio_p2p_read::binding::device_dir;
+use vfio_p2p_read::binding::{device_dir, read_binding, Binding};
 use vfio_p2p_read::fm_api::{FmCall, FmError, FmFailure, FmSession};
 
 /// What changes FM's partitions. Implemented by [`FmSession`] and [`SimFabric`].
@@ -139,6 +139,32 @@ pub struct ActivationReport {
     pub not_resettable: Vec<Bdf>,
     /// The partition was already active for this guest (a repeated prepare): nothing done.
     pub already_active: bool,
+    /// GPUs reset while still bound to a host driver other than vfio-pci (a `managed='yes'`
+    /// domain, whose GPUs libvirt binds after the hook; `fabric activate`), and the driver.
+    pub reset_on_host_driver: Vec<(Bdf, String)>,
+}
+
+/// Drops partition `id` from the record when it is recorded for `guest` though FM's live
+/// list has it inactive (FM restarted, or was down when the guest stopped): the record is
+/// stale, and the partition is to be activated again. Says whether it dropped one.
+pub fn forget_stale(
+    root: &Path,
+    id: u32,
+    guest: &str,
+    lock_timeout: Duration,
+) -> Result<bool, ActivationError> {
+    let _lock = BindLock::acquire(root, lock_timeout)?;
+    let mut record = ActivationRecord::load(root)?;
+    let ours = record
+        .partitions
+        .get(&id)
+        .is_some_and(|p| p.guest.as_deref() == Some(guest));
+    if !ours {
+        return Ok(false);
+    }
+    record.partitions.remove(&id);
+    record.save(root)?;
+    Ok(true)
 }
 
 /// The sysfs write that resets `bdf` (the kernel picks FLR, PM or bus reset).
@@ -189,6 +215,14 @@ pub fn activate<S: SysfsWriter, P: PartitionWriter>(
         if !root.join(&w.file).exists() {
             report.not_resettable.push(bdf);
             continue;
+        }
+        if let Ok(Binding {
+            driver: Some(d), ..
+        }) = read_binding(root, bdf)
+        {
+            if d != "vfio-pci" {
+                report.reset_on_host_driver.push((bdf, d));
+            }
         }
         sysfs
             .write(root, &w.file, &w.value)

@@ -76,6 +76,12 @@ fn check_fm_shared(fabric: &Fabric, fm_config: &FmConfigFile) -> CheckResult {
             format!("no fabricmanager.cfg on this host; partitions from {}; {v}", fabric.source),
             Some("FM must run here or in a service VM holding the NVSwitches, in FABRIC_MODE=1, at the guest driver's version (nvidia-fabricmanager-<version>)".into()),
         ),
+        FmConfigFile::Invalid { path, message } => result(
+            CHECK,
+            Status::Fail,
+            format!("{path}: {message}"),
+            Some(format!("write FABRIC_MODE=1 as the last FABRIC_MODE line of {path} and restart nvidia-fabricmanager")),
+        ),
         FmConfigFile::Present { path, fabric_mode } if *fabric_mode == Some(FABRIC_MODE_SHARED) => {
             result(CHECK, Status::Pass, format!("{path}: FABRIC_MODE=1 (shared NVSwitch); {v}"), None)
         }
@@ -229,6 +235,12 @@ mod tests {
         assert_eq!(status(&out, "fm-partition"), [Status::Pass]);
         assert_eq!(status(&out, "nvswitch-driver"), [Status::Pass; 4]);
         let out = fabric_checks(&topo, &p1, &fabric, &cfg(Some(0)), &none);
+        assert_eq!(status(&out, "fabric-manager"), [Status::Fail]);
+        let invalid = FmConfigFile::Invalid {
+            path: "fm.cfg".into(),
+            message: "line 2: FABRIC_MODE=x is no mode".into(),
+        };
+        let out = fabric_checks(&topo, &p1, &fabric, &invalid, &none);
         assert_eq!(status(&out, "fabric-manager"), [Status::Fail]);
         let out = fabric_checks(&topo, &p1[..3], &fabric, &cfg(Some(1)), &none);
         assert_eq!(status(&out, "fm-partition"), [Status::Warn]);

@@ -408,16 +408,13 @@ pub(super) fn check_reset(topo: &Topology, gpu: &Device) -> CheckResult {
             None,
         ),
         Some(m) => {
-            let bus_mates: Vec<String> = gpu
-                .parent
-                .map(|p| {
-                    topo.devices
-                        .values()
-                        .filter(|d| d.parent == Some(p) && d.bdf != gpu.bdf && !d.bdf.same_slot(&gpu.bdf))
-                        .map(|d| d.bdf.to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
+            // The bind's rule (`reset::bus_reset_reaches`): everything below the parent
+            // bridge, not only its direct children.
+            let bus_mates: Vec<String> = crate::reset::bus_reset_reaches(topo, &gpu.bdf)
+                .into_iter()
+                .filter(|d| *d != gpu.bdf && !d.same_slot(&gpu.bdf))
+                .map(|d| d.to_string())
+                .collect();
             let mates = if bus_mates.is_empty() {
                 String::new()
             } else {

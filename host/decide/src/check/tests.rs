@@ -560,3 +560,17 @@ fn the_vsock_module_check_fails_only_when_the_host_has_none() {
         Status::Warn
     );
 }
+
+#[test]
+fn checks_bus_reset_warning_names_what_the_bind_would_reset_below_a_bridge() {
+    let (mut topo, a, behind) = crate::reset::tests::deep_host();
+    topo.devices.get_mut(&a).unwrap().reset_methods = Some(vec!["bus".into()]);
+    let gpu = topo.device(&a).unwrap().clone();
+    let row = super::host_rules::check_reset(&topo, &gpu);
+    assert!(
+        row.saw
+            .contains(&format!("a bus reset also resets {behind}")),
+        "{}",
+        row.saw
+    );
+}

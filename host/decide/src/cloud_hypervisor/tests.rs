@@ -130,6 +130,16 @@ fn refuses_what_cloud_hypervisor_cannot_take_at_its_line() {
             3,
             "a comma in its options: /run/a,b.sock",
         ),
+        (
+            "name: a\ndisks:\n  - path: '/i/a\"b.raw'\n",
+            3,
+            "cannot take a path with '\"' in its options",
+        ),
+        (
+            "name: a\ndisks:\n  - path: /i/a[1].raw\n",
+            3,
+            "cannot take a path with '[' in its options",
+        ),
     ];
     for (yaml, line, why) in cases {
         let (at, text) = refused(yaml, legacy, None).unwrap_err();

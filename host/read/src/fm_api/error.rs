@@ -68,6 +68,21 @@ pub enum FmError {
         code: FmReturn,
         address: String,
     },
+    #[error("Fabric Manager at {address}: {}", deadline_text(.call, .after, *.earlier))]
+    Deadline {
+        call: FmCall,
+        address: String,
+        after: std::time::Duration,
+        /// An earlier call is what blocked: this one was not made.
+        earlier: bool,
+    },
+    /// The call was not made: what vfio-p2p would send exceeds what FM's SDK takes.
+    #[error("Fabric Manager at {address}: {call} not made: {why}")]
+    NotMade {
+        call: FmCall,
+        address: String,
+        why: String,
+    },
     #[error("Fabric Manager at {address} answered {call} with {count} entries, more than the {max} its SDK allows: not a Fabric Manager this tool understands")]
     BadAnswer {
         call: FmCall,
@@ -81,7 +96,10 @@ impl FmError {
     pub fn failure(&self) -> FmFailure {
         match self {
             FmError::NoLibrary { .. } => FmFailure::NoLibrary,
-            FmError::Symbol { .. } | FmError::BadAnswer { .. } => FmFailure::Refused,
+            FmError::Deadline { .. } => FmFailure::Unreachable,
+            FmError::Symbol { .. } | FmError::BadAnswer { .. } | FmError::NotMade { .. } => {
+                FmFailure::Refused
+            }
             FmError::Call { call, code, .. } => match (*code, call) {
                 (abi::CONNECTION_NOT_VALID | abi::TIMEOUT, _) => FmFailure::Unreachable,
                 (
@@ -95,6 +113,17 @@ impl FmError {
             },
         }
     }
+}
+
+/// A call FM's library did not return from in time, and the fix.
+fn deadline_text(call: &FmCall, after: &std::time::Duration, earlier: bool) -> String {
+    let s = after.as_secs_f64();
+    let what = if earlier {
+        format!("{call} not made: an earlier call did not return within {s} s")
+    } else {
+        format!("{call} did not return within {s} s")
+    };
+    format!("{what} (Fabric Manager hangs, or its socket stalls); check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log, restart it if it hangs, then retry")
 }
 
 /// What FM's answer means for this call, then the fix.

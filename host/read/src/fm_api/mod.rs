@@ -5,18 +5,23 @@
 //! An [`FmSession`] is one `fmLibInit` + `fmConnect`; dropping it disconnects and shuts the
 //! library down. Its calls return plain Rust values; `read::fabric_manager` turns the
 //! partition lists into the model, `partition_activation` drives activate/deactivate.
+//!
+//! FM's library may block in any call (FM hung, its socket stalled): the connection lives on
+//! a worker thread ([`crate::outside_call::Worker`]) and each call is waited for at most
+//! [`CALL_DEADLINE`]. A call past it is [`FmError::Deadline`] (an unreachable FM to the
+//! callers' policies); the thread stays blocked, abandoned, and every later call of the
+//! session fails at once.
 
 pub mod abi;
+mod connection;
 pub mod error;
 
-use std::ffi::{c_int, c_uint, c_void};
 use std::time::Duration;
-
-use libloading::Library;
 
 pub use error::{FmCall, FmError, FmFailure};
 
-use abi::{FmReturn, FM_ST_SUCCESS};
+use crate::outside_call::{Stuck, Worker};
+use connection::Connection;
 
 /// The environment variable naming another client library (tests use the stand-in).
 pub const LIBRARY_ENV: &str = "VFIO_P2P_FM_LIBRARY";
@@ -24,6 +29,9 @@ pub const LIBRARY_ENV: &str = "VFIO_P2P_FM_LIBRARY";
 pub const DEFAULT_LIBRARY: &str = "libnvfm.so.1";
 /// How long `fmConnect` may try: the hook runs while libvirt waits.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any one FM call is waited for (above `fmConnect`'s own timeout). A hook facing
+/// an FM that does not answer returns this long after the call that blocked.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(6);
 
 /// One GPU of a partition as FM lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,34 +58,15 @@ pub struct FmUnsupported {
     pub physical_ids: Vec<u32>,
 }
 
-/// Where FM listens, as `fmConnect` wants it: text and whether it is a Unix socket.
-fn connect_target(address: &str) -> (String, bool) {
-    match address.strip_prefix("unix:") {
-        Some(path) => (path.to_string(), true),
-        None => (address.to_string(), false),
-    }
-}
-
-type NoArgs = unsafe extern "C" fn() -> FmReturn;
-type Connect = unsafe extern "C" fn(*mut abi::ConnectParams, *mut *mut c_void) -> FmReturn;
-type WithHandle = unsafe extern "C" fn(*mut c_void) -> FmReturn;
-type WithId = unsafe extern "C" fn(*mut c_void, c_uint) -> FmReturn;
-type WithStruct<T> = unsafe extern "C" fn(*mut c_void, *mut T) -> FmReturn;
-
-/// A connection to Fabric Manager.
+/// A connection to Fabric Manager, its calls bounded by [`CALL_DEADLINE`].
 pub struct FmSession {
-    lib: Library,
-    library: String,
+    worker: Worker<Connection>,
     address: String,
-    handle: *mut c_void,
-    /// fmLibInit succeeded: fmLibShutdown is owed.
-    initialized: bool,
 }
 
 impl std::fmt::Debug for FmSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FmSession")
-            .field("library", &self.library)
             .field("address", &self.address)
             .finish_non_exhaustive()
     }
@@ -93,55 +82,33 @@ impl FmSession {
     }
 
     /// Loads the client library, initializes it and connects to FM at `address`
-    /// (`HOST:PORT` or `unix:/PATH`).
+    /// (`HOST:PORT` or `unix:/PATH`), each step bounded by [`CALL_DEADLINE`].
     pub fn open(address: &str) -> Result<FmSession, FmError> {
-        let (library, env) = Self::library_name();
-        // SAFETY: loading FM's client library runs no initializer with preconditions; its
-        // documented first call is fmLibInit, made next.
-        let lib = unsafe { Library::new(&library) }.map_err(|e| FmError::NoLibrary {
-            library: library.clone(),
-            message: e.to_string(),
-            env,
-        })?;
-        let mut session = FmSession {
-            lib,
-            library,
+        let worker =
+            Worker::start("fabric-manager", CALL_DEADLINE).map_err(|e| FmError::NoLibrary {
+                library: Self::library_name().0,
+                message: format!("no thread to call it on: {e}"),
+                env: "",
+            })?;
+        let session = FmSession {
+            worker,
             address: address.to_string(),
-            handle: std::ptr::null_mut(),
-            initialized: false,
         };
-        let init: NoArgs = session.symbol(b"fmLibInit\0", "fmLibInit")?;
-        // SAFETY: fmLibInit takes no arguments (nv_fm_agent.h).
-        let rc = unsafe { init() };
-        session.check(FmCall::LibInit, rc)?;
-        session.initialized = true;
-        session.connect()?;
+        let (library, env) = Self::library_name();
+        let at = address.to_string();
+        session.on_slot(FmCall::LibInit, move |slot| {
+            *slot = Some(Connection::init(library, env, &at)?);
+            Ok(())
+        })?;
+        session.on_slot(FmCall::Connect, |slot| match slot {
+            Some(c) => c.connect(),
+            None => Err(FmError::Call {
+                call: FmCall::Connect,
+                code: abi::UNINITIALIZED,
+                address: String::new(),
+            }),
+        })?;
         Ok(session)
-    }
-
-    fn connect(&mut self) -> Result<(), FmError> {
-        let connect: Connect = self.symbol(b"fmConnect\0", "fmConnect")?;
-        let mut params = abi::zeroed_box::<abi::ConnectParams>();
-        params.version = abi::param_version::<abi::ConnectParams>(1);
-        let (target, unix) = connect_target(&self.address);
-        let room = abi::MAX_STR_LENGTH - 1; // keep the terminating NUL
-        if target.len() > room || target.contains('\0') {
-            return Err(self.error(FmCall::Connect, abi::BADPARAM));
-        }
-        for (d, b) in params.address_info.iter_mut().zip(target.bytes()) {
-            *d = b as std::ffi::c_char;
-        }
-        params.timeout_ms = CONNECT_TIMEOUT.as_millis() as c_uint;
-        params.address_is_unix_socket = unix as c_uint;
-        let mut handle = std::ptr::null_mut();
-        // SAFETY: params is a valid fmConnectParams_v1 with its version set; handle is a
-        // valid out pointer. Both outlive the call.
-        let rc = unsafe { connect(&mut *params, &mut handle) };
-        if rc != FM_ST_SUCCESS {
-            return Err(self.error(FmCall::Connect, rc));
-        }
-        self.handle = handle;
-        Ok(())
     }
 
     /// The address this session talks to, as host.yaml gave it.
@@ -149,220 +116,78 @@ impl FmSession {
         &self.address
     }
 
-    fn symbol<T: Copy>(&self, name: &'static [u8], shown: &'static str) -> Result<T, FmError> {
-        // SAFETY: T is the function type nv_fm_agent.h declares for `name`; the library
-        // stays loaded as long as `self`, and the pointer is only called through `self`.
-        unsafe { self.lib.get::<T>(name) }
-            .map(|s| *s)
-            .map_err(|e| FmError::Symbol {
-                library: self.library.clone(),
-                symbol: shown,
-                message: e.to_string(),
-            })
-    }
-
-    fn error(&self, call: FmCall, code: FmReturn) -> FmError {
-        FmError::Call {
-            call,
-            code,
-            address: self.address.clone(),
-        }
-    }
-
-    fn check(&self, call: FmCall, rc: FmReturn) -> Result<(), FmError> {
-        if rc == FM_ST_SUCCESS {
-            Ok(())
-        } else {
-            Err(self.error(call, rc))
-        }
-    }
-
-    /// Calls `name(handle, &mut s)` on a zeroed, versioned `T`.
-    fn query<T: abi::Plain>(
+    /// Runs `f` on the worker's connection slot, waiting at most the deadline.
+    fn on_slot<R: Send + 'static>(
         &self,
         call: FmCall,
-        name: &'static [u8],
-        shown: &'static str,
-        set_version: impl FnOnce(&mut T),
-    ) -> Result<Box<T>, FmError> {
-        let f: WithStruct<T> = self.symbol(name, shown)?;
-        let mut s = abi::zeroed_box::<T>();
-        set_version(&mut s);
-        // SAFETY: the handle came from fmConnect; s is a valid, versioned T of the layout the
-        // SDK gives for this call, alive for the call.
-        let rc = unsafe { f(self.handle, &mut *s) };
-        self.check(call, rc)?;
-        Ok(s)
-    }
-
-    fn bounded(&self, call: FmCall, count: c_uint, max: usize) -> Result<usize, FmError> {
-        if count as usize > max {
-            return Err(FmError::BadAnswer {
+        f: impl FnOnce(&mut Option<Connection>) -> Result<R, FmError> + Send + 'static,
+    ) -> Result<R, FmError> {
+        self.worker.call(f).unwrap_or_else(|stuck| {
+            Err(FmError::Deadline {
                 call,
                 address: self.address.clone(),
-                count,
-                max,
-            });
-        }
-        Ok(count as usize)
+                after: self.worker.deadline(),
+                earlier: stuck == Stuck::Earlier,
+            })
+        })
+    }
+
+    /// Runs `f` on the open connection.
+    fn on<R: Send + 'static>(
+        &self,
+        call: FmCall,
+        f: impl FnOnce(&Connection) -> Result<R, FmError> + Send + 'static,
+    ) -> Result<R, FmError> {
+        let address = self.address.clone();
+        self.on_slot(call, move |slot| match slot {
+            Some(c) => f(c),
+            None => Err(FmError::Call {
+                call,
+                code: abi::UNINITIALIZED,
+                address,
+            }),
+        })
     }
 
     /// `fmGetSupportedFabricPartitions`.
     pub fn supported_partitions(&self) -> Result<Vec<FmPartition>, FmError> {
-        let call = FmCall::GetSupported;
-        let list = self.query::<abi::PartitionList>(
-            call,
-            b"fmGetSupportedFabricPartitions\0",
-            "fmGetSupportedFabricPartitions",
-            |l| l.version = abi::param_version::<abi::PartitionList>(1),
-        )?;
-        let n = self.bounded(call, list.num_partitions, abi::MAX_FABRIC_PARTITIONS)?;
-        let mut out = Vec::with_capacity(n);
-        for p in &list.partition_info[..n] {
-            let g = self.bounded(call, p.num_gpus, abi::MAX_NUM_GPUS)?;
-            out.push(FmPartition {
-                id: p.partition_id,
-                active: p.is_active != 0,
-                gpus: p.gpu_info[..g]
-                    .iter()
-                    .map(|g| FmGpu {
-                        physical_id: g.physical_id,
-                        pci_bus_id: abi::field_text(&g.pci_bus_id),
-                        nvlinks_available: g.num_nvlinks_available,
-                        nvlinks_max: g.max_num_nvlinks,
-                    })
-                    .collect(),
-            });
-        }
-        Ok(out)
+        self.on(FmCall::GetSupported, Connection::supported_partitions)
     }
 
     /// `fmGetUnsupportedFabricPartitions`.
     pub fn unsupported_partitions(&self) -> Result<Vec<FmUnsupported>, FmError> {
-        let call = FmCall::GetUnsupported;
-        let list = self.query::<abi::UnsupportedPartitionList>(
-            call,
-            b"fmGetUnsupportedFabricPartitions\0",
-            "fmGetUnsupportedFabricPartitions",
-            |l| l.version = abi::param_version::<abi::UnsupportedPartitionList>(1),
-        )?;
-        let n = self.bounded(call, list.num_partitions, abi::MAX_FABRIC_PARTITIONS)?;
-        let mut out = Vec::with_capacity(n);
-        for p in &list.partition_info[..n] {
-            let g = self.bounded(call, p.num_gpus, abi::MAX_NUM_GPUS)?;
-            out.push(FmUnsupported {
-                id: p.partition_id,
-                physical_ids: p.gpu_physical_ids[..g].to_vec(),
-            });
-        }
-        Ok(out)
+        self.on(FmCall::GetUnsupported, Connection::unsupported_partitions)
     }
 
     /// `fmGetNvlinkFailedDevices`: the PCI bus ids of GPUs with failed NVLinks.
     pub fn nvlink_failed_gpus(&self) -> Result<Vec<String>, FmError> {
-        let call = FmCall::GetNvlinkFailed;
-        let list = self.query::<abi::NvlinkFailedDevices>(
-            call,
-            b"fmGetNvlinkFailedDevices\0",
-            "fmGetNvlinkFailedDevices",
-            |l| l.version = abi::param_version::<abi::NvlinkFailedDevices>(1),
-        )?;
-        let n = self.bounded(call, list.num_gpus, abi::MAX_NUM_GPUS)?;
-        self.bounded(call, list.num_switches, abi::MAX_NUM_NVSWITCHES)?;
-        Ok(list.gpu_info[..n]
-            .iter()
-            .map(|d| abi::field_text(&d.pci_bus_id))
-            .collect())
-    }
-
-    fn with_id(
-        &self,
-        call: FmCall,
-        name: &'static [u8],
-        shown: &'static str,
-        id: u32,
-    ) -> Result<(), FmError> {
-        let f: WithId = self.symbol(name, shown)?;
-        // SAFETY: the handle came from fmConnect; the id is a plain integer.
-        let rc = unsafe { f(self.handle, id) };
-        self.check(call, rc)
+        self.on(FmCall::GetNvlinkFailed, Connection::nvlink_failed_gpus)
     }
 
     /// `fmActivateFabricPartition`.
     pub fn activate(&self, id: u32) -> Result<(), FmError> {
-        self.with_id(
-            FmCall::Activate(id),
-            b"fmActivateFabricPartition\0",
-            "fmActivateFabricPartition",
-            id,
-        )
+        self.on(FmCall::Activate(id), move |c| c.activate(id))
     }
 
     /// `fmDeactivateFabricPartition`.
     pub fn deactivate(&self, id: u32) -> Result<(), FmError> {
-        self.with_id(
-            FmCall::Deactivate(id),
-            b"fmDeactivateFabricPartition\0",
-            "fmDeactivateFabricPartition",
-            id,
-        )
+        self.on(FmCall::Deactivate(id), move |c| c.deactivate(id))
     }
 
     /// `fmSetActivatedFabricPartitions`: after an FM restart, the partitions still active
     /// (possibly none: FM wants the call then too).
     pub fn set_activated(&self, ids: &[u32]) -> Result<(), FmError> {
-        let call = FmCall::SetActivated;
-        if ids.len() > abi::MAX_FABRIC_PARTITIONS {
-            return Err(self.error(call, abi::BADPARAM));
-        }
-        let f: WithStruct<abi::ActivatedPartitionList> = self.symbol(
-            b"fmSetActivatedFabricPartitions\0",
-            "fmSetActivatedFabricPartitions",
-        )?;
-        let mut list = abi::zeroed_box::<abi::ActivatedPartitionList>();
-        list.version = abi::param_version::<abi::ActivatedPartitionList>(1);
-        list.num_partitions = ids.len() as c_uint;
-        list.partition_ids[..ids.len()].copy_from_slice(ids);
-        // SAFETY: the handle came from fmConnect; list is a valid, versioned
-        // fmActivatedFabricPartitionList_v1 alive for the call.
-        let rc = unsafe { f(self.handle, &mut *list) };
-        self.check(call, rc)
+        let ids = ids.to_vec();
+        self.on(FmCall::SetActivated, move |c| c.set_activated(&ids))
     }
 }
 
 impl Drop for FmSession {
-    /// fmDisconnect when connected, then fmLibShutdown when initialized.
+    /// Disconnects and shuts the library down on the worker, waiting at most the deadline;
+    /// after a blocked call nothing is asked of the library again.
     fn drop(&mut self) {
-        if !self.handle.is_null() {
-            if let Ok(f) = self.symbol::<WithHandle>(b"fmDisconnect\0", "fmDisconnect") {
-                // SAFETY: the handle came from fmConnect and is not used after this.
-                let _ = unsafe { f(self.handle) };
-            }
-            self.handle = std::ptr::null_mut();
+        if !self.worker.is_blocked() {
+            let _ = self.worker.call(|slot| drop(slot.take()));
         }
-        if self.initialized {
-            if let Ok(f) = self.symbol::<NoArgs>(b"fmLibShutdown\0", "fmLibShutdown") {
-                // SAFETY: fmLibShutdown takes no arguments; fmLibInit succeeded.
-                let _: c_int = unsafe { f() };
-            }
-            self.initialized = false;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_become_fm_connect_targets() {
-        assert_eq!(
-            connect_target("127.0.0.1:6666"),
-            ("127.0.0.1:6666".to_string(), false)
-        );
-        assert_eq!(
-            connect_target("unix:/run/nvidia-fabricmanager/fm.sock"),
-            ("/run/nvidia-fabricmanager/fm.sock".to_string(), true)
-        );
     }
 }
