@@ -266,8 +266,65 @@ pub fn init_logging(env: &str, default: &str) {
         .try_init();
 }
 
+/// How a row reads at a glance: on a colour terminal fail rows are red, warn rows yellow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    Plain,
+    Warn,
+    Fail,
+}
+
+/// Whether rows may be coloured, given `$NO_COLOR`: unset or empty (no-color.org). Colour
+/// reaches a terminal only: comfy-table styles cells when stdout is one, never in a pipe.
+pub fn colour_allowed(no_color: Option<&std::ffi::OsStr>) -> bool {
+    no_color.is_none_or(|v| v.is_empty())
+}
+
+/// `cells` as a table row in `tone` (plain where colour is not allowed).
+pub fn toned_row(cells: Vec<String>, tone: Tone) -> Vec<comfy_table::Cell> {
+    let colour = match tone {
+        Tone::Plain => None,
+        Tone::Warn => Some(comfy_table::Color::Yellow),
+        Tone::Fail => Some(comfy_table::Color::Red),
+    }
+    .filter(|_| colour_allowed(std::env::var_os("NO_COLOR").as_deref()));
+    cells
+        .into_iter()
+        .map(|c| match colour {
+            Some(fg) => comfy_table::Cell::new(c).fg(fg),
+            None => comfy_table::Cell::new(c),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rows_are_coloured_by_tone_unless_no_color() {
+        assert!(colour_allowed(None));
+        assert!(colour_allowed(Some(std::ffi::OsStr::new(""))));
+        assert!(!colour_allowed(Some(std::ffi::OsStr::new("1"))));
+        let styled = |tone| {
+            let mut t = table(vec!["status"]);
+            t.add_row(toned_row(vec!["fail".into()], tone));
+            t.enforce_styling();
+            t.to_string()
+        };
+        // NO_COLOR is not set in the test environment unless the caller sets it
+        if std::env::var_os("NO_COLOR").is_none() {
+            assert!(
+                styled(Tone::Fail).contains("\u{1b}["),
+                "{}",
+                styled(Tone::Fail)
+            );
+        }
+        assert!(!styled(Tone::Plain).contains("fail\u{1b}"));
+        // never in a pipe: tables are styled only on a terminal
+        let mut t = table(vec!["status"]);
+        t.add_row(toned_row(vec!["fail".into()], Tone::Fail));
+        assert!(!t.to_string().contains('\u{1b}'));
+    }
+
     use super::*;
 
     /// gen's 190-character warnings (issue 29) at 80 and 120 columns, and whole without a width.

@@ -15,6 +15,7 @@ mod bind_cli;
 mod closed_pipe;
 mod cloud_hypervisor_real;
 mod collector;
+mod colour;
 mod completion_values;
 mod contract_round_trip;
 mod doc_commands;

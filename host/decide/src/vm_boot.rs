@@ -32,6 +32,8 @@ pub enum BootProblem {
     NoVarsStore,
     #[error("ovmf_vars: {template} is the template every VM starts from, and QEMU writes the VM's variables into its drive: add ovmf_vars_copy: PATH, this VM's copy (gen makes it)")]
     TemplateInPlace { template: String },
+    #[error("ovmf_vars: Cloud Hypervisor takes no separate UEFI variable store (its firmware image is loaded whole, --firmware): remove ovmf_vars and ovmf_vars_copy for this VM")]
+    ChVarsStore,
     #[error("kernel: is booted by Cloud Hypervisor only; {vmm} boots the disk through its firmware: remove kernel:, initramfs: and cmdline:")]
     KernelElsewhere { vmm: &'static str },
     #[error("qmp_socket: and daemonize: are for gen qemu's command line; {vmm} starts QEMU itself: remove them")]
@@ -65,6 +67,9 @@ pub fn refusal(config: &VmConfig, vmm: BootVmm) -> Result<(), Refusal> {
     match vmm {
         BootVmm::CloudHypervisor if uefi && b.ovmf_code_at.is_none() => {
             refuse(b.firmware_at, BootProblem::ChUefiWithoutFirmware)
+        }
+        BootVmm::CloudHypervisor if config.ovmf_vars.is_some() => {
+            refuse(b.ovmf_vars_at, BootProblem::ChVarsStore)
         }
         BootVmm::Qemu if uefi && config.ovmf_vars.is_none() => {
             refuse(b.firmware_at, BootProblem::NoVarsStore)

@@ -23,13 +23,19 @@ pub fn table(r: &CheckReport) -> String {
             }
             _ => String::new(),
         };
-        t.add_row(vec![
+        let tone = match c.status {
+            Status::Pass => vfio_p2p_style::Tone::Plain,
+            Status::Warn => vfio_p2p_style::Tone::Warn,
+            Status::Fail => vfio_p2p_style::Tone::Fail,
+        };
+        let row = vec![
             c.status.to_string(),
             c.check.to_string(),
             c.subject.clone().unwrap_or_default(),
             c.saw.clone(),
             fix_ref,
-        ]);
+        ];
+        t.add_row(vfio_p2p_style::toned_row(row, tone));
     }
     let width = vfio_p2p_style::output_width();
     let mut out = format!("{t}\n");

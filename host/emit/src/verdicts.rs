@@ -20,7 +20,11 @@ pub fn table(records: &[Record]) -> String {
         "first problem",
     ]);
     for r in records {
-        t.add_row(vec![
+        let tone = match r.verdict {
+            Outcome::Pass => vfio_p2p_style::Tone::Plain,
+            Outcome::Fail => vfio_p2p_style::Tone::Fail,
+        };
+        let row = vec![
             r.domain.clone(),
             format!("{:?}", r.verdict).to_uppercase(),
             utc_time(r.received_at),
@@ -32,7 +36,8 @@ pub fn table(records: &[Record]) -> String {
             ),
             pairs_ok(r),
             r.problems.first().cloned().unwrap_or_default(),
-        ]);
+        ];
+        t.add_row(vfio_p2p_style::toned_row(row, tone));
     }
     format!("{t}\n")
 }

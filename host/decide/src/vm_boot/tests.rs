@@ -22,6 +22,11 @@ fn cloud_hypervisor_boots_a_kernel_or_its_own_uefi_build() {
     let (line, why) = refused("name: a\nfirmware: uefi\n", BootVmm::CloudHypervisor);
     assert_eq!(line, Some(2));
     assert!(why.contains("CLOUDHV.fd"), "{why}");
+    // a vars store CH would ignore: refused at its line
+    let vars = format!("{ch_uefi}ovmf_vars: /usr/share/OVMF/OVMF_VARS_4M.fd\n");
+    let (line, why) = refused(&vars, BootVmm::CloudHypervisor);
+    assert_eq!(line, Some(4));
+    assert!(why.contains("no separate UEFI variable store"), "{why}");
     // nothing at all: warned of, naming the keys
     let w = cloud_hypervisor_boots_nothing(&config("name: a\n")).unwrap();
     assert!(w.contains("kernel:") && w.contains("firmware: uefi"), "{w}");
