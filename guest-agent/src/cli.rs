@@ -272,7 +272,7 @@ pub struct ReportArgs {
     /// Also print the time of each phase on stderr as it ends.
     #[arg(short, long)]
     pub verbose: bool,
-    /// A bench aid (`bench/issue31.sh`): KEY=VALUE overrides of the bench plan
+    /// A bench aid (`bench/compare-with-reference.sh`): KEY=VALUE overrides of the bench plan
     /// (`BenchPlan::tuned`), and `exit=reset` (each GPU's context reset, a thread per
     /// GPU, before the process ends) to compare ideas in one build.
     #[arg(long, hide = true, value_delimiter = ',')]
