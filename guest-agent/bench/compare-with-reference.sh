@@ -104,9 +104,11 @@ ids = [l.strip().lower() for l in subprocess.run(
     capture_output=True, text=True).stdout.split()]
 ids = ["%s:%s" % (b.split(":")[0][-4:], ":".join(b.split(":")[1:])) for b in ids]
 text = open(topo).read()
-old = re.findall(r'<pci busid="([^"]+)" class="0x03', text)
-for o, new in zip(old, ids):
-    text = text.replace(f'busid="{o}"', f'busid="{new}"')
+# One GPU <pci> block per GPU of this machine, each the file's first GPU block with its
+# bus id (the host's file is of 2 GPUs; a machine of more gets a block for each).
+blocks = re.findall(r'(\s*<pci busid="[^"]+" class="0x03.*?</pci>)', text, re.S)
+each = "".join(blocks[0].replace(re.search(r'busid="([^"]+)"', blocks[0])[1], b) for b in ids)
+text = text.replace("".join(blocks), each) if "".join(blocks) in text else text
 open(f"{work}/topo-host.xml", "w").write(text)
 open(f"{work}/topo-wrong-nvlink-count.xml", "w").write(re.sub(r'count="\d+"', 'count="1"', text))
 PY
