@@ -112,6 +112,42 @@ pub enum Command {
         #[command(flatten)]
         sysfs: SysfsArgs,
     },
+    /// An NCCL all-reduce across every GPU, one process per GPU: each rank checks the sum
+    /// element by element; bus bandwidth as nccl-tests computes it. Runs with NCCL's own
+    /// topology detection, then with the topology file (--topo-file or NCCL_TOPO_FILE)
+    /// when there is one; a file run much slower than NCCL's own fails, naming why.
+    /// Without the NCCL library the stage says so and exits 0.
+    Nccl {
+        /// The NCCL library (default: $VFIO_P2P_NCCL_LIB, else libnccl.so.2 from the
+        /// dynamic linker's path).
+        #[arg(long)]
+        nccl_lib: Option<PathBuf>,
+        /// The NCCL topology file to run with (default: $NCCL_TOPO_FILE).
+        #[arg(long)]
+        topo_file: Option<PathBuf>,
+        /// Size of each rank's buffer, in MiB.
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        #[command(flatten)]
+        sysfs: SysfsArgs,
+    },
+    /// One rank of `nccl` (started by it, not by hand).
+    #[command(hide = true)]
+    NcclRank {
+        #[arg(long)]
+        rank: usize,
+        #[arg(long)]
+        nranks: usize,
+        /// The bootstrap id, hex.
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        gpu: pci_config::Bdf,
+        #[arg(long)]
+        bytes: usize,
+        #[arg(long)]
+        nccl_lib: PathBuf,
+    },
     /// Peer access between processes, as NCCL uses it: per ordered pair and handle kind,
     /// a child process owns memory on the destination GPU, another writes into it from the
     /// source GPU through CUDA IPC, and the owner checks every word.
@@ -236,7 +272,7 @@ pub struct ReportArgs {
     /// Also print the time of each phase on stderr as it ends.
     #[arg(short, long)]
     pub verbose: bool,
-    /// A bench aid (`bench/issue31.sh`): KEY=VALUE overrides of the bench plan
+    /// A bench aid (`bench/compare-with-reference.sh`): KEY=VALUE overrides of the bench plan
     /// (`BenchPlan::tuned`), and `exit=reset` (each GPU's context reset, a thread per
     /// GPU, before the process ends) to compare ideas in one build.
     #[arg(long, hide = true, value_delimiter = ',')]

@@ -330,11 +330,32 @@ fn range(s: &Stat, digits: usize) -> String {
     format!("{:.*}–{:.*}", digits, s.min, digits, s.max)
 }
 
+/// The flag places' fastest–slowest (the other places' of an earlier agent's report).
+fn places_range(b: &PairBench) -> String {
+    match (&b.one_way_placements, &b.pingpong_position_spread) {
+        (Some(d), _) => range(&d.stat(), 3),
+        (None, Some(p)) => range(&p.one_way_latency_us, 3),
+        (None, None) => "-".into(),
+    }
+}
+
+/// The 4-byte copy: its modes with their stream counts, or the one stream's figure.
+fn copy_modes(b: &PairBench) -> String {
+    if b.memcpy_modes.len() < 2 {
+        return stat(&b.memcpy_latency_us, 2);
+    }
+    b.memcpy_modes
+        .iter()
+        .map(|m| format!("{:.2} ×{}", m.us, m.count))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn bench(results: &[PairBench]) -> String {
     let header = [
         "src → dst",
         "one-way µs",
-        "other flag places µs",
+        "flag places µs",
         "remote read µs",
         "local read µs",
         "memcpy 4B µs",
@@ -352,12 +373,10 @@ pub fn bench(results: &[PairBench]) -> String {
                 b.one_way_latency_us
                     .as_ref()
                     .map_or_else(|| "-".into(), |s| stat(s, 3)),
-                b.pingpong_position_spread
-                    .as_ref()
-                    .map_or_else(|| "-".into(), |p| range(&p.one_way_latency_us, 3)),
+                places_range(b),
                 stat(&b.remote_read_latency_us, 3),
                 stat(&b.local_read_latency_us, 3),
-                stat(&b.memcpy_latency_us, 2),
+                copy_modes(b),
                 stat(&b.ce_bandwidth_gbps, 1),
                 stat(&b.ce_bidir_bandwidth_gbps, 1),
                 stat(&b.sm_copy_bandwidth_gbps, 1),
@@ -379,13 +398,22 @@ pub fn bench(results: &[PairBench]) -> String {
         ),
         _ => format!("{} samples each", plan.map_or(0, |p| p.samples)),
     };
-    let note = format!(
-        "median of {samples} ({} for the one-way latency, its flags placed like \
-         the reference probe's), ± half the spread; other flag places: fastest–slowest of \
-         one round at each of {}; GB/s = 10^9 bytes/s",
-        plan.map_or(0, |p| p.pingpong_samples),
-        plan.map_or(0, |p| p.pingpong_positions)
-    );
+    let note = match plan {
+        Some(p) if p.pingpong_rounds_per_place > 0 => format!(
+            "median of {samples}, ± half the spread; one-way: median over {} flag places \
+             (the same in every process; {} passes, each place its fastest), flag places: the \
+             fastest–slowest place; memcpy 4B: each mode over {} streams, ×streams; GB/s = \
+             10^9 bytes/s",
+            p.pingpong_positions, p.pingpong_rounds_per_place, p.memcpy_streams
+        ),
+        _ => format!(
+            "median of {samples} ({} for the one-way latency, its flags placed like \
+             the reference probe's), ± half the spread; other flag places: fastest–slowest of \
+             one round at each of {}; GB/s = 10^9 bytes/s",
+            plan.map_or(0, |p| p.pingpong_samples),
+            plan.map_or(0, |p| p.pingpong_positions)
+        ),
+    };
     format!("{t}\n{}", fit(&note))
 }
 

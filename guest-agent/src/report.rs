@@ -32,6 +32,10 @@ pub struct PairReport {
     /// The host's expectation for this pair, if any.
     pub expected: Option<Verdict>,
     pub expected_nvlinks: Option<u32>,
+    /// Each figure against what the pair's link should carry (issue 42); absent without
+    /// a bench, a known link, or in reports of earlier agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_verdict: Option<crate::link_verdict::LinkVerdict>,
     /// The pair is as expected (P2P working, unless the host said otherwise).
     pub as_expected: bool,
     pub summary: String,
@@ -268,13 +272,52 @@ impl Report {
     pub fn judge(&mut self) {
         let vm = self.host.virtual_machine;
         let baseline = self.baseline.clone();
-        for p in &mut self.pairs {
+        let links: Vec<_> = self
+            .pairs
+            .iter()
+            .map(|p| self.link_expectation(p))
+            .collect();
+        for (p, link) in self.pairs.iter_mut().zip(links) {
+            p.link_verdict = link
+                .zip(p.bench.as_ref())
+                .map(|(e, b)| crate::link_verdict::judge(b, &e));
             let ratio = baseline
                 .as_ref()
                 .and_then(|b| b.iter().find(|r| r.src == p.src && r.dst == p.dst));
             let (ok, summary) = judge_pair(p, vm, ratio);
             p.as_expected = ok;
             p.summary = summary;
+        }
+    }
+}
+
+impl Report {
+    /// What the pair's link should carry: NVLink from NVML's link count and the GPU's
+    /// part, else PCIe from the slower end's sysfs speed and width; `None` when unknown.
+    pub fn link_expectation(&self, p: &PairReport) -> Option<crate::link_verdict::LinkExpectation> {
+        use crate::link_verdict::{
+            nvlink_expectation, parse_gts, pcie_expectation, pcie_lane_gbps,
+        };
+        let scan = self.scan.as_ref()?;
+        let (a, b) = (scan.gpu(p.src)?, scan.gpu(p.dst)?);
+        match &p.peer.link {
+            Some(l) if l.nvlinks > 0 => {
+                let device = u16::from_str_radix(a.device.trim_start_matches("0x"), 16).ok()?;
+                nvlink_expectation(l.nvlinks, device)
+            }
+            _ => {
+                let end = |g: &crate::sysfs_scan::GpuScan| {
+                    let gts = parse_gts(g.link_speed.as_deref()?)?;
+                    Some((
+                        gts,
+                        g.link_width?,
+                        pcie_lane_gbps(gts)? * f64::from(g.link_width?),
+                    ))
+                };
+                let (ea, eb) = (end(a)?, end(b)?);
+                let slower = if ea.2 <= eb.2 { ea } else { eb };
+                pcie_expectation(slower.0, slower.1)
+            }
         }
     }
 }
@@ -408,6 +451,13 @@ pub fn judge_pair(p: &PairReport, vm: bool, baseline: Option<&BaselineRatio>) ->
         }
     }
     line.push_str(&nvlink_note);
+    if let Some(v) = &p.link_verdict {
+        if v.host_staged {
+            line = line.replacen(&format!("P2P {verified}"), "P2P HOST-STAGED", 1);
+        }
+        line.push_str(&format!("; {}", v.line));
+        ok &= v.ok;
+    }
     (ok, line)
 }
 

@@ -10,9 +10,12 @@ use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, HostGate, Module, 
 use crate::kernels::{chase_next, Kernel};
 use crate::stats::Stat;
 
+pub mod copy_modes;
+pub mod nvbandwidth;
 pub mod pingpong;
 
-use pingpong::{PingPong, PingPongResult, PositionSpread};
+use copy_modes::CopyMode;
+use pingpong::{PingPong, PingPongResult, Placements, PositionSpread};
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +32,11 @@ pub struct BenchPlan {
     /// in reports of earlier agents.
     #[serde(default)]
     pub pingpong_positions: usize,
+    /// Rounds at each flag place of the placement distribution ([`Placements`]); 0 in
+    /// reports of earlier agents, which sampled `pingpong_samples` rounds at the
+    /// reference place and one round at each other place.
+    #[serde(default)]
+    pub pingpong_rounds_per_place: usize,
     pub pingpong_iters: u32,
     /// Dependent loads of each remote chase round.
     pub chase_steps: u32,
@@ -40,6 +48,10 @@ pub struct BenchPlan {
     /// Words of the pointer-chase array (a power of two).
     pub chase_words: u32,
     pub memcpy_copies: u32,
+    /// Streams the 4-byte copy is timed on, one after the other (its modes, see
+    /// [`CopyMode`]); 0 in reports of earlier agents (one stream).
+    #[serde(default)]
+    pub memcpy_streams: usize,
     pub bw_bytes: usize,
     pub bw_copies: u32,
     pub disabled_copies: u32,
@@ -86,15 +98,25 @@ impl BenchPlan {
     /// cold first sample breaks the 1 % agreement and the rule takes 5 samples, whose
     /// median drops it. The side-by-side runs there compare the medians with the earlier
     /// sizes' (README, the report beside p2pBandwidthLatencyTest).
+    ///
+    /// Issue 42: the one-way latency is a distribution over 24 flag places, 2 passes
+    /// over them of 600 ping-pongs a place, each place keeping its faster pass. Each
+    /// place reads alike in every process (the same pattern over the places), but a
+    /// round of 250 wobbled ±3 % and one pass of 500 let a slow first ~10 ms lift the max
+    /// by 19 % in one process of five (2 × H200, three machines, `tests/fixtures/agent/
+    /// issue42`). The 4-byte copy is timed on 2 streams (its mode is mostly the
+    /// process's: 8 streams of one process agreed in 7 of 12 processes).
     pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
-        pingpong_samples: 9,
-        pingpong_positions: 5,
-        pingpong_iters: 1_000,
+        pingpong_samples: 0,
+        pingpong_positions: 24,
+        pingpong_rounds_per_place: 2,
+        pingpong_iters: 600,
         chase_steps: 3_000,
         local_chase_steps: 10_000,
         chase_words: 1 << 22,
         memcpy_copies: 1_000,
+        memcpy_streams: 2,
         bw_bytes: 256 << 20,
         bw_copies: 3,
         disabled_copies: 4,
@@ -106,9 +128,8 @@ impl BenchPlan {
         // are as good, and a noisy measurement still gets all 5.
         min_samples: 3,
         target_spread_permille: 10,
-        // The ping-pong's rounds spread under 0.5 % inside a process (2 × H100, 2 × H200):
-        // 5 within 1 % keep its median; a noisy link still gets all 9.
-        pingpong_min_samples: 5,
+        // Unused since issue 42 (each place takes `pingpong_rounds_per_place`).
+        pingpong_min_samples: 0,
     };
 
     /// FULL's batches (measured in issue 31) with fewer samples and flag places: never
@@ -116,8 +137,9 @@ impl BenchPlan {
     /// against 2.2 s on 4 × H100).
     pub const QUICK: BenchPlan = BenchPlan {
         samples: 3,
-        pingpong_samples: 5,
-        pingpong_positions: 3,
+        pingpong_positions: 16,
+        pingpong_rounds_per_place: 1,
+        memcpy_streams: 2,
         min_samples: 3,
         target_spread_permille: 0,
         pingpong_min_samples: 0,
@@ -130,7 +152,7 @@ impl BenchPlan {
     /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
     /// runs of `bench/issue31.sh` compare batch sizes in one process build):
     /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
-    /// `bidir=gate|event`.
+    /// `memcpy_streams`, `bidir=gate|event`.
     pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         for item in items {
             let (key, value) = item
@@ -147,6 +169,7 @@ impl BenchPlan {
                 "min_samples" => self.min_samples = number()? as usize,
                 "warmup_rounds" => self.warmup_rounds = number()? as usize,
                 "pingpong_positions" => self.pingpong_positions = number()? as usize,
+                "memcpy_streams" => self.memcpy_streams = number()? as usize,
                 "bidir" => {
                     self.bidir_gate = match value {
                         "gate" => true,
@@ -193,18 +216,31 @@ pub struct PairBench {
     /// addresses the reference probe prints.
     #[serde(default)]
     pub pingpong_flag_addresses: Option<[String; 2]>,
-    /// The same ping-pong with the flags at other places, one round each: how much
-    /// the one-way latency depends on where the flags lie.
-    #[serde(default)]
+    /// Reports of earlier agents: the ping-pong with the flags at other places, one
+    /// round each. New reports carry `one_way_placements` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pingpong_position_spread: Option<PositionSpread>,
+    /// One-way latency over the same flag places in every process (issue 42):
+    /// `one_way_latency_us` is its min, median and max. Absent in reports of earlier
+    /// agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_way_placements: Option<Placements>,
     /// A ping-pong kernel gave up waiting: a write never arrived.
     pub pingpong_timed_out: bool,
     /// Dependent loads from `dst`'s memory by a kernel on `src` (µs per load).
     pub remote_read_latency_us: Stat,
     /// The same chase in `src`'s own memory, for contrast.
     pub local_read_latency_us: Stat,
-    /// One 4-byte `cuMemcpyPeerAsync` (µs per copy).
+    /// One 4-byte `cuMemcpyPeerAsync` (µs per copy), on the pair's stream.
     pub memcpy_latency_us: Stat,
+    /// The same on each of `plan.memcpy_streams` streams, the pair's first (empty in
+    /// reports of earlier agents).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memcpy_latency_by_stream_us: Vec<Stat>,
+    /// The 4-byte copy's modes over those streams: each distinct figure, how many
+    /// streams gave it and which.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memcpy_modes: Vec<CopyMode>,
     /// Copy-engine bandwidth src → dst (GB/s, 10^9 bytes).
     pub ce_bandwidth_gbps: Stat,
     /// Copy engines both ways at once, total (GB/s).
@@ -214,6 +250,11 @@ pub struct PairBench {
     /// Copy-engine copy with peer access disabled both ways: staged through the host.
     pub disabled_bandwidth_gbps: Stat,
     pub disabled_memcpy_latency_us: Stat,
+    /// The nvbandwidth testcase each figure corresponds to, by field name (issue 42):
+    /// results line up with nvbandwidth and DCGM's nvbandwidth plugin. Figures without
+    /// a counterpart there (the one-way ping-pong, the 4-byte copy) are not listed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub nvbandwidth_testcases: std::collections::BTreeMap<String, String>,
     /// Seconds each measurement took (warm-up and setup included), in order: where the
     /// pair's time goes (`report -v`). Absent in reports of earlier agents.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -335,7 +376,9 @@ pub fn bench_pair(
         DeviceBuffer::words(src, 1, 0)?,
         DeviceBuffer::words(dst, 1, 0)?,
     );
-    let memcpy_latency_us = pair.memcpy_latency(&tiny, plan.memcpy_copies)?;
+    let memcpy_latency_by_stream_us = pair.memcpy_latency_by_stream(&tiny)?;
+    let memcpy_latency_us = memcpy_latency_by_stream_us[0].clone();
+    let memcpy_modes = copy_modes::modes(&memcpy_latency_by_stream_us);
     laps.done("memcpy latency");
     let bytes = plan.bw_bytes;
     let (s_src, d_dst) = (
@@ -360,16 +403,20 @@ pub fn bench_pair(
         },
         one_way_latency_us: pp.reference,
         pingpong_flag_addresses: pp.flag_addresses,
-        pingpong_position_spread: pp.positions,
+        pingpong_position_spread: None,
+        one_way_placements: pp.placements,
         pingpong_timed_out: pp.timed_out,
         remote_read_latency_us,
         local_read_latency_us,
         memcpy_latency_us,
+        memcpy_latency_by_stream_us,
+        memcpy_modes,
         ce_bandwidth_gbps,
         ce_bidir_bandwidth_gbps,
         sm_copy_bandwidth_gbps,
         disabled_bandwidth_gbps,
         disabled_memcpy_latency_us,
+        nvbandwidth_testcases: nvbandwidth::testcases(),
         measure_s: laps.laps,
     })
 }
@@ -445,15 +492,31 @@ impl PairRun<'_, '_> {
         Ok((remote_us, local_us))
     }
 
-    /// 4-byte peer copies back to back (µs per copy).
+    /// 4-byte peer copies back to back on the pair's stream, then on
+    /// `plan.memcpy_streams - 1` more streams of the source (µs per copy, a Stat each).
+    fn memcpy_latency_by_stream(
+        &self,
+        tiny: &(DeviceBuffer<'_>, DeviceBuffer<'_>),
+    ) -> Result<Vec<Stat>, CudaError> {
+        let copies = self.plan.memcpy_copies;
+        let mut v = vec![self.memcpy_latency(tiny, copies, self.sa)?];
+        for _ in 1..self.plan.memcpy_streams {
+            let s = Stream::new(self.src)?;
+            v.push(self.memcpy_latency(tiny, copies, &s)?);
+        }
+        Ok(v)
+    }
+
+    /// 4-byte peer copies back to back on `stream` (µs per copy).
     fn memcpy_latency(
         &self,
         (tiny_src, tiny_dst): &(DeviceBuffer<'_>, DeviceBuffer<'_>),
         copies: u32,
+        stream: &Stream<'_>,
     ) -> Result<Stat, CudaError> {
         sampled(self.plan, || {
-            let ms = timed(self.sa, || {
-                (0..copies).try_for_each(|_| self.sa.copy_peer(tiny_dst, tiny_src, 4))
+            let ms = timed(stream, || {
+                (0..copies).try_for_each(|_| stream.copy_peer(tiny_dst, tiny_src, 4))
             })?;
             Ok(ms * 1e3 / copies as f64)
         })
@@ -590,7 +653,7 @@ impl PairRun<'_, '_> {
         let disabled = (|| -> Result<(Stat, Stat), CudaError> {
             let batch = (plan.disabled_copies, plan.disabled_copy_bytes());
             let bw = self.ce_bandwidth(s_src, d_dst, batch)?;
-            let lat = self.memcpy_latency(tiny, plan.disabled_memcpy_copies)?;
+            let lat = self.memcpy_latency(tiny, plan.disabled_memcpy_copies, self.sa)?;
             Ok((bw, lat))
         })();
         let restored = peers::enable(src, dst).and_then(|r| {
@@ -732,19 +795,24 @@ mod tests {
             plan: BenchPlan::QUICK,
             one_way_latency_us: Some(stat(&[0.614, 0.613, 0.614])),
             pingpong_flag_addresses: Some(["0x7f0000000000".into(), "0x7f0000200000".into()]),
-            pingpong_position_spread: Some(PositionSpread {
-                offsets: (0..3).map(|p| flag_offset(p) as u64).collect(),
-                one_way_latency_us: stat(&[0.68, 0.61, 0.73]),
-            }),
+            pingpong_position_spread: None,
+            one_way_placements: Placements::of(
+                (0..3).map(|p| flag_offset(p) as u64).collect(),
+                vec![0.68, 0.61, 0.73],
+                2,
+            ),
             pingpong_timed_out: false,
             remote_read_latency_us: stat(&[0.85]),
             local_read_latency_us: stat(&[0.19]),
             memcpy_latency_us: stat(&[1.6]),
+            memcpy_latency_by_stream_us: vec![stat(&[1.6]), stat(&[2.5])],
+            memcpy_modes: copy_modes::modes(&[stat(&[1.6]), stat(&[2.5])]),
             ce_bandwidth_gbps: stat(&[395.0]),
             ce_bidir_bandwidth_gbps: stat(&[780.0]),
             sm_copy_bandwidth_gbps: stat(&[368.0]),
             disabled_bandwidth_gbps: stat(&[37.0]),
             disabled_memcpy_latency_us: stat(&[18.5]),
+            nvbandwidth_testcases: nvbandwidth::testcases(),
             measure_s: vec![],
         }
     }
@@ -753,28 +821,75 @@ mod tests {
     fn reports_of_earlier_agents_load_without_the_placement_fields() {
         let mut v = serde_json::to_value(pair_bench()).unwrap();
         let o = v.as_object_mut().unwrap();
-        o.remove("pingpong_flag_addresses");
-        o.remove("pingpong_position_spread");
-        o["plan"]
-            .as_object_mut()
-            .unwrap()
-            .remove("pingpong_positions");
+        for k in [
+            "pingpong_flag_addresses",
+            "one_way_placements",
+            "memcpy_latency_by_stream_us",
+            "memcpy_modes",
+            "nvbandwidth_testcases",
+        ] {
+            o.remove(k);
+        }
+        let plan = o["plan"].as_object_mut().unwrap();
+        for k in [
+            "pingpong_positions",
+            "pingpong_rounds_per_place",
+            "memcpy_streams",
+        ] {
+            plan.remove(k);
+        }
         let b: PairBench = serde_json::from_value(v).unwrap();
         assert_eq!(b.pingpong_flag_addresses, None);
-        assert_eq!(b.pingpong_position_spread, None);
+        assert_eq!(b.one_way_placements, None);
+        assert!(b.memcpy_modes.is_empty() && b.nvbandwidth_testcases.is_empty());
         assert_eq!(b.plan.pingpong_positions, 0);
         assert_eq!(b.one_way_latency_us, pair_bench().one_way_latency_us);
     }
 
+    /// The JSON carries the distribution with the place of each statistic, the copy's
+    /// modes and the nvbandwidth names.
     #[test]
-    fn placement_fields_are_in_the_json() {
+    fn placement_modes_and_testcases_are_in_the_json() {
         let v = serde_json::to_value(pair_bench()).unwrap();
         assert_eq!(v["pingpong_flag_addresses"][1], "0x7f0000200000");
-        let spread = &v["pingpong_position_spread"];
-        assert_eq!(spread["offsets"][1], FLAG_STRIDE as u64);
-        assert_eq!(spread["one_way_latency_us"]["min"], 0.61);
-        assert_eq!(spread["one_way_latency_us"]["max"], 0.73);
-        assert_eq!(v["plan"]["pingpong_positions"], 3);
+        let d = &v["one_way_placements"];
+        assert_eq!(d["offsets"][1], FLAG_STRIDE as u64);
+        assert_eq!(d["min_at"], FLAG_STRIDE as u64);
+        assert_eq!(d["median_at"], 0);
+        assert_eq!(d["max_at"], 2 * FLAG_STRIDE as u64);
+        assert_eq!(d["rounds_per_place"], 2);
+        assert!(v.get("pingpong_position_spread").is_none());
+        assert_eq!(v["memcpy_modes"][1]["streams"][0], 1);
+        assert_eq!(v["memcpy_modes"].as_array().unwrap().len(), 2);
+        let t = &v["nvbandwidth_testcases"];
+        assert_eq!(t["ce_bandwidth_gbps"], "device_to_device_memcpy_write_ce");
+        assert_eq!(
+            t["ce_bidir_bandwidth_gbps"],
+            "device_to_device_bidirectional_memcpy_write_ce"
+        );
+        assert_eq!(
+            t["sm_copy_bandwidth_gbps"],
+            "device_to_device_memcpy_write_sm"
+        );
+        assert_eq!(t["remote_read_latency_us"], "device_to_device_latency_sm");
+        // Every name is a field the JSON has.
+        for (field, _) in nvbandwidth::TESTCASES {
+            assert!(v.get(field).is_some(), "{field}");
+        }
+    }
+
+    /// The headline is the median over places; min and max are the extremes.
+    #[test]
+    fn headline_is_the_distribution_over_places() {
+        let d = Placements::of(vec![0, 10, 20, 30], vec![0.70, 0.60, 0.74, 0.62], 2).unwrap();
+        let s = d.stat();
+        assert_eq!((s.min, s.max), (0.60, 0.74));
+        assert!((s.median - 0.66).abs() < 1e-12);
+        assert_eq!((d.min_at, d.max_at), (10, 20));
+        // The lower middle place of an even count.
+        assert_eq!(d.median_at, 30);
+        assert!(Placements::of(vec![0], vec![], 1).is_none());
+        assert!(Placements::of(vec![0, 1], vec![0.6], 1).is_none());
     }
 
     #[test]

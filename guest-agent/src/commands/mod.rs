@@ -18,6 +18,7 @@ use vfio_p2p_contract::Expectation;
 mod bench;
 mod children;
 mod expect;
+mod nccl;
 mod nccl_topo;
 mod peers;
 mod report;
@@ -61,6 +62,20 @@ pub fn run(cli: &Cli) -> Result<u8, CannotRun> {
         | Command::CrossProcessGpu { .. }
         | Command::SetupProbe { .. } => children::run(&cli.command),
         Command::NcclTopo { file, sysfs } => nccl_topo::run(f, file.as_deref(), sysfs),
+        Command::Nccl {
+            nccl_lib,
+            topo_file,
+            mib,
+            sysfs,
+        } => nccl::run(f, (nccl_lib.as_deref(), topo_file.as_deref()), *mib, sysfs),
+        Command::NcclRank {
+            rank,
+            nranks,
+            id,
+            gpu,
+            bytes,
+            nccl_lib,
+        } => nccl::run_rank(nccl_lib, (*rank, *nranks, id), *gpu, *bytes),
         Command::Verify {
             sysfs,
             expect,
@@ -221,6 +236,7 @@ pub(crate) fn pair_reports(
             bench: None,
             expected: None,
             expected_nvlinks: None,
+            link_verdict: None,
             as_expected: false,
             summary: String::new(),
         })

@@ -8,6 +8,7 @@ mod gpu;
 pub mod ipc;
 mod memory;
 mod module;
+pub mod nccl;
 pub mod peers;
 mod stream;
 
