@@ -255,7 +255,8 @@ mod tests {
 
     /// 0000:00:06.0 → 0000:00:07.0 of the recorded 2 × H200 run (issue 42, medians).
     fn h200() -> PairBench {
-        let text = include_str!("../../tests/fixtures/agent/issue42/h200x2/report-1.json");
+        let text =
+            include_str!("../../tests/fixtures/agent/reference-comparison/h200x2/report-1.json");
         let r: crate::report::Report = serde_json::from_str(text).unwrap();
         r.pairs[0].bench.clone().unwrap()
     }

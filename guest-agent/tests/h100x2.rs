@@ -30,7 +30,7 @@ fn benches(report: &Value) -> Vec<PairBench> {
 }
 
 /// The full plan as recorded here, issue 17's: before the ping-pong's adaptive stop and
-/// the shorter batches of issue 31 (`tests/fixtures/agent/issue31` has the runs with them).
+/// the shorter batches of issue 31 (`tests/fixtures/agent/h100-nvswitch` has the runs with them).
 const ISSUE17_PLAN: BenchPlan = BenchPlan {
     samples: 5,
     pingpong_samples: 9,

@@ -91,7 +91,7 @@ impl BenchPlan {
     /// Issue 31 shortened each batch to a few milliseconds of GPU time, far above the
     /// microseconds the events around it cost: a sample's spread inside a process was
     /// 0.02–0.3 % for the bandwidths and the chase at the earlier sizes (2 and 4 × H100,
-    /// `tests/fixtures/agent/issue31`), so 3 copies of 256 MiB (2 ms) stand for 10,
+    /// `tests/fixtures/agent/h100-nvswitch`), so 3 copies of 256 MiB (2 ms) stand for 10,
     /// 4 staged copies of 64 MiB (7 ms) for 4 of 256 MiB (one of 256 MiB read 1–2 % high),
     /// 3,000 remote dependent loads for 10,000 and 1,000 ping-pongs (1.7 ms) for 5,000;
     /// no round is dropped before the samples (the ping-pong keeps its warm-up round): a
@@ -104,7 +104,7 @@ impl BenchPlan {
     /// place reads alike in every process (the same pattern over the places), but a
     /// round of 250 wobbled ±3 % and one pass of 500 let a slow first ~10 ms lift the max
     /// by 19 % in one process of five (2 × H200, three machines, `tests/fixtures/agent/
-    /// issue42`). The 4-byte copy is timed on 2 streams (its mode is mostly the
+    /// reference-comparison`). The 4-byte copy is timed on 2 streams (its mode is mostly the
     /// process's: 8 streams of one process agreed in 7 of 12 processes).
     pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
@@ -150,7 +150,7 @@ impl BenchPlan {
     pub const STEPS: u64 = 8;
 
     /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
-    /// runs of `bench/issue31.sh` compare batch sizes in one process build):
+    /// H100 bench runs compare batch sizes in one process build):
     /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
     /// `memcpy_streams`, `bidir=gate|event`.
     pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {

@@ -127,7 +127,7 @@ pub(crate) fn emit<T: Serialize>(
     Ok(())
 }
 
-/// With `VFIO_P2P_AGENT_MARKS` set (a bench aid: `bench/issue31.sh` takes the process's
+/// With `VFIO_P2P_AGENT_MARKS` set (a bench aid: the H100 bench script (in git history; now `bench/compare-with-reference.sh`) takes the process's
 /// start and end around it), `mark WHAT UNIX_NS` on stderr.
 pub fn mark(what: &str) {
     if std::env::var_os("VFIO_P2P_AGENT_MARKS").is_some() {

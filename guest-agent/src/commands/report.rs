@@ -96,7 +96,7 @@ fn run_report(
         ..Default::default()
     };
     // The guest's side (sysfs, NVML, path labels, fabric) beside cuInit and the contexts,
-    // which the driver serialises (bench/issue31.sh: `setup-probe`).
+    // which the driver serialises (the H100 bench runs: `setup-probe`).
     let (gpus, guest) = std::thread::scope(|s| {
         let beside = s.spawn(|| guest_side(&sysfs.sysfs_root, expectation.as_ref()));
         let gpus = open_gpus();

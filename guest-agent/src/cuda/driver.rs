@@ -59,7 +59,7 @@ pub(crate) fn check(
 /// Asks the driver for one hardware work queue per context (`CUDA_DEVICE_MAX_CONNECTIONS=1`)
 /// unless the environment already names a number. A context then opens in half the time
 /// and ends sooner (2 × H100: the contexts 0.10 s instead of 0.20 s, the process's end
-/// 0.12 s instead of 0.17 s; `bench/issue31-ideas.sh`). Only for work that never has two
+/// 0.12 s instead of 0.17 s; the H100 bench runs, `tests/fixtures/agent/h100-nvswitch`). Only for work that never has two
 /// streams of one context wait on each other: every ordered pair of the agent uses one
 /// stream on each of two GPUs (`bench --simulate`, whose pairs share a GPU, must not).
 /// Call before [`init`], while the process has one thread.

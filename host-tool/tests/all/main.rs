@@ -35,7 +35,7 @@ mod guest_io_real;
 mod help_and_addresses;
 mod hook_cli;
 mod hostile;
-mod hostile_round_two;
+mod hostile_reproducers;
 mod incus;
 mod kubevirt;
 mod lab_script;

@@ -1,4 +1,5 @@
-//! The runs of `guest-agent/bench/issue31.sh` on 2 and 4 NVLink H100s behind NVSwitch
+//! The runs of the H100 bench script (in git history; its successor is
+//! `guest-agent/bench/compare-with-reference.sh`) on 2 and 4 NVLink H100s behind NVSwitch
 //! (`nvidia-h100-x2`, `nvidia-h100-x4`, 2026-11-26), replayed: the full report beside
 //! p2pBandwidthLatencyTest and the reference probe, cross-process with a child per GPU,
 //! the `--inject` self-test, and the fabric check (issue 30) passing and failing. `*-one-queue`:
@@ -30,7 +31,7 @@ const ONE_QUEUE: [(&str, usize); 2] = [("h100x2-one-queue", 2), ("h100x4-one-que
 
 fn fixture(machine: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/agent/issue31")
+        .join("../tests/fixtures/agent/h100-nvswitch")
         .join(machine)
         .join(name)
 }
@@ -336,7 +337,7 @@ fn one_queue_report_is_within_p2p_bandwidth_latency_tests_wall_on_2_and_4_gpus()
             serde_json::from_value(json(m, "report.json")["pairs"][0]["bench"]["plan"].clone())
                 .unwrap();
         // The full plan of that build (issue 42 changed the ping-pong and the 4-byte
-        // copy; `tests/fixtures/agent/issue42` holds the runs of the plan now).
+        // copy; `tests/fixtures/agent/reference-comparison` holds the runs of the plan now).
         assert_eq!(
             plan,
             BenchPlan {

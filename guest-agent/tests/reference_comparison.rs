@@ -1,5 +1,5 @@
 //! The runs of `guest-agent/bench/compare-with-reference.sh` on 2 and 4 NVLink H200s
-//! (`nvidia-h200-x2`, `nvidia-h200-x4`, 2026-11-28; `tests/fixtures/agent/issue42/`),
+//! (`nvidia-h200-x2`, `nvidia-h200-x4`, 2026-11-28; `tests/fixtures/agent/reference-comparison/`),
 //! replayed: 5 processes each of the reference probe (every ordered pair), the team's
 //! probe as it is, p2pBandwidthLatencyTest and the agent's full report, alternating; agent
 //! runs with `CUDA_DEVICE_MAX_CONNECTIONS=8`; the 4-byte copy on 8 streams; the NCCL stage
@@ -23,7 +23,7 @@ const MACHINES: [(&str, usize, (f64, f64)); 2] =
 
 fn fixture(m: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/agent/issue42")
+        .join("../tests/fixtures/agent/reference-comparison")
         .join(m)
         .join(name)
 }
