@@ -171,6 +171,7 @@ pub fn decide(
     };
     let node_count =
         flat.numa_nodes.len() as u32 + gpus.iter().map(|g| g.nodes.len() as u32).sum::<u32>();
+    warnings.extend(node_limit_warning(node_count));
     let mut guest = GraceGuest {
         gpus,
         smmu_form: pieces.smmu_form,
@@ -199,6 +200,23 @@ pub fn decide(
         hugepages_fit(memory_mib, flat.numa_nodes.len() as u64)?;
     }
     Ok((flat, guest, warnings))
+}
+
+/// The nodes a guest kernel takes: 2^CONFIG_NODES_SHIFT. Debian's arm64 kernel takes 16 (the
+/// aarch64 lab booted a gb200 guest of 34 nodes on it: "SRAT: Too many proximity domains",
+/// nodes 16-33 gone; tests/fixtures/grace/lab-gb200), so any guest of two GPUs or more needs
+/// a kernel built for more.
+const DEBIAN_ARM64_NODES: u32 = 16;
+
+/// A warning when the guest has more NUMA nodes than Debian's arm64 kernel takes, naming the
+/// CONFIG_NODES_SHIFT that holds them all.
+fn node_limit_warning(node_count: u32) -> Option<String> {
+    (node_count > DEBIAN_ARM64_NODES).then(|| {
+        let shift = node_count.next_power_of_two().trailing_zeros();
+        format!(
+            "the guest has {node_count} NUMA nodes: its kernel must be built with CONFIG_NODES_SHIFT={shift} or more (Debian's arm64 kernel takes {DEBIAN_ARM64_NODES} and drops the GPU nodes past them, so the agent's expect fails)"
+        )
+    })
 }
 
 /// One guest CPU node per host node the chosen GPUs hang off (their device's node, else

@@ -266,3 +266,25 @@ fn the_expectation_lists_each_gpus_nodes_and_the_guest_distances() {
     let back = vfio_p2p_contract::Expectation::from_json(&e.to_json()).unwrap();
     assert_eq!(back, e);
 }
+
+#[test]
+fn more_nodes_than_debians_arm64_kernel_takes_are_warned_of() {
+    // gh200 (9 nodes) is warned of nothing: gh200_cpu_node_first_... above
+    let topo = example("gb200");
+    let (_, g, warnings) = grace(&topo, v(11, 1));
+    assert_eq!(g.node_count, 34);
+    let w: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("NUMA nodes"))
+        .collect();
+    assert_eq!(w.len(), 1, "{warnings:?}");
+    assert!(
+        w[0].contains("34 NUMA nodes") && w[0].contains("CONFIG_NODES_SHIFT=6"),
+        "{}",
+        w[0]
+    );
+    assert_eq!(node_limit_warning(16), None);
+    assert!(node_limit_warning(17)
+        .unwrap()
+        .contains("CONFIG_NODES_SHIFT=5"));
+}
