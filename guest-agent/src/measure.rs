@@ -9,51 +9,14 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
-use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
 use crate::bench::pingpong::PingPongFlags;
 use crate::bench::{self, BenchPlan, PairBench};
 use crate::cuda::{Gpu, Module};
 use crate::report::PairReport;
-use crate::schedule::{self, RoundPlan};
+use crate::schedule::{self, RoundPlan, RoundRecord};
 use crate::sysfs_scan::Scan;
 use crate::verify::{self, VerifyResult};
-
-/// One round as it ran.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RoundRecord {
-    /// The round's pairs, each measured both ways where peer access allows.
-    pub pairs: Vec<(Bdf, Bdf)>,
-    /// The pairs ran at once, a thread each.
-    pub concurrent: bool,
-    pub why: String,
-    /// Wall time of the round's verify pass (absent where nothing was verified).
-    pub verify_s: Option<f64>,
-    /// Wall time of the round's bench pass.
-    pub bench_s: f64,
-    /// Each pair's own bench time (both ways), in the order of `pairs`.
-    pub pair_bench_s: Vec<f64>,
-}
-
-impl RoundRecord {
-    /// `round` as it ran: `bdf` names each GPU index, `bench` is the round's wall time
-    /// and each pair's own.
-    fn of(
-        round: &RoundPlan,
-        bdf: impl Fn(usize) -> Bdf,
-        verify_s: Option<f64>,
-        (bench_s, pair_bench_s): (f64, &[f64]),
-    ) -> RoundRecord {
-        RoundRecord {
-            pairs: round.pairs.iter().map(|&(a, b)| (bdf(a), bdf(b))).collect(),
-            concurrent: round.concurrent,
-            why: round.why.clone(),
-            verify_s,
-            bench_s,
-            pair_bench_s: pair_bench_s.to_vec(),
-        }
-    }
-}
 
 /// A round's results, each a pair's measurements by report index: the first error, or
 /// all of them.
@@ -72,12 +35,6 @@ fn labels(reports: &[PairReport]) -> Vec<String> {
         .iter()
         .map(|r| format!("{} → {}", r.src, r.dst))
         .collect()
-}
-
-/// The part table's entry of the GPU at `bdf`, from the PCI device ID the scan read.
-pub fn part_of(scan: Option<&Scan>, bdf: Bdf) -> Option<&'static GpuPart> {
-    let g = scan?.gpus.iter().find(|g| g.bdf == bdf)?;
-    gpu_part(u16::from_str_radix(g.device.trim_start_matches("0x"), 16).ok()?)
 }
 
 /// For each ordered pair of GPU indices, the index of its report, where peer access
@@ -130,7 +87,7 @@ pub fn plan_rounds(gpus: &[Gpu], reports: &[PairReport], scan: Option<&Scan>) ->
                 .first()
                 .and_then(|&(_, _, i)| reports[i].peer.link.as_ref())
                 .map(|l| l.nvlinks);
-            schedule::pair_fabric(nvlinks, part_of(scan, gpus[a].bus_id))
+            schedule::pair_fabric(nvlinks, scan.and_then(|s| s.part_of(gpus[a].bus_id)))
         },
     )
 }

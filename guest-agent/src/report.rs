@@ -84,7 +84,7 @@ pub struct Report {
     /// The rounds of disjoint pairs as they ran: at once or one pair at a time, and why
     /// (absent in older reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rounds: Option<Vec<crate::measure::RoundRecord>>,
+    pub rounds: Option<Vec<crate::schedule::RoundRecord>>,
     /// Peer access across processes (`report --cross-process`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_process: Option<Vec<crate::cross_process::CrossProcessResult>>,
@@ -171,7 +171,7 @@ impl Report {
         let scan = self.scan.as_ref();
         let all_switched = measured.iter().all(|p| {
             let nvlinks = p.peer.link.as_ref().map(|l| l.nvlinks);
-            pair_fabric(nvlinks, crate::measure::part_of(scan, p.src)).0 == Fabric::NonBlocking
+            pair_fabric(nvlinks, scan.and_then(|s| s.part_of(p.src))).0 == Fabric::NonBlocking
         });
         let fabric = if all_switched {
             Fabric::NonBlocking

@@ -11,6 +11,7 @@
 
 use std::time::Instant;
 
+use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::{Boards, GpuPart};
 
@@ -242,6 +243,42 @@ pub fn estimate(
         setup_s_per_gpu,
         pair_s,
         total_s: setup_s_per_gpu * gpus as f64 + 2.0 * pair_s * serial_steps as f64,
+    }
+}
+
+/// One round as it ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundRecord {
+    /// The round's pairs, each measured both ways where peer access allows.
+    pub pairs: Vec<(Bdf, Bdf)>,
+    /// The pairs ran at once, a thread each.
+    pub concurrent: bool,
+    pub why: String,
+    /// Wall time of the round's verify pass (absent where nothing was verified).
+    pub verify_s: Option<f64>,
+    /// Wall time of the round's bench pass.
+    pub bench_s: f64,
+    /// Each pair's own bench time (both ways), in the order of `pairs`.
+    pub pair_bench_s: Vec<f64>,
+}
+
+impl RoundRecord {
+    /// `round` as it ran: `bdf` names each GPU index, `bench` is the round's wall time
+    /// and each pair's own.
+    pub(crate) fn of(
+        round: &RoundPlan,
+        bdf: impl Fn(usize) -> Bdf,
+        verify_s: Option<f64>,
+        (bench_s, pair_bench_s): (f64, &[f64]),
+    ) -> RoundRecord {
+        RoundRecord {
+            pairs: round.pairs.iter().map(|&(a, b)| (bdf(a), bdf(b))).collect(),
+            concurrent: round.concurrent,
+            why: round.why.clone(),
+            verify_s,
+            bench_s,
+            pair_bench_s: pair_bench_s.to_vec(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use pci_config::{clique, Bdf, ConfigSpace, CONFIG_SPACE_UNPRIVILEGED};
 use serde::{Deserialize, Serialize};
+use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
 pub const NVIDIA_VENDOR: u16 = 0x10de;
 /// PCI base class of display controllers (VGA 0x0300, 3D 0x0302).
@@ -65,6 +66,12 @@ pub struct Scan {
 }
 
 impl Scan {
+    /// The part table's entry of the GPU at `bdf`, from the PCI device ID the scan read.
+    pub fn part_of(&self, bdf: Bdf) -> Option<&'static GpuPart> {
+        let g = self.gpus.iter().find(|g| g.bdf == bdf)?;
+        gpu_part(u16::from_str_radix(g.device.trim_start_matches("0x"), 16).ok()?)
+    }
+
     /// Whether any GPU's clique could not be read (non-root).
     pub fn unreadable(&self) -> bool {
         self.gpus.iter().any(|g| !g.caps_readable)

@@ -184,7 +184,8 @@ fn the_rounds_are_printed_and_the_estimate_uses_them() {
 
 #[test]
 fn a_simulated_schedule_prints_a_row_per_pair() {
-    use vfio_p2p_agent::measure::{RoundRecord, SimulatedRun};
+    use vfio_p2p_agent::measure::SimulatedRun;
+    use vfio_p2p_agent::schedule::RoundRecord;
     let r: vfio_p2p_agent::report::Report =
         serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
     let benches: Vec<_> = r.pairs.iter().filter_map(|p| p.bench.clone()).collect();
