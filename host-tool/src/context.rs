@@ -538,7 +538,7 @@ fn probe(
 fn nvlsm_probe(source: &HostSource, topo: &Topology) -> NvlsmProbe {
     let all: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
     match source.probe_root() {
-        _ if vfio_p2p_decide::check::nvlink5_board(topo, &all).is_none() => {
+        _ if vfio_p2p_decide::fabric::nvlink5_board(topo, &all).is_none() => {
             NvlsmProbe::NotProbed("no NVLink-5 GPU".into())
         }
         Ok(root) => NvlsmProbe::Probed(host_probe::nvlsm::probe(root)),

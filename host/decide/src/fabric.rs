@@ -17,10 +17,11 @@ use pci_config::Bdf;
 
 use super::placement::{Placement, PlacementHost, UnplacedVm, VmRequest};
 use vfio_p2p_config::host::FabricMode;
+use vfio_p2p_contract::nvidia_parts::nvlink5_hgx_board;
 use vfio_p2p_model::fabric::FabricModel;
 use vfio_p2p_model::fabric_state::FabricPartition;
 use vfio_p2p_model::fabric_state::FabricState;
-use vfio_p2p_model::Topology;
+use vfio_p2p_model::{Topology, VENDOR_NVIDIA};
 
 /// A board whose NVLink fabric Fabric Manager runs, which `fabric: auto` asks FM about:
 /// NVSwitches on the PCI tree (HGX A100/H100/H200), or the GPUs of an NVLink-5 board,
@@ -28,7 +29,7 @@ use vfio_p2p_model::Topology;
 /// of the host (HGX B100/B200/B300).
 pub fn fm_board(topo: &Topology) -> bool {
     let gpus: Vec<Bdf> = topo.gpus().map(|g| g.bdf).collect();
-    topo.nvswitches().next().is_some() || crate::check::nvlink5_board(topo, &gpus).is_some()
+    topo.nvswitches().next().is_some() || nvlink5_board(topo, &gpus).is_some()
 }
 
 /// The model planning follows: `fabric:` as configured, `auto` meaning shared NVSwitch
@@ -426,6 +427,14 @@ pub fn passthrough_nvswitches(
         return Vec::new();
     }
     topo.nvswitches().map(|d| d.bdf).collect()
+}
+
+/// The NVLink-5 board the VM's GPUs are on, if any.
+pub fn nvlink5_board(topo: &Topology, gpus: &[Bdf]) -> Option<&'static str> {
+    gpus.iter()
+        .filter_map(|b| topo.device(b))
+        .filter(|d| d.vendor == VENDOR_NVIDIA)
+        .find_map(|d| nvlink5_hgx_board(d.device))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub use fabric_rules::fabric_checks;
 pub use facts::{ConfigSyntax, StartBinding, Vmm, VmmFacts};
 pub use grace_rules::grace_checks;
 pub use host_rules::check_vsock_module;
-pub use nvlsm_rules::{nvlink5_board, nvlsm_checks};
+pub use nvlsm_rules::nvlsm_checks;
 pub use report::{CheckReport, CheckResult, Status};
 pub use reset_rules::reset_checks;
 

@@ -8,24 +8,16 @@
 use pci_config::Bdf;
 
 use super::report::{result, CheckResult, Status};
-use vfio_p2p_contract::nvidia_parts::nvlink5_hgx_board;
+use crate::fabric::nvlink5_board;
 use vfio_p2p_model::fabric::FabricModel;
 use vfio_p2p_model::fabric_state::{NvlsmFacts, NvlsmProbe};
-use vfio_p2p_model::{Topology, VENDOR_NVIDIA};
+use vfio_p2p_model::Topology;
 
 const CHECK: &str = "nvlink-subnet-manager";
 
 /// How to install both daemons together (the guide's meta packages).
 const INSTALL: &str = "install `nvlink5-<driver branch>` (Debian/Ubuntu; `nvlink-<driver branch>` on RHEL), which brings Fabric Manager and NVLSM at the driver's version";
 const RESTART: &str = "systemctl restart nvidia-fabricmanager (on NVLink-5 boards its unit starts NVLSM too; `journalctl -u nvidia-fabricmanager` says why it stopped)";
-
-/// The NVLink-5 board the VM's GPUs are on, if any.
-pub fn nvlink5_board(topo: &Topology, gpus: &[Bdf]) -> Option<&'static str> {
-    gpus.iter()
-        .filter_map(|b| topo.device(b))
-        .filter(|d| d.vendor == VENDOR_NVIDIA)
-        .find_map(|d| nvlink5_hgx_board(d.device))
-}
 
 /// One row for a VM with GPUs of an NVLink-5 board; none for other GPUs, and none under
 /// full passthrough (FM and NVLSM then run in the guest).
