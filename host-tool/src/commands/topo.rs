@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs, Needs};
 use vfio_p2p_emit::data::DataFormat;
+use vfio_p2p_emit::topo_dot;
 use vfio_p2p_emit::topo_report::{self, HostTopoReport};
 
 /// `topo` prints data (json/yaml) and a Graphviz drawing of the tree (dot).
@@ -58,7 +59,7 @@ pub fn run(global: &GlobalArgs, args: TopoArgs) -> anyhow::Result<ExitCode> {
             )
         ),
         TopoFormat::Table => topo_report::render_table(&topo, &report),
-        TopoFormat::Dot => topo_report::render_dot(&topo, &report),
+        TopoFormat::Dot => topo_dot::render_dot(&topo, &report),
         TopoFormat::Json => {
             vfio_p2p_emit::data::to_text(&report, DataFormat::Json)?.unwrap_or_default()
         }

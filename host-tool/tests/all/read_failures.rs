@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use tempfile::TempDir;
-use vfio_p2p_emit::topo_report::{render_dot, render_table, HostTopoReport};
+use vfio_p2p_emit::topo_dot::render_dot;
+use vfio_p2p_emit::topo_report::{render_table, HostTopoReport};
 use vfio_p2p_model::HostRecord;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::read_host;

@@ -13,7 +13,7 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::{Location, Spanned};
 
-use super::vm_boot::{self, Boot, BootKeys};
+use super::vm_boot::{self, Boot, BootKeys, Firmware};
 use super::vm_devices::{self, ConsoleKind, DiskFile, GuestDevices, NetworkFile};
 use super::ConfigError;
 use pci_config::PathKind;
@@ -60,17 +60,6 @@ impl fmt::Display for IommuBackend {
             IommuBackend::Auto => "auto",
         })
     }
-}
-
-/// Firmware the guest boots with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Firmware {
-    /// SeaBIOS (QEMU's default).
-    #[default]
-    Bios,
-    /// OVMF: the 64-bit MMIO size is also handed to it through fw_cfg.
-    Uefi,
 }
 
 /// How the guest's verdict reaches the host.

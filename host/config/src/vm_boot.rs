@@ -6,11 +6,22 @@
 
 use std::path::PathBuf;
 
+use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 
-use super::vm::Firmware;
 use super::vm_devices::ConsoleKind;
 use super::FieldError;
+
+/// Firmware the guest boots with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Firmware {
+    /// SeaBIOS (QEMU's default).
+    #[default]
+    Bios,
+    /// OVMF: the 64-bit MMIO size is also handed to it through fw_cfg.
+    Uefi,
+}
 
 /// A kernel the VMM loads itself, without firmware.
 #[derive(Debug, Clone, PartialEq, Eq)]

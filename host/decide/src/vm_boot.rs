@@ -11,7 +11,8 @@
 //! - `kernel:` and QEMU as a service (`qmp_socket:`, `daemonize:`) are for the VMMs gen
 //!   writes a command line for: Cloud Hypervisor's and QEMU's respectively.
 
-use vfio_p2p_config::vm::{Firmware, VmConfig};
+use vfio_p2p_config::vm::VmConfig;
+use vfio_p2p_config::vm_boot::Firmware;
 
 /// What gen writes for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,8 @@
 //! smaller of it and the host's width, 46 when not given: vmm/src/vm.rs `physical_bits`).
 
 use super::vm::VmDefinition;
-use vfio_p2p_config::vm::{Firmware, IommuBackend};
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm_boot::Firmware;
 use vfio_p2p_config::vm_devices::{Console, Network};
 use vfio_p2p_decide::grace_guest::GraceGuest;
 

@@ -10,7 +10,8 @@ use pci_config::Bdf;
 use quick_xml::escape::escape;
 
 use super::vm::{cpulist, disk_places, VmDefinition, FIRST_DISK_SLOT, IOMMUFD_OBJECT_ID, NIC_SLOT};
-use vfio_p2p_config::vm::{Firmware, IommuBackend};
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm_boot::Firmware;
 use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};
 

@@ -17,7 +17,7 @@
 
 use super::qemu::shell_quote;
 use super::vm::VmDefinition;
-use vfio_p2p_config::vm::Firmware;
+use vfio_p2p_config::vm_boot::Firmware;
 use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::mmio;

@@ -8,7 +8,8 @@ use clap::ValueEnum;
 use serde_json::{json, Value};
 
 use super::vm::{cpulist, disk_places, VmDefinition, IOMMUFD_OBJECT_ID, NIC_SLOT};
-use vfio_p2p_config::vm::{Firmware, IommuBackend};
+use vfio_p2p_config::vm::IommuBackend;
+use vfio_p2p_config::vm_boot::Firmware;
 use vfio_p2p_config::vm_devices::{Console, DiskBus, Network};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT_BUS};

@@ -1,6 +1,6 @@
 //! `vfio-p2p topo` output: the `nvidia-smi topo -m` style matrix with its legend,
 //! the PCIe tree above the GPUs (ACS per bridge, IOMMU group per GPU), and the same
-//! facts as JSON/YAML ([`HostTopoReport`]) or Graphviz ([`render_dot`]).
+//! facts as JSON/YAML ([`HostTopoReport`]) or Graphviz (`topo_dot::render_dot`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -635,5 +635,3 @@ fn render_tree_at(topo: &Topology, width: usize) -> String {
     }
     out
 }
-
-pub use super::topo_dot::render_dot;
