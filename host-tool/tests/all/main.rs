@@ -36,6 +36,7 @@ mod help_and_addresses;
 mod hook_cli;
 mod hostile;
 mod hostile_reproducers;
+mod import_circles;
 mod incus;
 mod kubevirt;
 mod lab_script;
