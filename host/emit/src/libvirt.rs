@@ -74,6 +74,19 @@ pub fn unknown_version_warning(
     )
 }
 
+/// The vsock device of `verify: vsock`, on pcie.0 at a fixed slot below the layout's
+/// (otherwise libvirt adds a root port for it).
+pub(crate) fn write_vsock(w: &mut String, vm: &VmDefinition) {
+    if let Some(r) = vm.config.report {
+        let _ = writeln!(
+            w,
+            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
+            r.cid,
+            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
+        );
+    }
+}
+
 /// The hostdev's user alias.
 pub fn alias_for(id: &str) -> String {
     format!("ua-{id}")
@@ -147,15 +160,7 @@ pub fn domain(vm: &VmDefinition, version: LibvirtVersion) -> String {
     for g in vm.layout.passed() {
         write_hostdevs(w, g, controller_index(vm, &g.parent), native_iommufd, None);
     }
-    if let Some(r) = vm.config.report {
-        // on pcie.0 at a fixed slot below the layout's: otherwise libvirt adds a root port
-        let _ = writeln!(
-            w,
-            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
-            r.cid,
-            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
-        );
-    }
+    write_vsock(w, vm);
     write_guest_io(w, vm);
     let _ = writeln!(w, "    <memballoon model='none'/>");
     let _ = writeln!(w, "  </devices>");

@@ -13,15 +13,13 @@ use std::fmt::Write;
 
 use quick_xml::escape::escape;
 
-use super::libvirt::pci_address;
 use super::libvirt::{
     clique_entries, controller_index, hostdev_aliases, iommufd_override_devices, override_devices,
     set_args, write_bridges, write_console, write_disks_and_nic, write_hostdevs, write_numa_tune,
-    VSOCK_SLOT,
+    write_vsock,
 };
 use super::qemu_grace::generic_initiators;
 use super::vm::{cpulist, VmDefinition, AAVMF_VARS, IOMMUFD_OBJECT_ID};
-use pci_config::Bdf;
 use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_decide::grace_guest::{GraceGuest, SmmuForm};
 use vfio_p2p_model::domain::QEMU_NS;
@@ -66,14 +64,7 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
     if g.smmu_form == SmmuForm::MachineWide {
         let _ = writeln!(w, "    <iommu model='smmuv3'/>");
     }
-    if let Some(r) = vm.config.report {
-        let _ = writeln!(
-            w,
-            "    <vsock model='virtio'>\n      <cid auto='no' address='{}'/>\n      {}\n    </vsock>",
-            r.cid,
-            pci_address(&Bdf::new(0, 0, VSOCK_SLOT, 0), Some(0), "")
-        );
-    }
+    write_vsock(w, vm);
     write_disks_and_nic(w, vm);
     // virt's serial port is a PL011: the guest's ttyAMA0
     write_console(

@@ -8,10 +8,26 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use vfio_p2p_files::read_attribute_text;
 use vfio_p2p_model::ReadWarning;
+
+/// Each `sys/devices/system/node/nodeN` directory below `root`, with its N (none when the
+/// kernel shows no NUMA nodes).
+pub(crate) fn node_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(nodes) = fs::read_dir(root.join("sys/devices/system/node")) else {
+        return Vec::new();
+    };
+    nodes
+        .flatten()
+        .filter_map(|n| {
+            let name = n.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix("node")?.parse::<u32>().ok()?;
+            Some((id, n.path()))
+        })
+        .collect()
+}
 
 /// Node → its distance row, for every `nodeN` with a readable `distance`; a row that is
 /// not a list of numbers is left out with a warning naming the file.
@@ -20,18 +36,8 @@ pub fn read_numa_distances(
     warnings: &mut Vec<ReadWarning>,
 ) -> BTreeMap<u32, Vec<u32>> {
     let mut out = BTreeMap::new();
-    let Ok(nodes) = fs::read_dir(root.join("sys/devices/system/node")) else {
-        return out;
-    };
-    for n in nodes.flatten() {
-        let name = n.file_name().to_string_lossy().into_owned();
-        let Some(id) = name
-            .strip_prefix("node")
-            .and_then(|i| i.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = n.path().join("distance");
+    for (id, dir) in node_dirs(root) {
+        let path = dir.join("distance");
         let Ok(text) = read_attribute_text(&path, "NUMA node distances") else {
             continue;
         };

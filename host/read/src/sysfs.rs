@@ -397,19 +397,8 @@ fn read_nic_names(root: &Path, devices: &[DeviceRecord]) -> BTreeMap<Bdf, NicNam
 
 fn read_numa_nodes(root: &Path, warnings: &mut Vec<ReadWarning>) -> BTreeMap<u32, String> {
     let mut out = BTreeMap::new();
-    let dir = root.join("sys/devices/system/node");
-    let Ok(nodes) = fs::read_dir(&dir) else {
-        return out;
-    };
-    for n in nodes.flatten() {
-        let name = n.file_name().to_string_lossy().into_owned();
-        let Some(id) = name
-            .strip_prefix("node")
-            .and_then(|i| i.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = n.path().join("cpulist");
+    for (id, dir) in crate::numa_sysfs::node_dirs(root) {
+        let path = dir.join("cpulist");
         match read_attribute_text(&path, "NUMA node CPU list")
             .ok()
             .as_deref()
