@@ -31,6 +31,7 @@ mod gen_grace;
 mod gen_guest_io;
 mod gen_vsock;
 mod grace_lab;
+mod grace_libvirt;
 mod guest_io_real;
 mod help_and_addresses;
 mod hook_cli;
