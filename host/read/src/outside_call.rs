@@ -11,6 +11,7 @@
 use std::io::Read;
 use std::marker::PhantomData;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -120,6 +121,17 @@ pub fn run_program(
     })
 }
 
+/// Set once any worker of this process was abandoned in a call.
+static ABANDONED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a call of this process was abandoned, its thread still blocked inside a library.
+/// Such a process must end by `_exit` once its output is flushed: a normal exit runs the
+/// library's exit handlers and destructors, which may wait for a lock the blocked thread
+/// holds — and the process would never end.
+pub fn a_call_was_abandoned() -> bool {
+    ABANDONED.load(Ordering::SeqCst)
+}
+
 /// A call on a [`Worker`] that did not come back in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stuck {
@@ -186,6 +198,7 @@ impl<S: 'static> Worker<S> {
         }
         rx.recv_timeout(self.deadline).map_err(|_| {
             self.blocked.set(true);
+            ABANDONED.store(true, Ordering::SeqCst);
             Stuck::ThisCall
         })
     }

@@ -205,12 +205,22 @@ struct Observe {
     text: String,
 }
 
+/// The library's own lock, held by a hung call for good. Like a C++ library's static
+/// destructors, an exit handler (registered by `fmLibInit`) takes it: a process that exits
+/// normally while a call hangs never ends, so callers must leave by `_exit`.
+static LIBRARY_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+extern "C" fn take_library_lock_at_exit() {
+    let _held = LIBRARY_LOCK.lock();
+}
+
 /// A call `hang` names: logged, then blocked for good, as a hung FM's library blocks.
 fn hang_if_asked(state: &mut State, what: &str) {
     let name = what.split(' ').next().unwrap_or_default();
     if state.hang.iter().any(|h| h == name) {
         state.calls.push(format!("{what} (hangs)"));
         save(state);
+        let _held = LIBRARY_LOCK.lock();
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
@@ -313,6 +323,12 @@ fn put_str(dst: &mut [c_char], s: &str) {
 
 #[no_mangle]
 pub extern "C" fn fmLibInit() -> c_int {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: atexit stores a plain `extern "C" fn()` with no captured state; it is
+    // registered once.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(take_library_lock_at_exit);
+    });
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         ST_IN_USE
     } else {
