@@ -9,17 +9,26 @@
 //! 500x8 on 4,000 GPUs flat on root buses (the dump `tests/hostile/flat_host.py` writes;
 //! target < 2 s), and 8x1 and 2x4 on the HGX board without Fabric Manager.
 //!
+//! Then issue 39's: 125x8, 250x8 and 500x8 on 1,000, 2,000 and 4,000 GPUs behind 8-GPU
+//! switches (21 switches per host bridge, each host bridge in its PCI domain: `switched`),
+//! and 1250x8 on 10,000 flat GPUs over two PCI domains, with the process's peak memory so
+//! far (target < 10 s and < 1 GB).
+//!
 //! Recorded on the shared 2-core machine (release): before (b8b0356) flat 125x8 on 1,000
 //! 9.95 s (36.5 s when loaded), 500x8 on 4,000 killed at 60 s, hgx 8x1 0.020 ms, 2x4
 //! 0.026 ms; after: 125x8 on 1,000 13.5 ms, 500x8 on 4,000 215 ms, hgx 8x1 0.010 ms, 2x4
 //! 0.017 ms (same placements: unit goldens, `tests/place.rs`, the property tests).
+//! Issue 39 (before: the issue's release figures, 125x8 on 1,000 switched 54 s, 250x8 on
+//! 2,000 459 s, 500x8 on 4,000 > 600 s, 1250x8 on 10,000 flat over domains > 120 s);
+//! after (host bridge first, seed cache): 0.51 s / 24 MB, 0.81 s / 44 MB, 1.73 s / 85 MB,
+//! 1.32 s / 85 MB (same sets as every seed: `scoped_search_matches_every_seed_*`).
 
 use std::time::{Duration, Instant};
 
 use vfio_p2p_decide::nic_affinity::NicPool;
 use vfio_p2p_decide::placement::{shape, PlacementHost, PlacementOptions};
 use vfio_p2p_model::Topology;
-use vfio_p2p_read::synth::tree::{server, server_with_nics, ServerSpec};
+use vfio_p2p_read::synth::tree::{server, server_with_nics, switched, ServerSpec};
 
 fn main() {
     let spec = ServerSpec::uniform(2, 4, 2, 4);
@@ -66,6 +75,15 @@ fn main() {
             start.elapsed().as_secs_f64() * 1e3
         );
     }
+    for switches in [125, 250, 500] {
+        let topo = Topology::from_record(&switched(switches, 21, 8, 2));
+        timed_place(
+            &format!("{switches}x8 on {} switched GPUs", switches * 8),
+            &topo,
+            switches,
+        );
+    }
+    timed_place("1250x8 on 10,000 flat GPUs, 2 domains", &flat(10_000), 1250);
     let mut hgx =
         Topology::from_record(&vfio_p2p_read::synth::example("hgx-h100").expect("example"));
     vfio_p2p_decide::nvlink::apply_nvswitch_fabric(&mut hgx);
@@ -88,8 +106,29 @@ fn main() {
     }
 }
 
-/// `n` H100s on root buses below one host bridge, 32 per bus, one IOMMU group each: the
-/// flat dump `tests/hostile/flat_host.py` writes, read by the same reader.
+/// Places `count` VMs of 8 GPUs on `topo`: seconds, and the process's peak memory so far.
+fn timed_place(what: &str, topo: &Topology, count: usize) {
+    let start = Instant::now();
+    let host = PlacementHost::new(topo, &PlacementOptions::default()).expect("consistent");
+    let p = host.place(&shape(count, 8), None);
+    let peak = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or("?".to_string(), |kib| format!("{:.0} MB", kib / 1024.0));
+    println!(
+        "place {what}: {} placed, {} unplaced in {:.2} s, peak memory {peak} (target < 10 s, < 1 GB)",
+        p.vms.len(),
+        p.unplaced.len(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// `n` H100s on root buses, 32 per bus and 255 buses per PCI domain (one host bridge
+/// each), one IOMMU group each: the flat dump `tests/hostile/flat_host.py` writes, read
+/// by the same reader.
 fn flat(n: usize) -> Topology {
     let mut config = [0u8; 256];
     config[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
@@ -97,11 +136,12 @@ fn flat(n: usize) -> Topology {
     let config: String = config.iter().map(|b| format!("{b:02x}")).collect();
     let mut dump = serde_json::Map::new();
     for i in 0..n {
-        let bdf = format!("0000:{:02x}:{:02x}.0", 1 + i / 32, i % 32);
+        let (domain, slot) = (i / (32 * 255), i % (32 * 255));
+        let bdf = format!("{domain:04x}:{:02x}:{:02x}.0", 1 + slot / 32, slot % 32);
         dump.insert(
             bdf.clone(),
             serde_json::json!({
-                "path": format!("/sys/devices/pci0000:00/{bdf}"),
+                "path": format!("/sys/devices/pci{domain:04x}:00/{bdf}"),
                 "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
                 "numa_node": "0", "iommu_group": i.to_string(),
                 "resource": "0x0000000000000000 0x0000000000000000 0x0000000000000000\n",

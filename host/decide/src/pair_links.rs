@@ -66,6 +66,17 @@ impl PairLinks {
         PairLink { pcie, nvlink }
     }
 
+    /// Whether any two GPUs share an NVLink.
+    pub fn has_nvlink(&self) -> bool {
+        !self.nvlinks.is_empty()
+    }
+
+    /// Whether GPUs `a` and `b` sit alike: the same root complex and bridges.
+    pub fn same_place(&self, a: usize, b: usize) -> bool {
+        let (a, b) = (&self.places[a], &self.places[b]);
+        a.root == b.root && a.bridges == b.bridges
+    }
+
     /// Whether every GPU sits alike with no NVLink (flat hosts, VMs): then every set
     /// of `n` distinct GPUs has the same worst path.
     pub fn uniform(&self) -> bool {

@@ -15,6 +15,9 @@
 //! switches and sockets free for the VMs that follow. Larger VMs are placed first.
 //! Everything iterates in BDF order, so the result is deterministic. Where every GPU
 //! sits alike (flat hosts), the first seed's set is unbeatable and the search stops there.
+//! Without NVLink a set grows under its seed's host bridge first, seeds' sets are kept
+//! until a unit they looked at is taken, and under a host bridge whose GPUs sit alike one
+//! seed stands for all (see `seed_search`): same sets, near-linear on big hosts.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,6 +30,9 @@ use crate::pair_links::{PairLink, PairLinks};
 use pci_config::PathKind;
 use vfio_p2p_model::HostBridgeId;
 use vfio_p2p_model::Topology;
+
+mod seed_search;
+use seed_search::SeedCache;
 
 /// One VM to place.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +198,14 @@ pub struct PlacementHost {
     units: Vec<Unit>,
     /// Units whose IOMMU group holds an unavailable device.
     blocked: Vec<bool>,
+    /// No NVLink: sets may be searched under one host bridge first (see `seed_search`).
+    scoped: bool,
+    /// Per unit, the domain of the host bridge all its GPUs sit under (none: several).
+    unit_host_bridge: Vec<Option<usize>>,
+    /// Per domain, the units under it when it is a host bridge.
+    host_bridge_units: Vec<Vec<usize>>,
+    /// Per domain, whether it is a host bridge whose GPUs all sit alike.
+    host_bridge_alike: Vec<bool>,
 }
 
 /// Which units are still free, and free GPUs per domain.
@@ -243,7 +257,7 @@ impl PlacementHost {
             .collect();
         let mut domain_ids: BTreeMap<Domain, usize> = BTreeMap::new();
         let mut numa = Vec::with_capacity(n);
-        let mut domains = Vec::with_capacity(n);
+        let mut domains: Vec<Vec<usize>> = Vec::with_capacity(n);
         for bdf in &gpus {
             let dev = &topo.devices[bdf];
             let node = bridge_numa
@@ -296,6 +310,9 @@ impl PlacementHost {
             })
             .collect();
         let uniform = links.uniform() && domains.iter().all(|d| *d == domains[0]);
+        let (unit_host_bridge, host_bridge_units, host_bridge_alike) =
+            seed_search::index_host_bridges(&units, &domains, &numa, &links, domain_ids.len());
+        let scoped = !links.has_nvlink();
         Ok(PlacementHost {
             gpus,
             links,
@@ -305,6 +322,10 @@ impl PlacementHost {
             domain_count: domain_ids.len(),
             units,
             blocked,
+            scoped,
+            unit_host_bridge,
+            host_bridge_units,
+            host_bridge_alike,
         })
     }
 
@@ -361,140 +382,6 @@ impl PlacementHost {
             }
         }
         (w, p)
-    }
-
-    /// The set grown from `seed`: each step adds the free unit that keeps the set
-    /// best, nearest to the seed on ties. `None` when no whole groups add up to `n`.
-    fn grow(&self, s: &FreeState, seed: usize, n: usize) -> Option<Candidate> {
-        let mut units = vec![seed];
-        let mut members: Vec<usize> = Vec::with_capacity(n);
-        let mut worst = self.extend_worst(&[], &self.units[seed], (WorstPath::Single, PathKind::X));
-        members.extend(&self.units[seed].gpus);
-        let mut numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
-        // The free units that could still fit, each with the set's worst paths were it
-        // added (kept up to date as the set grows) and its link to the seed.
-        let seed_gpus = &self.units[seed].gpus;
-        let mut rest: Vec<Reach> = (0..self.units.len())
-            .filter(|u| *u != seed && s.unit_free[*u] && members.len() < n)
-            .filter(|u| members.len() + self.units[*u].gpus.len() <= n)
-            .map(|u| Reach {
-                unit: u,
-                worst: self.extend_worst(seed_gpus, &self.units[u], worst),
-                near: WorstPath::of_pair(self.link(seed_gpus[0], self.units[u].gpus[0])),
-            })
-            .collect();
-        while members.len() < n {
-            let need = n - members.len();
-            let (_, i) = rest
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| self.units[r.unit].gpus.len() <= need)
-                .map(|(i, r)| {
-                    let unit = &self.units[r.unit];
-                    let key = (
-                        r.worst.0,
-                        numa.len() + self.new_numa(&numa, unit),
-                        r.worst.1,
-                        r.near,
-                        Reverse(unit.gpus.len()),
-                        r.unit,
-                    );
-                    (key, i)
-                })
-                .min()?;
-            let Reach {
-                unit: u, worst: w, ..
-            } = rest.swap_remove(i);
-            units.push(u);
-            members.extend(&self.units[u].gpus);
-            numa.extend(self.units[u].gpus.iter().map(|g| self.numa[*g]));
-            worst = w;
-            if members.len() < n {
-                for r in &mut rest {
-                    let so_far = (r.worst.0.max(w.0), r.worst.1.max(w.1));
-                    r.worst = self.extend_worst(&self.units[u].gpus, &self.units[r.unit], so_far);
-                }
-            }
-        }
-        members.sort_unstable();
-        units.sort_unstable();
-        Some(Candidate {
-            worst: worst.0,
-            numa_nodes: numa.len(),
-            groups: units.len(),
-            pcie: worst.1,
-            leftover: self.leftover(s, &members),
-            gpus: members,
-            units,
-        })
-    }
-
-    /// How many NUMA nodes `unit` adds to a set spanning `numa`.
-    fn new_numa(&self, numa: &BTreeSet<Option<u32>>, unit: &Unit) -> usize {
-        let node = |g: &usize| self.numa[*g];
-        unit.gpus
-            .iter()
-            .enumerate()
-            .filter(|(i, g)| {
-                !numa.contains(&node(g)) && !unit.gpus[..*i].iter().any(|h| node(h) == node(g))
-            })
-            .count()
-    }
-
-    /// Free GPUs that would be left in the set's enclosing domain and every domain above.
-    fn leftover(&self, s: &FreeState, members: &[usize]) -> Vec<usize> {
-        let first = &self.domains[members[0]];
-        let common = members[1..].iter().fold(first.len(), |len, g| {
-            first
-                .iter()
-                .zip(&self.domains[*g])
-                .take(len)
-                .take_while(|(a, b)| a == b)
-                .count()
-        });
-        first[..common]
-            .iter()
-            .rev()
-            .map(|d| s.free_under[*d] - members.len())
-            .collect()
-    }
-
-    /// The best free set of `n` GPUs, whatever its path.
-    fn best(&self, s: &FreeState, n: usize) -> Option<Candidate> {
-        let mut best: Option<Candidate> = None;
-        let seeds =
-            (0..self.units.len()).filter(|u| s.unit_free[*u] && self.units[*u].gpus.len() <= n);
-        for c in seeds.filter_map(|seed| self.grow(s, seed, n)) {
-            if best.as_ref().is_none_or(|b| c < *b) {
-                let unbeatable = self.beats_every_set(s, n, &c);
-                best = Some(c);
-                if unbeatable {
-                    break;
-                }
-            }
-        }
-        best
-    }
-
-    /// Whether no set of `n` free GPUs is better than `c`. On a uniform host every set of
-    /// `n` GPUs has the same worst paths and leftover, so `c` is the best when it spans one
-    /// NUMA node, takes the fewest groups any `n` GPUs could, and is the first `n` free
-    /// GPUs in BDF order (the least list). The other seeds need not be tried.
-    fn beats_every_set(&self, s: &FreeState, n: usize, c: &Candidate) -> bool {
-        if !self.uniform || c.numa_nodes != 1 {
-            return false;
-        }
-        let free = || {
-            self.units
-                .iter()
-                .enumerate()
-                .filter(|(u, _)| s.unit_free[*u])
-                .map(|(_, unit)| unit)
-        };
-        let largest = free().map(|u| u.gpus.len()).max().unwrap_or(1);
-        let last = c.gpus.last().copied().unwrap_or(0);
-        let up_to_last = free().flat_map(|u| &u.gpus).filter(|g| **g <= last).count();
-        c.groups == n.div_ceil(largest) && up_to_last == n
     }
 
     /// The most GPUs one VM could get now with its worst path within `limit`.
@@ -589,13 +476,15 @@ impl PlacementHost {
         order.sort_by_key(|i| (Reverse(requests[*i].gpus), *i));
         let mut placed: BTreeMap<usize, PlacedVm> = BTreeMap::new();
         let mut unplaced: BTreeMap<usize, UnplacedVm> = BTreeMap::new();
+        let mut cache = SeedCache::default();
         for i in order {
             let r = &requests[i];
             let free = self.free_gpus(&s);
-            let best = self.best(&s, r.gpus);
+            let best = self.best_cached(&s, r.gpus, &mut cache);
             match best {
                 Some(c) if c.worst.within(max_path) => {
                     self.take(&mut s, &c.units);
+                    cache.forget_taken(self, &c.units);
                     placed.insert(i, self.placed(&r.name, &c));
                 }
                 best => {
@@ -1095,17 +984,22 @@ mod tests {
     /// GPUs on root buses below one host bridge (every GPU alike), with the given IOMMU
     /// groups and NUMA nodes: the flat dump `tests/hostile/flat_host.py` writes.
     fn uniform_host(groups: &[u32], numa: &[u8]) -> Topology {
+        flat_host(groups, numa, &vec![0; groups.len()])
+    }
+
+    /// GPUs on root buses, each in PCI domain `domains[i]` (a host bridge per domain).
+    fn flat_host(groups: &[u32], numa: &[u8], domains: &[u16]) -> Topology {
         let mut config = [0u8; 256];
         config[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
         config[0x0a..0x0c].copy_from_slice(&[0x02, 0x03]);
         let config: String = config.iter().map(|b| format!("{b:02x}")).collect();
         let mut dump = serde_json::Map::new();
-        for (i, (group, node)) in groups.iter().zip(numa).enumerate() {
-            let bdf = format!("0000:01:{i:02x}.0");
+        for (i, ((group, node), domain)) in groups.iter().zip(numa).zip(domains).enumerate() {
+            let bdf = format!("{domain:04x}:01:{i:02x}.0");
             dump.insert(
                 bdf.clone(),
                 serde_json::json!({
-                    "path": format!("/sys/devices/pci0000:00/{bdf}"),
+                    "path": format!("/sys/devices/pci{domain:04x}:00/{bdf}"),
                     "vendor": "0x10de", "device": "0x2330", "class": "0x030200",
                     "numa_node": node.to_string(), "iommu_group": group.to_string(),
                     "resource": "0x0 0x0 0x0\n", "config": config,
@@ -1124,8 +1018,57 @@ mod tests {
             .min()
     }
 
+    /// VM after VM (taking each set), the search with its host-bridge scope, seed cache
+    /// and settled host bridges finds what growing from every seed over every unit finds.
+    fn same_as_every_seed(host: &PlacementHost, sizes: &[usize]) -> Result<(), TestCaseError> {
+        let mut s = host.initial_state();
+        let mut cache = SeedCache::default();
+        for n in sizes {
+            let found = host.best_cached(&s, *n, &mut cache);
+            prop_assert_eq!(&found, &best_of_every_seed(host, &s, *n));
+            if let Some(c) = found {
+                host.take(&mut s, &c.units);
+                cache.forget_taken(host, &c.units);
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Switched hosts with several host bridges and NUMA nodes, some GPUs taken.
+        #[test]
+        fn scoped_search_matches_every_seed_on_switched_hosts(
+            switches in 1usize..=6,
+            per_bridge in 1usize..=3,
+            gpus in 1u8..=3,
+            sockets in 1usize..=2,
+            sizes in proptest::collection::vec(1usize..=5, 1..=8),
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let t = Topology::from_record(&tree::switched(switches, per_bridge, gpus, sockets));
+            let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+            same_as_every_seed(&PlacementHost::new(&t, &options).unwrap(), &sizes)?;
+        }
+
+        /// Flat hosts over several PCI domains, with shared groups (some across domains),
+        /// NUMA nodes and taken GPUs; and the server trees with shared-group leaves.
+        #[test]
+        fn scoped_search_matches_every_seed_on_flat_hosts_and_servers(
+            gpus in proptest::collection::vec((0u32..8, 0u8..2, 0u16..3), 1..=14),
+            spec in server_spec(),
+            sizes in proptest::collection::vec(1usize..=5, 1..=8),
+            picks in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+        ) {
+            let groups: Vec<u32> = gpus.iter().map(|g| g.0).collect();
+            let numa: Vec<u8> = gpus.iter().map(|g| g.1).collect();
+            let domains: Vec<u16> = gpus.iter().map(|g| g.2).collect();
+            for t in [flat_host(&groups, &numa, &domains), Topology::from_record(&tree::server(&spec))] {
+                let options = PlacementOptions { unavailable: taken(&t, &picks), max_path: None };
+                same_as_every_seed(&PlacementHost::new(&t, &options).unwrap(), &sizes)?;
+            }
+        }
 
         /// On a host whose GPUs all sit alike, stopping at the first unbeatable set gives
         /// what trying every seed gives, with shared groups, NUMA nodes and taken GPUs.

@@ -98,6 +98,40 @@ pub fn server_with_nics(spec: &ServerSpec, nics: u8) -> HostRecord {
     b.build()
 }
 
+/// A big switched host: `switches` leaf switches of `gpus` GPUs each (every port
+/// isolating, a group per GPU), `per_bridge` leaf switches below one top switch per host
+/// bridge, the host bridges split evenly over `sockets` NUMA nodes. Each host bridge gets
+/// a PCI domain of its own (root bus 0), as one domain's 256 buses hold about 25 such
+/// switches. `switched(125, 21, 8, 2)`: 1,000 GPUs under 6 host bridges.
+///
+/// Panics when a host bridge needs more than 255 buses (`per_bridge × (gpus + 2) + 2`).
+pub fn switched(switches: usize, per_bridge: usize, gpus: u8, sockets: usize) -> HostRecord {
+    let mut b = HostBuilder::new("generated switched host");
+    for socket in 0..sockets {
+        b.numa_node(
+            socket as u32,
+            &format!("{}-{}", socket * 16, socket * 16 + 15),
+        );
+    }
+    let bridges = switches.div_ceil(per_bridge);
+    for bridge in 0..bridges {
+        let leaves = per_bridge.min(switches - bridge * per_bridge);
+        let numa = Some((bridge * sockets / bridges) as u32);
+        let domain = u16::try_from(bridge).expect("at most 65,536 host bridges");
+        let hb = b.host_bridge(domain, 0);
+        let rp = b.root_port(hb, numa, Some(ACS_ISOLATING));
+        let (_, top) = b.switch(rp, leaves, Some(ACS_ISOLATING));
+        let gpu = EndpointSpec::gpu(SWITCH_GPU.0, SWITCH_GPU.1, 48);
+        for port in top {
+            let (_, dsps) = b.switch(port, usize::from(gpus), Some(ACS_ISOLATING));
+            for d in dsps {
+                b.endpoint(Attach::Below(d), 0, &gpu, None);
+            }
+        }
+    }
+    b.build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +151,20 @@ mod tests {
         assert_eq!(topo.path(&gpus[0], &gpus[63]).kind, PathKind::Sys);
         let groups: std::collections::BTreeSet<_> = topo.gpus().map(|g| g.iommu_group).collect();
         assert_eq!(groups.len(), 64);
+    }
+
+    #[test]
+    fn switched_host_has_its_switches_under_host_bridges_of_their_own() {
+        let topo = Topology::from_record(&switched(5, 2, 3, 2));
+        let gpus: Vec<_> = topo.gpus().map(|g| g.bdf).collect();
+        assert_eq!(gpus.len(), 15);
+        assert_eq!(topo.host_bridges.len(), 3);
+        assert_eq!(topo.path(&gpus[0], &gpus[2]).kind, PathKind::Pix);
+        assert_eq!(topo.path(&gpus[0], &gpus[3]).kind, PathKind::Pxb);
+        assert_eq!(topo.path(&gpus[0], &gpus[6]).kind, PathKind::Node);
+        assert_eq!(topo.path(&gpus[0], &gpus[14]).kind, PathKind::Sys);
+        let groups: std::collections::BTreeSet<_> = topo.gpus().map(|g| g.iommu_group).collect();
+        assert_eq!(groups.len(), 15);
     }
 
     #[test]
