@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use pci_config::Bdf;
 
-use super::apply::FailAt;
+use super::apply::{FailAt, SysfsWriter};
 use super::bind_plan::{vfio_driver_for, BindOptions, NVGRACE_GPU_VFIO_PCI, VFIO_PCI};
 use super::memory_offline::OfflineError;
-use super::session::{bind, unbind, SessionError, SessionOptions, UnbindSelection};
+use super::session::{bind, unbind, SessionError, SessionOptions, SessionReport, UnbindSelection};
 use super::sim::{write_tree, SimKernel};
 use super::state::BindState;
 use vfio_p2p_model::{HostRecord, Topology};
@@ -57,6 +57,22 @@ impl Grace {
     }
     fn driver(&self) -> Option<String> {
         read_binding(self.root(), gpu()).unwrap().driver
+    }
+    /// `bind` of the GPU through `k`, waiting at most `wait` for its memory to go offline.
+    fn bind_gpu<W: SysfsWriter>(
+        &self,
+        k: &mut W,
+        wait: Duration,
+    ) -> Result<SessionReport, SessionError> {
+        let topo = self.topo();
+        bind(
+            self.root(),
+            &topo,
+            k,
+            &[gpu()],
+            &BindOptions::default(),
+            &opts(wait),
+        )
     }
 }
 
@@ -105,15 +121,7 @@ fn a_grace_gpu_goes_to_nvgrace_and_unbind_brings_nvidia_back() {
     assert_eq!(g.driver().as_deref(), Some("nvidia"));
     let mut k = SimKernel::new(&g.host);
     let o = opts(Duration::ZERO);
-    let r = bind(
-        g.root(),
-        &g.topo(),
-        &mut k,
-        &[gpu()],
-        &BindOptions::default(),
-        &o,
-    )
-    .unwrap();
+    let r = g.bind_gpu(&mut k, Duration::ZERO).unwrap();
     let b = read_binding(g.root(), gpu()).unwrap();
     assert_eq!(b.driver.as_deref(), Some(NVGRACE_GPU_VFIO_PCI));
     assert_eq!(b.driver_override.as_deref(), Some(NVGRACE_GPU_VFIO_PCI));
@@ -140,17 +148,8 @@ fn bind_waits_until_the_gpu_memory_is_offline() {
         set_iomem(&root, OFFLINE);
     });
     let mut k = SimKernel::new(&g.host);
-    let o = opts(Duration::from_secs(20));
     let t = std::time::Instant::now();
-    bind(
-        g.root(),
-        &g.topo(),
-        &mut k,
-        &[gpu()],
-        &BindOptions::default(),
-        &o,
-    )
-    .unwrap();
+    g.bind_gpu(&mut k, Duration::from_secs(20)).unwrap();
     let took = t.elapsed();
     offline.join().unwrap();
     // a bind that does not wait is done long before the memory goes offline
@@ -165,17 +164,8 @@ fn bind_waits_until_the_gpu_memory_is_offline() {
 fn memory_still_online_changes_nothing_and_names_the_gpu_and_the_fix() {
     let g = grace(ONLINE);
     let mut k = SimKernel::new(&g.host);
-    let o = opts(Duration::from_millis(300));
     let before = read_binding(g.root(), gpu()).unwrap();
-    let e = bind(
-        g.root(),
-        &g.topo(),
-        &mut k,
-        &[gpu()],
-        &BindOptions::default(),
-        &o,
-    )
-    .unwrap_err();
+    let e = g.bind_gpu(&mut k, Duration::from_millis(300)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -202,15 +192,7 @@ fn a_failed_write_puts_the_grace_gpu_back_on_nvidia() {
     // 1: driver_override, 2: driver/unbind, 3: drivers_probe
     for n in 1..=3 {
         let mut k = FailAt::new(SimKernel::new(&g.host), n);
-        let o = opts(Duration::ZERO);
-        let e = bind(
-            g.root(),
-            &g.topo(),
-            &mut k,
-            &[gpu()],
-            &BindOptions::default(),
-            &o,
-        );
+        let e = g.bind_gpu(&mut k, Duration::ZERO);
         assert!(e.is_err(), "write {n} did not fail the bind");
         assert_eq!(
             read_binding(g.root(), gpu()).unwrap(),
@@ -230,16 +212,7 @@ fn without_the_variant_driver_bind_names_its_module() {
     )
     .unwrap();
     let mut k = SimKernel::new(&g.host);
-    let e = bind(
-        g.root(),
-        &g.topo(),
-        &mut k,
-        &[gpu()],
-        &BindOptions::default(),
-        &opts(Duration::ZERO),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = g.bind_gpu(&mut k, Duration::ZERO).unwrap_err().to_string();
     assert!(
         e.contains("nvgrace_gpu_vfio_pci driver is not loaded")
             && e.contains("modprobe nvgrace-gpu-vfio-pci"),
