@@ -42,6 +42,27 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+/// Why `library` did not load, with dlerror's reason (libloading's own text is only
+/// "dlopen failed"): absent (dlopen's "cannot open shared object file" for the library
+/// itself) is [`FmError::NoLibrary`], a host without FM; anything else — a dependency
+/// missing, another architecture, a truncated file — is [`FmError::Unloadable`].
+fn load_error(library: &str, e: &libloading::Error, env: &'static str) -> FmError {
+    let message = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
+    let absent = format!("{library}: cannot open shared object file: No such file or directory");
+    match message == absent {
+        true => FmError::NoLibrary {
+            library: library.to_string(),
+            message,
+            env,
+        },
+        false => FmError::Unloadable {
+            library: library.to_string(),
+            message,
+            env,
+        },
+    }
+}
+
 impl Connection {
     /// Loads the client library `library` and initializes it (`fmLibInit`), to talk to FM
     /// at `address` (`HOST:PORT` or `unix:/PATH`).
@@ -52,11 +73,7 @@ impl Connection {
     ) -> Result<Connection, FmError> {
         // SAFETY: loading FM's client library runs no initializer with preconditions; its
         // documented first call is fmLibInit, made next.
-        let lib = unsafe { Library::new(&library) }.map_err(|e| FmError::NoLibrary {
-            library: library.clone(),
-            message: e.to_string(),
-            env,
-        })?;
+        let lib = unsafe { Library::new(&library) }.map_err(|e| load_error(&library, &e, env))?;
         let mut session = Connection {
             lib,
             library,
@@ -314,6 +331,28 @@ impl Drop for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fm_api::FmFailure;
+
+    #[test]
+    fn an_absent_library_is_no_fm_and_a_broken_one_says_dlerrors_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let junk = d.path().join("libnvfm.so.1");
+        std::fs::write(&junk, "not an ELF").unwrap();
+        let load = |p: &str| {
+            // SAFETY: the file is no ELF library (nothing to run) or absent.
+            let e = unsafe { Library::new(p) }.unwrap_err();
+            load_error(p, &e, "")
+        };
+        let broken = load(&junk.display().to_string());
+        assert_eq!(broken.failure(), FmFailure::Unreachable);
+        assert!(broken.to_string().contains("file too short"), "{broken}");
+        let absent = load("/nonexistent/libnvfm.so.1");
+        assert_eq!(absent.failure(), FmFailure::NoLibrary);
+        assert!(
+            absent.to_string().contains("No such file or directory"),
+            "{absent}"
+        );
+    }
 
     #[test]
     fn addresses_become_fm_connect_targets() {

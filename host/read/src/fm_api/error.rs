@@ -56,6 +56,12 @@ pub enum FmError {
         message: String,
         env: &'static str,
     },
+    #[error("Fabric Manager's client library {library} is there but does not load ({message}): reinstall nvidia-fabricmanager-dev of the driver's version (and what it depends on){env}")]
+    Unloadable {
+        library: String,
+        message: String,
+        env: &'static str,
+    },
     #[error("{library}: {symbol} missing ({message}): not Fabric Manager's client library, or too old; install nvidia-fabricmanager-dev of the driver's version")]
     Symbol {
         library: String,
@@ -96,7 +102,7 @@ impl FmError {
     pub fn failure(&self) -> FmFailure {
         match self {
             FmError::NoLibrary { .. } => FmFailure::NoLibrary,
-            FmError::Deadline { .. } => FmFailure::Unreachable,
+            FmError::Deadline { .. } | FmError::Unloadable { .. } => FmFailure::Unreachable,
             FmError::Symbol { .. } | FmError::BadAnswer { .. } | FmError::NotMade { .. } => {
                 FmFailure::Refused
             }
