@@ -20,6 +20,7 @@ pub mod mmio;
 pub mod nic_affinity;
 pub mod nvlink;
 pub mod pair_links;
+pub mod place_plan;
 pub mod placement;
 pub mod plan_reach;
 pub mod proxmox;

@@ -12,6 +12,7 @@ pub mod libvirt_grace;
 pub mod libvirt_patch;
 pub mod nccl;
 pub mod node_ranges;
+pub mod place_report;
 pub mod plan_table;
 pub mod proxmox;
 pub mod qemu;
