@@ -2,7 +2,8 @@
 //! (tests/fixtures/grace/libvirt, kept by its `record` script): today's `gen libvirt` must
 //! still write the recorded domains, which libvirt validated and turned into a QEMU command
 //! line with every GPU's eight generic initiators — from `<acpi nodeset>` on 12.8, from
-//! `<qemu:commandline>` on 11.3.
+//! `<qemu:commandline>` on 11.3 — and, on 12.8, an `arm-smmuv3` per physical SMMU on its
+//! expander bus (`<driver pciBus>`), one for the machine on 11.3.
 
 use std::collections::BTreeSet;
 
@@ -79,10 +80,17 @@ fn sids_libvirt_validates_each_domain_and_writes_every_generic_initiator() {
             .lines()
             .find(|l| l.starts_with("-machine virt"))
             .unwrap();
-        assert!(
-            machine.contains("gic-version=3") && machine.contains("iommu=smmuv3"),
-            "{machine}"
-        );
+        assert!(machine.contains("gic-version=3"), "{machine}");
+        // 11.10+: an arm-smmuv3 per physical SMMU on its expander bus (gh200 1, gb200 4, one
+        // per GPU); before: one SMMUv3 for the machine
+        let per_bus = native
+            .matches("\"driver\":\"arm-smmuv3\",\"primary-bus\":\"pci.")
+            .count();
+        let machine_wide = machine.contains("iommu=smmuv3");
+        match version {
+            "12.8" => assert_eq!((per_bus, machine_wide), (gpus, false), "{name}"),
+            _ => assert_eq!((per_bus, machine_wide), (0, true), "{name}"),
+        }
         assert_eq!(
             native.matches("\"driver\":\"vfio-pci\"").count(),
             gpus,

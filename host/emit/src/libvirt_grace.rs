@@ -61,8 +61,21 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
         let bus = controller_index(vm, &d.parent);
         write_hostdevs(w, d, bus, native_iommufd, acpi.as_deref());
     }
-    if g.smmu_form == SmmuForm::MachineWide {
-        let _ = writeln!(w, "    <iommu model='smmuv3'/>");
+    match g.smmu_form {
+        SmmuForm::MachineWide => {
+            let _ = writeln!(w, "    <iommu model='smmuv3'/>");
+        }
+        // one per physical SMMU, on its expander bus (libvirt >= 11.10: pciBus is the
+        // controller's index)
+        SmmuForm::PerPhysical => {
+            for s in &g.smmus {
+                let _ = writeln!(
+                    w,
+                    "    <iommu model='smmuv3'>\n      <driver pciBus='{}'/>\n    </iommu>",
+                    controller_index(vm, &s.primary_bus)
+                );
+            }
+        }
     }
     write_vsock(w, vm);
     write_disks_and_nic(w, vm);

@@ -151,6 +151,12 @@ pub const ACPI_NODESET_SINCE: LibvirtVersion = LibvirtVersion {
     major: 12,
     minor: 0,
 };
+/// The first libvirt with `<iommu model='smmuv3'><driver pciBus='N'/>`: one SMMUv3 per
+/// PCI expander bus, the per-physical-SMMU form (libvirt's formatdomain: "Since 11.10.0").
+pub const SMMU_PCI_BUS_SINCE: LibvirtVersion = LibvirtVersion {
+    major: 11,
+    minor: 10,
+};
 
 impl FromStr for LibvirtVersion {
     type Err = String;
@@ -190,7 +196,24 @@ impl LibvirtVersion {
         *self >= ACPI_NODESET_SINCE
     }
 
+    /// An SMMUv3 per PCI expander bus (`<driver pciBus=…>`), see [`SMMU_PCI_BUS_SINCE`].
+    pub fn has_smmu_pci_bus(&self) -> bool {
+        *self >= SMMU_PCI_BUS_SINCE
+    }
+
     pub fn has_maxphysaddr(&self) -> bool {
         *self >= MAXPHYSADDR_SINCE
+    }
+}
+
+#[cfg(test)]
+mod grace_gates {
+    use super::*;
+
+    #[test]
+    fn smmu_per_bus_from_11_10_and_acpi_nodeset_from_12_0() {
+        let v = |s: &str| s.parse::<LibvirtVersion>().unwrap();
+        assert!(!v("11.9.0").has_smmu_pci_bus() && v("11.10.0").has_smmu_pci_bus());
+        assert!(!v("11.10.0").has_acpi_nodeset() && v("12.0.0").has_acpi_nodeset());
     }
 }

@@ -13,7 +13,7 @@ use vfio_p2p_decide::guest_layout::{self, LayoutOptions};
 use vfio_p2p_emit::qemu::{self, ArgvFormat};
 use vfio_p2p_emit::vm::VmDefinition;
 use vfio_p2p_emit::{libvirt_grace, qemu_grace};
-use vfio_p2p_model::vmm::OVERRIDE_SINCE;
+use vfio_p2p_model::vmm::{OVERRIDE_SINCE, SMMU_PCI_BUS_SINCE};
 
 /// The VMMs a Grace guest is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,8 +77,12 @@ pub fn layout(
             };
             let (mut pieces, mut warnings) =
                 grace_guest::qemu_pieces(version, grace_guest::window(topo, &flat))?;
-            if vmm == GraceVmm::Libvirt && pieces.smmu_form == SmmuForm::PerPhysical {
-                warnings.push("libvirt: one SMMUv3 for the machine (<iommu model='smmuv3'/>); the per-bus vSMMU `gen qemu` writes for each physical SMMU is not written in libvirt's form (unchecked)".into());
+            let libvirt = ctx.libvirt_version().unwrap_or(OVERRIDE_SINCE);
+            if vmm == GraceVmm::Libvirt
+                && pieces.smmu_form == SmmuForm::PerPhysical
+                && !libvirt.has_smmu_pci_bus()
+            {
+                warnings.push(format!("libvirt {libvirt}: one SMMUv3 for the machine (<iommu model='smmuv3'/>); an SMMUv3 per physical SMMU on its expander bus (<driver pciBus=…>) needs libvirt {SMMU_PCI_BUS_SINCE}"));
                 pieces.smmu_form = SmmuForm::MachineWide;
             }
             (pieces, warnings)
