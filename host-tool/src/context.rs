@@ -5,6 +5,7 @@
 //! [`Context`] and never import each other; the flags that several commands share are
 //! defined here.
 
+pub mod change;
 pub mod source;
 
 use std::path::PathBuf;
@@ -16,16 +17,15 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use pci_config::PathKind;
 use source::{HostConfigFrom, HostSource};
-use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::{check_module_map, FabricState, FmConfigFile, NvlsmProbe};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
-use vfio_p2p_model::Topology;
+use vfio_p2p_model::{HostRecord, Topology};
 use vfio_p2p_read::fabric_manager::{fabric_state, read_fabric_manager};
-use vfio_p2p_read::fm_api::{FmFailure, FmSession};
+use vfio_p2p_read::fm_api::{FmError, FmFailure, FmSession};
 use vfio_p2p_read::synth;
 use vfio_p2p_read::{fm_capture, host_probe, nvidia_smi, vmm};
 
@@ -66,51 +66,6 @@ pub struct PlanningArgs {
     pub gpus: Vec<Bdf>,
     #[command(flatten)]
     pub options: PlanOptionArgs,
-}
-
-/// The sysfs root a changing command (bind, unbind, hook) works on: never a snapshot
-/// file; an embedded example only for a dry run, which then works on the simulated tree
-/// of [`SimRoot`] (removed again on drop).
-#[derive(Debug)]
-pub struct ChangeRoot {
-    path: PathBuf,
-    _sim: Option<SimRoot>,
-}
-
-impl ChangeRoot {
-    pub fn new(source: &HostSource, dry_run: bool) -> anyhow::Result<ChangeRoot> {
-        match source {
-            HostSource::Example(name) => {
-                anyhow::ensure!(
-                    dry_run,
-                    "--example is a made-up host: bind/unbind/hook can only show what they would do \
-                     there (--dry-run); pass a real sysfs root (--sysfs-root) to change bindings"
-                );
-                let sim = SimRoot::of_example(name)?;
-                Ok(ChangeRoot {
-                    path: sim.path().to_path_buf(),
-                    _sim: Some(sim),
-                })
-            }
-            HostSource::FlatJson(file) => anyhow::bail!(
-                "{}: a snapshot file cannot be changed; pass a sysfs root directory (--sysfs-root)",
-                file.display()
-            ),
-            HostSource::Root(root) => Ok(ChangeRoot {
-                path: root.clone(),
-                _sim: None,
-            }),
-        }
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        &self.path
-    }
-
-    /// The root as the host source the change reads (the simulated tree for an example).
-    pub fn source(&self) -> HostSource {
-        HostSource::Root(self.path.clone())
-    }
 }
 
 /// What a command asks the build step to probe besides the host, host.yaml, the NVLink
@@ -226,6 +181,12 @@ impl Context {
             warnings,
             fabric_notes,
         })
+    }
+
+    /// The host's devices as read, nothing typed or planned: `snapshot`, which writes them
+    /// out again as a tree `--sysfs-root` reads back.
+    pub fn read_record(global: &GlobalArgs) -> anyhow::Result<HostRecord> {
+        HostSource::of(global).read()
     }
 
     /// What /dev says about the IOMMU groups of `devices` (and KVM, VFIO): probed below a
@@ -439,7 +400,7 @@ impl LiveFabric {
 /// is a host without Fabric Manager: nothing is said. Otherwise a failure is
 /// `unreachable`: a warning for planning, the hook's policy for a VM with GPUs.
 fn live_fabric(address: &str, explicit: bool) -> LiveFabric {
-    let session = match FmSession::open(address) {
+    let session = match open_fabric_manager(address) {
         Ok(s) => s,
         Err(e) if !explicit && e.failure() == FmFailure::NoLibrary => {
             return LiveFabric::not_asked(&format!("Fabric Manager not installed ({e})"));
@@ -463,6 +424,15 @@ fn live_fabric(address: &str, explicit: bool) -> LiveFabric {
         },
         Err(e) => LiveFabric::unreachable(e),
     }
+}
+
+/// The one place Fabric Manager is opened (`structure::fabric_manager_is_opened_in_one_place`):
+/// the build's read above, `fabric` and the hook's release through
+/// [`change::ChangeRoot::fabric_manager`]. Every call runs on the session's worker thread,
+/// waited for at most `fm_api::CALL_DEADLINE`; a call abandoned there makes `main` end the
+/// process with `_exit`.
+fn open_fabric_manager(address: &str) -> Result<FmSession, FmError> {
+    FmSession::open(address)
 }
 
 impl LiveFabric {

@@ -7,12 +7,9 @@ use clap::Args;
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::source::HostSource;
-use crate::context::ChangeRoot;
+use crate::context::change::ChangeRoot;
 use vfio_p2p_bind::{writer, BindOptions, SessionOptions, SessionReport, UnbindSelection};
-use vfio_p2p_config::host::HostConfig;
 use vfio_p2p_emit::data::DataFormat;
-use vfio_p2p_model::Topology;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -76,15 +73,15 @@ impl ChangeArgs {
 }
 
 pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(&HostSource::of(global), args.common.dry_run)?;
+    let root = ChangeRoot::of(global, args.common.dry_run)?;
     let opts = BindOptions {
         whole_group: args.whole_group,
         force: args.force,
-        reset: HostConfig::load_below(root.path())?.reset,
+        reset: root.host_config()?.reset,
         reset_only: false,
     };
-    // Binding needs the devices and their groups only: no host.yaml, NVLink or FM.
-    let topo = Topology::from_record(&root.source().read()?);
+    // Binding needs the devices and their groups only: no NVLink or FM.
+    let topo = root.devices()?;
     let report = vfio_p2p_bind::bind(
         root.path(),
         &topo,
@@ -100,7 +97,7 @@ pub fn run_bind(global: &GlobalArgs, args: BindArgs) -> anyhow::Result<ExitCode>
 }
 
 pub fn run_unbind(global: &GlobalArgs, args: UnbindArgs) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(&HostSource::of(global), args.common.dry_run)?;
+    let root = ChangeRoot::of(global, args.common.dry_run)?;
     let selection = if args.all {
         UnbindSelection::All
     } else {

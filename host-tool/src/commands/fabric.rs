@@ -10,14 +10,12 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::cli::GlobalArgs;
-use crate::context::source::{HostConfigFrom, HostSource};
-use crate::context::ChangeRoot;
+use crate::context::change::ChangeRoot;
 use vfio_p2p_bind::partition_activation::{activate, deactivate, resync, ActivationRecord};
 use vfio_p2p_bind::writer;
 use vfio_p2p_config::host::{FabricManagerSource, HostConfig};
 use vfio_p2p_emit::fabric_list::{self, FabricListing, Holder};
 use vfio_p2p_model::fabric_state::{check_module_map, FabricState};
-use vfio_p2p_model::Topology;
 use vfio_p2p_read::fabric_manager::{fabric_state, read_fabric_manager};
 use vfio_p2p_read::fm_api::FmSession;
 
@@ -90,24 +88,23 @@ fn holders(record: &ActivationRecord) -> BTreeMap<u32, Holder> {
 }
 
 pub fn run(global: &GlobalArgs, a: FabricArgs) -> anyhow::Result<ExitCode> {
-    let source = HostSource::of(global);
     anyhow::ensure!(
-        source.example().is_none(),
+        global.example.is_none(),
         "fabric talks to this host's Fabric Manager; --example does not apply"
     );
-    let root = ChangeRoot::new(&source, false)?;
-    let root = root.path();
-    let config = source.host_config(None, HostConfigFrom::FlagOrInstalled)?;
+    let change = ChangeRoot::of(global, false)?;
+    let root = change.path();
+    let config = change.host_config()?;
     let address = address(&config, a.address)?;
     let timeout = Duration::from_secs(a.lock_timeout);
-    let mut fm = FmSession::open(&address)?;
+    let mut fm = change.fabric_manager(&address)?;
     // FM's partitions with host.yaml's module addresses, as the hook and planning see them.
     let read_state = |fm: &FmSession| -> anyhow::Result<FabricState> {
         let mut state = fabric_state(&read_fabric_manager(fm)?)
             .map_err(|e| anyhow::anyhow!("Fabric Manager at {address}: {e}"))?;
         state.apply_module_addresses(&config.fabric_modules);
         if !config.fabric_modules.is_empty() {
-            let topo = Topology::from_record(&vfio_p2p_read::read_host(root)?);
+            let topo = change.devices()?;
             let gpus: Vec<_> = topo
                 .gpus()
                 .filter(|g| g.is_nvidia_gpu())

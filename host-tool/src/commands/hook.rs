@@ -11,8 +11,8 @@ use clap::{Args, Subcommand};
 use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
-use crate::context::source::{HostConfigFrom, HostSource};
-use crate::context::{ChangeRoot, Context, Needs};
+use crate::context::change::ChangeRoot;
+use crate::context::{Context, Needs};
 use vfio_p2p_bind::partition_activation::guest::{self as guest_fabric, FabricStep};
 use vfio_p2p_bind::partition_activation::{
     activate, deactivate, forget_stale, ActivationError, ActivationRecord,
@@ -311,10 +311,9 @@ fn bind_hostdevs<W: SysfsWriter>(
 }
 
 fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(&HostSource::of(global), dry_run)?;
-    let source = root.source();
-    let root = root.path();
-    let config = source.host_config(None, HostConfigFrom::FlagOrInstalled)?;
+    let change = ChangeRoot::of(global, dry_run)?;
+    let root = change.path();
+    let config = change.host_config()?;
     let facts = match read_domain_xml_stream(std::io::stdin().lock(), "the domain XML on stdin") {
         Ok(f) => f,
         Err(e) => return unreadable(guest, config.hook_policy, &e.to_string()),
@@ -334,7 +333,7 @@ fn prepare(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
         fm,
         warnings: notes,
         ..
-    } = match Context::build(source, config, &Needs::default()) {
+    } = match Context::build(change.source(), config, &Needs::default()) {
         Ok(built) => built,
         Err(e) if e.is::<ReadError>() => {
             return unreadable(guest, policy, &format!("reading the host: {e}"));
@@ -520,15 +519,15 @@ fn dry_run_says(dry_run: bool, guest: &str, what: &str) {
 }
 
 fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let root = ChangeRoot::new(&HostSource::of(global), dry_run)?;
-    let root = root.path();
+    let change = ChangeRoot::of(global, dry_run)?;
+    let root = change.path();
     // Most guests had nothing bound by prepare: answer without the lock or reading the host.
     // (The record is replaced atomically, so reading it unlocked sees a whole one.)
     let recorded = BindState::load(root)?;
     let partitions = ActivationRecord::load(root)?.of_guest(guest);
     if !partitions.is_empty() {
         // After the guest stopped and before its GPUs go back to the host (FM's sequence).
-        if let Some(w) = deactivate_for(root, &partitions, dry_run) {
+        if let Some(w) = deactivate_for(&change, &partitions, dry_run) {
             tracing::warn!("hook: {guest}: {w}");
         }
     }
@@ -563,7 +562,7 @@ fn release(global: &GlobalArgs, guest: &str, dry_run: bool) -> anyhow::Result<Ex
 
 /// Deactivates the partitions a guest held; what went wrong, as a warning (release goes on
 /// giving the GPUs back either way: the guest is gone).
-fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
+fn deactivate_for(change: &ChangeRoot, ids: &[u32], dry_run: bool) -> Option<String> {
     let shown: Vec<String> = ids.iter().map(u32::to_string).collect();
     let shown = shown.join(", ");
     if dry_run {
@@ -571,8 +570,7 @@ fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
         return None;
     }
     let fix = format!("`vfio-p2p fabric deactivate {shown}` once Fabric Manager answers");
-    let installed = HostSource::Root(root.to_path_buf());
-    let address = match installed.host_config(None, HostConfigFrom::FlagOrInstalled) {
+    let address = match change.host_config() {
         Ok(HostConfig {
             fabric_manager: FabricManagerSource::Live(a),
             ..
@@ -580,9 +578,10 @@ fn deactivate_for(root: &Path, ids: &[u32], dry_run: bool) -> Option<String> {
         Ok(_) => return Some(format!("partition {shown} is recorded active but host.yaml no longer names Fabric Manager's address; {fix}")),
         Err(e) => return Some(format!("{e}; partition {shown} left active: {fix}")),
     };
-    let result = FmSession::open(&address)
+    let result = change
+        .fabric_manager(&address)
         .map_err(ActivationError::from)
-        .and_then(|mut fm| deactivate(root, &mut fm, ids, LOCK_TIMEOUT));
+        .and_then(|mut fm| deactivate(change.path(), &mut fm, ids, LOCK_TIMEOUT));
     match result {
         Ok(_) => None,
         Err(e) => Some(format!(

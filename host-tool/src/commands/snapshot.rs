@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::Context as _;
 use clap::Args;
 
 use crate::cli::GlobalArgs;
+use crate::context::Context;
 use vfio_p2p_read::snapshot::write_sysfs_tree;
 
 #[derive(Debug, Args)]
@@ -18,7 +19,7 @@ pub struct SnapshotArgs {
 }
 
 pub fn run(global: &GlobalArgs, args: SnapshotArgs) -> anyhow::Result<ExitCode> {
-    let host = crate::context::source::HostSource::of(global).read()?;
+    let host = Context::read_record(global)?;
     for w in &host.warnings {
         tracing::warn!("{w}");
     }

@@ -49,8 +49,9 @@ impl HostSource {
         }
     }
 
-    /// Reads the host's devices: the one call of a host reader per run.
-    pub fn read(&self) -> anyhow::Result<HostRecord> {
+    /// Reads the host's devices: the one call of a host reader per run, made by the
+    /// context (commands get the host from it, never from the source).
+    pub(super) fn read(&self) -> anyhow::Result<HostRecord> {
         // Every ReadError names the file or directory it concerns: no context to add.
         match self {
             HostSource::Root(root) => Ok(read_host(root)?),

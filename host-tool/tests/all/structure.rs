@@ -55,6 +55,56 @@ fn commands_do_not_import_each_other() {
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
 
+/// Production lines (comments left out) of `files` that contain `needle`, as `file: line`.
+fn lines_with(files: &[(String, String)], needle: &str) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|(rel, code)| {
+            code.lines()
+                .filter(|l| !l.trim_start().starts_with("//") && l.contains(needle))
+                .map(move |l| format!("{rel}: {}", l.trim()))
+        })
+        .collect()
+}
+
+/// Fabric Manager is opened in one place, the context's `open_fabric_manager`, which the
+/// context build, `fabric` and the hook's release all go through (docs/architecture.md,
+/// "Layering rules").
+#[test]
+fn fabric_manager_is_opened_in_one_place() {
+    let opened = lines_with(&workspace_production(), "FmSession::open(");
+    assert_eq!(
+        opened,
+        ["host-tool/src/context.rs: FmSession::open(address)"],
+        "FmSession::open outside context::open_fabric_manager: reach FM through the context"
+    );
+}
+
+/// Commands get the host, host.yaml and Fabric Manager from `context` (`Context`, or
+/// `context::change::ChangeRoot` for the commands that change the host), never from a
+/// reader of their own. (`HostSource::read` is private to the context: the compiler keeps
+/// that one.)
+#[test]
+fn commands_reach_the_host_through_the_context() {
+    let commands: Vec<(String, String)> = production()
+        .into_iter()
+        .filter(|(rel, _)| rel.starts_with("commands/"))
+        .collect();
+    let readers = [
+        "FmSession::open",
+        "HostConfig::load",
+        "read_host",
+        "flat_json::",
+        "synth::example(",
+        "fm_capture::",
+    ];
+    let broken: Vec<String> = readers
+        .iter()
+        .flat_map(|r| lines_with(&commands, r))
+        .collect();
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
 /// The host crates and what each may depend on, in the order data flows (read → model →
 /// decide → emit). The compiler keeps imports inside these edges; this keeps the edges.
 const HOST_CRATES: &[(&str, &[&str])] = &[
