@@ -19,13 +19,14 @@ use pci_config::PathKind;
 use source::{HostConfigFrom, HostSource};
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
 use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
+use vfio_p2p_fm_ffi::{FmError, FmFailure};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::{check_module_map, FabricState, FmConfigFile, NvlsmProbe};
 use vfio_p2p_model::host_facts::{HostFacts, IommuFacts};
 use vfio_p2p_model::vmm::{LibvirtVersion, QemuVersion, OVERRIDE_SINCE};
 use vfio_p2p_model::{HostRecord, Topology};
 use vfio_p2p_read::fabric_manager::{fabric_state, read_fabric_manager};
-use vfio_p2p_read::fm_api::{FmError, FmFailure, FmSession};
+use vfio_p2p_read::fm_api::FmSession;
 use vfio_p2p_read::synth;
 use vfio_p2p_read::{fm_capture, host_probe, nvidia_smi, vmm};
 

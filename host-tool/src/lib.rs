@@ -6,6 +6,8 @@
 //! configs). [`commands`] wires the stages to the CLI, each command starting from one
 //! [`context::Context`]. docs/architecture.md maps it all.
 
+#![forbid(unsafe_code)]
+
 pub mod cli;
 pub mod commands;
 pub mod context;

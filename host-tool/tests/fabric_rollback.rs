@@ -15,8 +15,9 @@ use vfio_p2p_bind::partition_activation::guest::activate_or_roll_back;
 use vfio_p2p_bind::partition_activation::ActivationRecord;
 use vfio_p2p_bind::sim::{write_tree, SimKernel};
 use vfio_p2p_bind::{bind, BindOptions, BindState, SessionOptions};
+use vfio_p2p_fm_ffi::FmFailure;
 use vfio_p2p_model::Topology;
-use vfio_p2p_read::fm_api::{FmFailure, FmSession};
+use vfio_p2p_read::fm_api::FmSession;
 use vfio_p2p_read::synth::example;
 use vfio_p2p_read::{read_binding, read_host, Binding};
 

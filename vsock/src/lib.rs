@@ -7,7 +7,11 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// The first descriptor systemd passes (`SD_LISTEN_FDS_START`, sd-daemon.h).
+const SD_LISTEN_FDS_START: RawFd = 3;
 
 /// The host's CID as a guest addresses it (`VMADDR_CID_HOST`).
 pub const HOST_CID: u32 = libc::VMADDR_CID_HOST;
@@ -90,11 +94,26 @@ impl VsockListener {
         Ok(VsockListener { fd })
     }
 
+    /// The listening socket systemd handed this process (socket activation, sd_listen_fds(3):
+    /// `LISTEN_PID` is this process, `LISTEN_FDS` at least 1, the first at fd 3), taken
+    /// once: a later call, or a process systemd did not start so, gets `None`.
+    pub fn from_systemd() -> Option<VsockListener> {
+        static TAKEN: AtomicBool = AtomicBool::new(false);
+        let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+        let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+        if pid != std::process::id() || fds < 1 || TAKEN.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        // SAFETY: systemd passed fd 3 as this process's first listening socket (LISTEN_PID
+        // is us), and TAKEN makes this its one owner.
+        Some(unsafe { VsockListener::from_raw(SD_LISTEN_FDS_START) })
+    }
+
     /// Takes a listening vsock socket handed over by systemd (socket activation).
     ///
     /// # Safety
     /// `fd` must be an open listening AF_VSOCK socket that nothing else owns.
-    pub unsafe fn from_raw(fd: RawFd) -> Self {
+    unsafe fn from_raw(fd: RawFd) -> Self {
         VsockListener {
             // SAFETY: the caller guarantees ownership (see above).
             fd: unsafe { OwnedFd::from_raw_fd(fd) },

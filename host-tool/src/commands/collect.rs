@@ -89,9 +89,8 @@ pub fn run(_global: &GlobalArgs, a: CollectArgs) -> anyhow::Result<ExitCode> {
     if !a.unix_socket.is_empty() {
         return serve_unix(&a.unix_socket, collector, plans.len(), &a.state_dir);
     }
-    let listener = match activated_fd() {
-        // SAFETY: systemd passed fd 3 as our one listening socket (LISTEN_PID is us).
-        Some(fd) => unsafe { VsockListener::from_raw(fd) },
+    let listener = match VsockListener::from_systemd() {
+        Some(listener) => listener,
         None => VsockListener::bind(a.port).with_context(|| {
             format!(
                 "listening on vsock port {} (load the vhost_vsock module: modprobe vhost_vsock)",
@@ -153,13 +152,6 @@ fn serve_unix(
         t.join().expect("a listener thread does not panic")?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The listening socket systemd handed over (`LISTEN_FDS`, first fd 3), if any.
-fn activated_fd() -> Option<i32> {
-    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
-    let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
-    (pid == std::process::id() && fds >= 1).then_some(3)
 }
 
 fn wait(

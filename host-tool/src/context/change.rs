@@ -11,8 +11,9 @@ use crate::cli::GlobalArgs;
 use vfio_p2p_bind::sim::SimRoot;
 use vfio_p2p_config::host::HostConfig;
 use vfio_p2p_config::ConfigError;
+use vfio_p2p_fm_ffi::FmError;
 use vfio_p2p_model::Topology;
-use vfio_p2p_read::fm_api::{FmError, FmSession};
+use vfio_p2p_read::fm_api::FmSession;
 
 /// The sysfs root a changing command (bind, unbind, hook, fabric) works on: never a
 /// snapshot file; an embedded example only for a dry run, which then works on the

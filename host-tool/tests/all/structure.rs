@@ -111,10 +111,12 @@ const HOST_CRATES: &[(&str, &[&str])] = &[
     ("files", &[]),
     ("model", &[]),
     ("config", &["files", "model"]),
-    ("read", &["files", "model"]),
+    ("fm-ffi", &[]),
+    ("vfio-ioctl", &[]),
+    ("read", &["files", "model", "fm-ffi", "vfio-ioctl"]),
     ("decide", &["config", "model"]),
     ("emit", &["config", "decide", "model"]),
-    ("bind", &["decide", "files", "model", "read"]),
+    ("bind", &["decide", "files", "model", "read", "fm-ffi"]),
     (
         "collector",
         &["config", "decide", "emit", "files", "model", "read"],
@@ -395,4 +397,50 @@ fn the_architecture_doc_lists_every_workspace_crate() {
             "docs/architecture.md lists `{d}/`, which is not a workspace member"
         );
     }
+}
+
+/// The crate roots that may hold `unsafe`, and why: the FFI crates, each small and with a
+/// safe API, and the binary's `main` (docs/architecture.md, "Layering rules").
+const UNSAFE_ALLOWED: &[(&str, &str)] = &[
+    ("vsock/src/lib.rs", "AF_VSOCK sockets"),
+    ("host/fm-ffi/src/lib.rs", "Fabric Manager's client library"),
+    ("host/vfio-ioctl/src/lib.rs", "the VFIO ioctls"),
+    (
+        "tests/fm-standin/src/lib.rs",
+        "a C library standing in for FM's",
+    ),
+    (
+        "host-tool/src/main.rs",
+        "SIGPIPE's default, and _exit past a call abandoned in FM's library",
+    ),
+    (
+        "guest-agent/src/",
+        "CUDA and NVML, until they have FFI crates of their own",
+    ),
+];
+
+/// Every crate root of the workspace (`src/lib.rs`, `src/main.rs`) that is not one of
+/// [`UNSAFE_ALLOWED`] forbids `unsafe`.
+#[test]
+fn only_the_ffi_crates_allow_unsafe() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut broken = Vec::new();
+    let mut roots = 0;
+    for member in workspace_members() {
+        for file in ["src/lib.rs", "src/main.rs"] {
+            let rel = format!("{member}/{file}");
+            let Ok(text) = fs::read_to_string(root.join(&rel)) else {
+                continue;
+            };
+            roots += 1;
+            let allowed = UNSAFE_ALLOWED.iter().any(|(r, _)| rel.starts_with(r));
+            if !allowed && !text.contains("#![forbid(unsafe_code)]") {
+                broken.push(format!(
+                    "{rel}: add #![forbid(unsafe_code)], or move its unsafe into an FFI crate"
+                ));
+            }
+        }
+    }
+    assert!(roots > 15, "{roots} crate roots");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
 }

@@ -4,7 +4,8 @@
 
 use pci_config::Bdf;
 
-use crate::fm_api::{FmError, FmPartition, FmSession, FmUnsupported};
+use crate::fm_api::FmSession;
+use vfio_p2p_fm_ffi::{FmError, FmPartition, FmUnsupported};
 use vfio_p2p_model::fabric_state::{FabricPartition, FabricState, PartitionGpu};
 
 /// Everything FM answered, as it answered it.
@@ -81,7 +82,7 @@ pub fn fabric_state(r: &FmReport) -> Result<FabricState, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fm_api::FmGpu;
+    use vfio_p2p_fm_ffi::FmGpu;
 
     #[test]
     fn fm_bus_ids_become_addresses_and_empty_ones_none() {

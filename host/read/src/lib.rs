@@ -4,6 +4,8 @@
 //! (`domain_xml`), and what QEMU and libvirt say of themselves into versions (`vmm`).
 //! Nothing else in the crate reads these inputs.
 
+#![forbid(unsafe_code)]
+
 pub mod attr;
 pub mod binding;
 pub mod cpuinfo;

@@ -19,8 +19,9 @@ use serde::Serialize;
 
 use crate::{BindLock, LockError, SysfsWrite, SysfsWriter};
 pub use state::{ActivationRecord, ActivePartition, RecordError};
+use vfio_p2p_fm_ffi::{FmCall, FmError, FmFailure};
 use vfio_p2p_read::binding::{device_dir, read_binding, Binding};
-use vfio_p2p_read::fm_api::{FmCall, FmError, FmFailure, FmSession};
+use vfio_p2p_read::fm_api::FmSession;
 
 /// What changes FM's partitions. Implemented by [`FmSession`] and [`SimFabric`].
 pub trait PartitionWriter {
@@ -70,7 +71,7 @@ impl PartitionWriter for SimFabric {
         if !self.active.insert(id) {
             return Err(FmError::Call {
                 call: FmCall::Activate(id),
-                code: vfio_p2p_read::fm_api::abi::IN_USE,
+                code: vfio_p2p_fm_ffi::abi::IN_USE,
                 address: "sim".into(),
             });
         }
@@ -81,7 +82,7 @@ impl PartitionWriter for SimFabric {
         if !self.active.remove(&id) {
             return Err(FmError::Call {
                 call: FmCall::Deactivate(id),
-                code: vfio_p2p_read::fm_api::abi::UNINITIALIZED,
+                code: vfio_p2p_fm_ffi::abi::UNINITIALIZED,
                 address: "sim".into(),
             });
         }

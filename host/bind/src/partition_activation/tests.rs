@@ -2,7 +2,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::*;
-use vfio_p2p_read::fm_api::abi;
+use vfio_p2p_fm_ffi::abi;
 
 const T: Duration = Duration::from_secs(1);
 

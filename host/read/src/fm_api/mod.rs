@@ -1,10 +1,7 @@
-//! NVIDIA Fabric Manager's C API, through its client library loaded at run time like
-//! libcuda: `libnvfm.so.1` (package nvidia-fabricmanager-dev), or the library
-//! `VFIO_P2P_FM_LIBRARY` names (the tests' stand-in, `tests/fm-standin`).
-//!
-//! An [`FmSession`] is one `fmLibInit` + `fmConnect`; dropping it disconnects and shuts the
-//! library down. Its calls return plain Rust values; `read::fabric_manager` turns the
-//! partition lists into the model, `partition_activation` drives activate/deactivate.
+//! A session with NVIDIA Fabric Manager: one [`Connection`] of the FFI crate
+//! `vfio-p2p-fm-ffi` (`fmLibInit` + `fmConnect`; dropping the session disconnects and shuts
+//! the library down), its calls returning plain Rust values; `read::fabric_manager` turns
+//! the partition lists into the model, `partition_activation` drives activate/deactivate.
 //!
 //! FM's library may block in any call (FM hung, its socket stalled): the connection lives on
 //! a worker thread ([`crate::outside_call::Worker`]) and each call is waited for at most
@@ -12,51 +9,16 @@
 //! callers' policies); the thread stays blocked, abandoned, and every later call of the
 //! session fails at once.
 
-pub mod abi;
-mod connection;
-pub mod error;
-
 use std::time::Duration;
 
-pub use error::{FmCall, FmError, FmFailure};
+use vfio_p2p_fm_ffi::{abi, library_name, Connection, FmCall, FmError, FmPartition, FmUnsupported};
 
 use crate::outside_call::{Stuck, Worker};
-use connection::Connection;
 
-/// The environment variable naming another client library (tests use the stand-in).
-pub const LIBRARY_ENV: &str = "VFIO_P2P_FM_LIBRARY";
-/// FM's client library, as nvidia-fabricmanager-dev installs it.
-pub const DEFAULT_LIBRARY: &str = "libnvfm.so.1";
-/// How long `fmConnect` may try: the hook runs while libvirt waits.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long any one FM call is waited for (above `fmConnect`'s own timeout). A hook facing
-/// an FM that does not answer returns this long after the call that blocked.
+/// How long any one FM call is waited for (above `fmConnect`'s own timeout,
+/// `vfio_p2p_fm_ffi::CONNECT_TIMEOUT`). A hook facing an FM that does not answer returns
+/// this long after the call that blocked.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(6);
-
-/// One GPU of a partition as FM lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FmGpu {
-    pub physical_id: u32,
-    /// FM's PCI bus id text (`00000000:13:00.0`); empty where FM leaves it out (H100 on).
-    pub pci_bus_id: String,
-    pub nvlinks_available: u32,
-    pub nvlinks_max: u32,
-}
-
-/// One supported partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FmPartition {
-    pub id: u32,
-    pub active: bool,
-    pub gpus: Vec<FmGpu>,
-}
-
-/// One unsupported partition: its id and its GPUs' physical ids.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FmUnsupported {
-    pub id: u32,
-    pub physical_ids: Vec<u32>,
-}
 
 /// A connection to Fabric Manager, its calls bounded by [`CALL_DEADLINE`].
 pub struct FmSession {
@@ -73,20 +35,12 @@ impl std::fmt::Debug for FmSession {
 }
 
 impl FmSession {
-    /// The library to load: `VFIO_P2P_FM_LIBRARY`, else libnvfm.so.1.
-    pub fn library_name() -> (String, &'static str) {
-        match std::env::var(LIBRARY_ENV) {
-            Ok(v) if !v.is_empty() => (v, " (named by VFIO_P2P_FM_LIBRARY)"),
-            _ => (DEFAULT_LIBRARY.to_string(), ""),
-        }
-    }
-
     /// Loads the client library, initializes it and connects to FM at `address`
     /// (`HOST:PORT` or `unix:/PATH`), each step bounded by [`CALL_DEADLINE`].
     pub fn open(address: &str) -> Result<FmSession, FmError> {
         let worker =
             Worker::start("fabric-manager", CALL_DEADLINE).map_err(|e| FmError::NoLibrary {
-                library: Self::library_name().0,
+                library: library_name().0,
                 message: format!("no thread to call it on: {e}"),
                 env: "",
             })?;
@@ -94,7 +48,7 @@ impl FmSession {
             worker,
             address: address.to_string(),
         };
-        let (library, env) = Self::library_name();
+        let (library, env) = library_name();
         let at = address.to_string();
         session.on_slot(FmCall::LibInit, move |slot| {
             *slot = Some(Connection::init(library, env, &at)?);

@@ -1,12 +1,11 @@
 //! Live probes for `check`: files under `ROOT/dev`, `ROOT/sys/module`, `ROOT/lib/modules`,
 //! the VFIO group and KVM ioctls. Everything is taken relative to the sysfs root, so
-//! tests can point it at a directory tree; the ioctl code is in [`vfio_ioctl`] and
-//! [`kvm_probe`], the decisions in `vfio_p2p_decide::check`.
+//! tests can point it at a directory tree; the VFIO ioctls are the FFI crate `vfio-p2p-vfio-ioctl`'s,
+//! KVM's [`kvm_probe`] (through kvm-ioctls), the decisions in `vfio_p2p_decide::check`.
 
 pub mod iommufd;
 pub mod kvm_probe;
 pub mod nvlsm;
-pub mod vfio_ioctl;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -130,7 +129,7 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
         .into_iter()
         .map(|g| {
             let p = dev.join(format!("vfio/{g}"));
-            (g, node(&p, vfio_ioctl::group_viable(&p)))
+            (g, node(&p, vfio_p2p_vfio_ioctl::group_viable(&p)))
         })
         .collect();
     let kvm_path = dev.join("kvm");
@@ -154,8 +153,8 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
             let probe = if !container.exists() {
                 NodeProbe::Absent(container.display().to_string())
             } else {
-                let r =
-                    vfio_ioctl::open_device(&container, &gp, &g.to_string()).map(|i| i.resettable);
+                let r = vfio_p2p_vfio_ioctl::open_device(&container, &gp, &g.to_string())
+                    .map(|i| i.resettable);
                 node(&gp, r)
             };
             deep_results.insert(*g, probe);
@@ -163,7 +162,10 @@ pub fn gather(root: &Path, topo: &Topology, gpus: &[Bdf], deep: bool) -> HostFac
     }
     HostFacts {
         vfio_pci: vfio_pci_module(root),
-        vfio_container: node(&container, vfio_ioctl::container_api_version(&container)),
+        vfio_container: node(
+            &container,
+            vfio_p2p_vfio_ioctl::container_api_version(&container),
+        ),
         groups,
         kvm,
         deep: deep_results,

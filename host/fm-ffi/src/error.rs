@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::abi::{self, FmReturn};
+use crate::abi::{self, FmReturn};
 
 /// The FM call that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,7 @@
 //! The VFIO ioctls `check` needs: API version, group viability, and (only with
-//! `--deep`) opening a device, which resets it.
+//! `--deep`) opening a device, which resets it. The one place the host side calls them:
+//! each `unsafe` ioctl has its `// SAFETY:` line, and the functions are safe to call
+//! (`vfio_p2p_read::host_probe` calls them; every other host crate forbids `unsafe`).
 //!
 //! Request numbers come from the `_IO(VFIO_TYPE, VFIO_BASE + n)` definitions of
 //! `include/uapi/linux/vfio.h`; the tests pin them to the kernel's values.

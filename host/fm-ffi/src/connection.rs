@@ -1,13 +1,14 @@
-//! One connection to Fabric Manager through its client library, made and used on the
-//! session's worker thread only ([`super::FmSession`] waits for each call at most its
-//! deadline): `fmLibInit` + `fmConnect`; dropping it disconnects and shuts the library down.
+//! One connection to Fabric Manager through its client library, made and used on one
+//! thread (`vfio_p2p_read::fm_api::FmSession`'s worker, which waits for each call at most
+//! its deadline): `fmLibInit` + `fmConnect`; dropping it disconnects and shuts the library
+//! down.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use libloading::Library;
 
-use super::abi::{self, FmReturn, FM_ST_SUCCESS};
-use super::{FmCall, FmError, FmGpu, FmPartition, FmUnsupported, CONNECT_TIMEOUT};
+use crate::abi::{self, FmReturn, FM_ST_SUCCESS};
+use crate::{FmCall, FmError, FmGpu, FmPartition, FmUnsupported, CONNECT_TIMEOUT};
 
 /// Where FM listens, as `fmConnect` wants it: text and whether it is a Unix socket.
 fn connect_target(address: &str) -> (String, bool) {
@@ -24,7 +25,7 @@ type WithId = unsafe extern "C" fn(*mut c_void, c_uint) -> FmReturn;
 type WithStruct<T> = unsafe extern "C" fn(*mut c_void, *mut T) -> FmReturn;
 
 /// A connection to Fabric Manager.
-pub(super) struct Connection {
+pub struct Connection {
     lib: Library,
     library: String,
     address: String,
@@ -66,11 +67,7 @@ fn load_error(library: &str, e: &libloading::Error, env: &'static str) -> FmErro
 impl Connection {
     /// Loads the client library `library` and initializes it (`fmLibInit`), to talk to FM
     /// at `address` (`HOST:PORT` or `unix:/PATH`).
-    pub(super) fn init(
-        library: String,
-        env: &'static str,
-        address: &str,
-    ) -> Result<Connection, FmError> {
+    pub fn init(library: String, env: &'static str, address: &str) -> Result<Connection, FmError> {
         // SAFETY: loading FM's client library runs no initializer with preconditions; its
         // documented first call is fmLibInit, made next.
         let lib = unsafe { Library::new(&library) }.map_err(|e| load_error(&library, &e, env))?;
@@ -90,7 +87,7 @@ impl Connection {
     }
 
     /// `fmConnect`.
-    pub(super) fn connect(&mut self) -> Result<(), FmError> {
+    pub fn connect(&mut self) -> Result<(), FmError> {
         let connect: Connect = self.symbol(b"fmConnect\0", "fmConnect")?;
         let mut params = abi::zeroed_box::<abi::ConnectParams>();
         params.version = abi::param_version::<abi::ConnectParams>(1);
@@ -178,7 +175,7 @@ impl Connection {
     }
 
     /// `fmGetSupportedFabricPartitions`.
-    pub(super) fn supported_partitions(&self) -> Result<Vec<FmPartition>, FmError> {
+    pub fn supported_partitions(&self) -> Result<Vec<FmPartition>, FmError> {
         let call = FmCall::GetSupported;
         let list = self.query::<abi::PartitionList>(
             call,
@@ -208,7 +205,7 @@ impl Connection {
     }
 
     /// `fmGetUnsupportedFabricPartitions`.
-    pub(super) fn unsupported_partitions(&self) -> Result<Vec<FmUnsupported>, FmError> {
+    pub fn unsupported_partitions(&self) -> Result<Vec<FmUnsupported>, FmError> {
         let call = FmCall::GetUnsupported;
         let list = self.query::<abi::UnsupportedPartitionList>(
             call,
@@ -229,7 +226,7 @@ impl Connection {
     }
 
     /// `fmGetNvlinkFailedDevices`: the PCI bus ids of GPUs with failed NVLinks.
-    pub(super) fn nvlink_failed_gpus(&self) -> Result<Vec<String>, FmError> {
+    pub fn nvlink_failed_gpus(&self) -> Result<Vec<String>, FmError> {
         let call = FmCall::GetNvlinkFailed;
         let list = self.query::<abi::NvlinkFailedDevices>(
             call,
@@ -259,7 +256,7 @@ impl Connection {
     }
 
     /// `fmActivateFabricPartition`.
-    pub(super) fn activate(&self, id: u32) -> Result<(), FmError> {
+    pub fn activate(&self, id: u32) -> Result<(), FmError> {
         self.with_id(
             FmCall::Activate(id),
             b"fmActivateFabricPartition\0",
@@ -269,7 +266,7 @@ impl Connection {
     }
 
     /// `fmDeactivateFabricPartition`.
-    pub(super) fn deactivate(&self, id: u32) -> Result<(), FmError> {
+    pub fn deactivate(&self, id: u32) -> Result<(), FmError> {
         self.with_id(
             FmCall::Deactivate(id),
             b"fmDeactivateFabricPartition\0",
@@ -280,7 +277,7 @@ impl Connection {
 
     /// `fmSetActivatedFabricPartitions`: after an FM restart, the partitions still active
     /// (possibly none: FM wants the call then too).
-    pub(super) fn set_activated(&self, ids: &[u32]) -> Result<(), FmError> {
+    pub fn set_activated(&self, ids: &[u32]) -> Result<(), FmError> {
         let call = FmCall::SetActivated;
         if ids.len() > abi::MAX_FABRIC_PARTITIONS {
             return Err(FmError::NotMade {
@@ -331,7 +328,7 @@ impl Drop for Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fm_api::FmFailure;
+    use crate::FmFailure;
 
     #[test]
     fn an_absent_library_is_no_fm_and_a_broken_one_says_dlerrors_reason() {
