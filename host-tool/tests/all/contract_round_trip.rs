@@ -10,18 +10,11 @@ use vfio_p2p_contract::{Expectation, FW_CFG_NAME, FW_CFG_SYSFS_PATH};
 
 /// Runs the host tool as an operator would; returns its argv.
 fn host_writes(example: &str, file: &Path) -> String {
-    let out = crate::cli::vfio_p2p()
-        .args(["--example", example, "gen", "qemu", "--format", "argv"])
+    let mut cmd = crate::cli::vfio_p2p();
+    cmd.args(["--example", example, "gen", "qemu", "--format", "argv"])
         .arg("--expect-out")
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+        .arg(file);
+    crate::cli::succeeded(&mut cmd).0
 }
 
 /// The guest as the plan says it should look, as the agent's sysfs scan reports it.

@@ -4,24 +4,15 @@
 
 use std::path::Path;
 
-use crate::cli::vfio_p2p;
+use crate::cli::{succeeded, vfio_p2p};
 
 const EXAMPLE: [&str; 2] = ["--example", "dual-socket-pcie"];
 
 /// `gen KIND` of the example, written to `dir/name`.
 fn generated(dir: &Path, kind: &str, name: &str) -> std::path::PathBuf {
-    let out = vfio_p2p()
-        .args(EXAMPLE)
-        .args(["gen", kind])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, _) = succeeded(vfio_p2p().args(EXAMPLE).args(["gen", kind]));
     let path = dir.join(name);
-    std::fs::write(&path, &out.stdout).unwrap();
+    std::fs::write(&path, stdout).unwrap();
     path
 }
 

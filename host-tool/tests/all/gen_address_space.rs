@@ -74,17 +74,7 @@ fn a_snapshot_keeps_the_hosts_width() {
 }
 
 fn stderr(host: &[&str], target: &str) -> String {
-    let out = crate::cli::vfio_p2p()
-        .args(host)
-        .args(["gen", target])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stderr).unwrap()
+    crate::cli::succeeded(crate::cli::vfio_p2p().args(host).args(["gen", target])).1
 }
 
 /// A window ending above 1 TiB: where the host's width is unknown (flat-vm, a VM's capture)

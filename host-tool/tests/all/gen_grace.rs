@@ -6,6 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use crate::cli::outcome_of_success;
+
 fn fake_qemu(dir: &Path, version: &str) -> PathBuf {
     let p = dir.join(format!("qemu-system-aarch64-{version}"));
     std::fs::write(
@@ -26,26 +28,17 @@ fn gen(example: &str, qemu: Option<&Path>, args: &[&str]) -> Output {
     c.output().unwrap()
 }
 
-fn ok(out: Output) -> (String, String) {
-    let (stdout, stderr) = (
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    );
-    assert!(out.status.success(), "{stderr}");
-    (stdout, stderr)
-}
-
 #[test]
 fn qemu_goldens_on_qemu_11_1() {
     let dir = tempfile::tempdir().unwrap();
     let q = fake_qemu(dir.path(), "11.1.3");
-    let (gh200, err) = ok(gen("gh200", Some(&q), &["qemu", "--format", "shell"]));
+    let (gh200, err) = outcome_of_success(gen("gh200", Some(&q), &["qemu", "--format", "shell"]));
     assert!(
         !err.contains("QEMU that runs this VM is not known"),
         "{err}"
     );
     insta::assert_snapshot!("qemu-gh200", gh200);
-    let (gb200, _) = ok(gen("gb200", Some(&q), &["qemu", "--format", "argv"]));
+    let (gb200, _) = outcome_of_success(gen("gb200", Some(&q), &["qemu", "--format", "argv"]));
     insta::assert_snapshot!("qemu-gb200", gb200);
 }
 
@@ -71,7 +64,7 @@ fn qemu_version_gates() {
         "{err}"
     );
     // a GH200's BARs fit virt's fixed 512 GiB: 9.2 writes it without highmem-mmio-size
-    let (text, _) = ok(gen(
+    let (text, _) = outcome_of_success(gen(
         "gh200",
         Some(&fake_qemu(dir.path(), "9.2.0")),
         &["qemu"],
@@ -81,7 +74,7 @@ fn qemu_version_gates() {
         "{text}"
     );
 
-    let (text, err) = ok(gen(
+    let (text, err) = outcome_of_success(gen(
         "gb200",
         Some(&fake_qemu(dir.path(), "10.1.0")),
         &["qemu"],
@@ -99,7 +92,7 @@ fn qemu_version_gates() {
         "{err}"
     );
 
-    let (text, err) = ok(gen(
+    let (text, err) = outcome_of_success(gen(
         "gb200",
         Some(&fake_qemu(dir.path(), "10.2.0")),
         &["qemu"],
@@ -125,7 +118,7 @@ fn qemu_version_gates() {
 /// Without --qemu the newest forms are written, with a warning naming the versions.
 #[test]
 fn an_unknown_qemu_gets_the_newest_forms_and_a_warning() {
-    let (text, err) = ok(gen("gh200", None, &["qemu"]));
+    let (text, err) = outcome_of_success(gen("gh200", None, &["qemu"]));
     assert!(text.starts_with("qemu-system-aarch64"), "{text}");
     assert!(text.contains("arm-smmuv3"), "{text}");
     assert!(
@@ -139,7 +132,7 @@ fn an_unknown_qemu_gets_the_newest_forms_and_a_warning() {
 fn the_expectation_lists_the_gpus_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let expect = dir.path().join("expect.json");
-    ok(gen(
+    outcome_of_success(gen(
         "gb200",
         Some(&fake_qemu(dir.path(), "11.1.3")),
         &["qemu", "--expect-out", expect.to_str().unwrap()],
@@ -162,7 +155,7 @@ fn the_expectation_lists_the_gpus_nodes() {
 fn libvirt_domains_by_version() {
     let dir = tempfile::tempdir().unwrap();
     let q = fake_qemu(dir.path(), "11.1.3");
-    let (old, err) = ok(gen(
+    let (old, err) = outcome_of_success(gen(
         "gb200",
         Some(&q),
         &["libvirt", "--libvirt-version", "9.0"],
@@ -187,7 +180,7 @@ fn libvirt_domains_by_version() {
     assert!(old.contains("pci-dev=ua-gpu3,node=33"), "{old}");
     assert!(!old.contains("<acpi nodeset='"), "{old}");
     insta::assert_snapshot!("libvirt-gb200-9.0", old);
-    let (new, err) = ok(gen(
+    let (new, err) = outcome_of_success(gen(
         "gh200",
         Some(&q),
         &["libvirt", "--libvirt-version", "12.8"],
@@ -220,7 +213,7 @@ fn libvirt_refuses_a_qemu_without_generic_initiators() {
 /// naming the GPU's `--device id` (CH >= 51: vmm/src/config.rs `NumaConfig::device_id`).
 #[test]
 fn cloud_hypervisor_numa_device_ids() {
-    let (text, _) = ok(gen(
+    let (text, _) = outcome_of_success(gen(
         "gb200",
         None,
         &["cloud-hypervisor", "--format", "argv"],

@@ -78,13 +78,7 @@ fn runtime_only(path: &str, attr: &str) -> bool {
 
 /// `vfio-p2p ARGS`'s output, which must succeed.
 fn vfio_p2p(args: &[&str]) -> String {
-    let out = crate::cli::vfio_p2p().args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    crate::cli::succeeded(crate::cli::vfio_p2p().args(args)).0
 }
 
 fn ours() -> String {

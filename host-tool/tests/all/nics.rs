@@ -3,19 +3,10 @@
 
 use assert_cmd::Command;
 
+use crate::cli::succeeded;
+
 fn vfio_p2p() -> Command {
     crate::cli::vfio_p2p()
-}
-
-/// Runs `cmd`, which must succeed; its stdout.
-fn stdout_of(cmd: &mut Command) -> Vec<u8> {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 /// `gen libvirt --nics mlx5_0` for two hgx-h100 GPUs (libvirt 9.0).
@@ -34,7 +25,7 @@ fn gen_domain_with_a_nic() -> Command {
 
 /// The domain [`gen_domain_with_a_nic`] prints.
 fn domain_with_a_nic() -> String {
-    String::from_utf8(stdout_of(&mut gen_domain_with_a_nic())).unwrap()
+    succeeded(&mut gen_domain_with_a_nic()).0
 }
 
 /// A snapshot of hgx-h100 carries its NICs' `net/` and `infiniband/` names, and `gen`
@@ -64,7 +55,7 @@ fn names_are_read_from_a_sysfs_tree() {
                 "9.0",
             ])
             .args(["--gpus", "0000:18:00.0,0000:19:00.0", "--nics", nics]);
-        String::from_utf8(stdout_of(&mut cmd)).unwrap()
+        succeeded(&mut cmd).0
     };
     let by_rdma = gen("mlx5_0");
     assert!(
@@ -174,7 +165,7 @@ fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
         ])
         .args(["--format", "json", "--write-configs"])
         .arg(dir.path());
-    let r: serde_json::Value = serde_json::from_slice(&stdout_of(&mut place)).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&succeeded(&mut place).0).unwrap();
     let mut given = std::collections::BTreeSet::new();
     for vm in r["vms"].as_array().unwrap() {
         for c in vm["nics"].as_array().unwrap() {

@@ -5,17 +5,7 @@
 /// stderr of `vfio-p2p ARGS` with PATH holding no program at all.
 fn stderr_without_tools(args: &[&str]) -> String {
     let empty = tempfile::tempdir().unwrap();
-    let out = crate::cli::vfio_p2p()
-        .env("PATH", empty.path())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stderr).unwrap()
+    crate::cli::succeeded(crate::cli::vfio_p2p().env("PATH", empty.path()).args(args)).1
 }
 
 #[test]

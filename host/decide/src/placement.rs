@@ -237,6 +237,27 @@ struct Candidate {
     units: Vec<usize>,
 }
 
+impl Candidate {
+    /// The set `gpus`, made of whole `units`, with its worst path (the kind, the PCIe
+    /// path) and how many NUMA nodes it spans; its leftover is the ranking's to fill in.
+    fn new(
+        worst: (WorstPath, PathKind),
+        numa_nodes: usize,
+        gpus: Vec<usize>,
+        units: Vec<usize>,
+    ) -> Candidate {
+        Candidate {
+            worst: worst.0,
+            numa_nodes,
+            groups: units.len(),
+            pcie: worst.1,
+            leftover: Vec::new(),
+            gpus,
+            units,
+        }
+    }
+}
+
 impl PlacementHost {
     /// Indexes the topology's GPUs; `options.unavailable` must name devices of it.
     pub fn new(topo: &Topology, options: &PlacementOptions) -> Result<Self, PlacementError> {
@@ -439,15 +460,7 @@ impl PlacementHost {
             so_far.extend(&self.units[*u].gpus);
         }
         let numa: BTreeSet<Option<u32>> = members.iter().map(|g| self.numa[*g]).collect();
-        let c = Candidate {
-            worst: worst.0,
-            numa_nodes: numa.len(),
-            groups: units.len(),
-            pcie: worst.1,
-            leftover: Vec::new(),
-            gpus: members,
-            units,
-        };
+        let c = Candidate::new(worst, numa.len(), members, units);
         Some(self.placed(name, &c))
     }
 

@@ -166,15 +166,7 @@ impl PlacementHost {
         }
         members.sort_unstable();
         units.sort_unstable();
-        let c = Candidate {
-            worst: worst.0,
-            numa_nodes: numa.len(),
-            groups: units.len(),
-            pcie: worst.1,
-            leftover: Vec::new(),
-            gpus: members,
-            units,
-        };
+        let c = Candidate::new(worst, numa.len(), members, units);
         (Some(c), scope)
     }
 
