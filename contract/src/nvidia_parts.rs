@@ -161,7 +161,7 @@ mod tests {
     }
 
     #[test]
-    fn every_generation_the_issue_names() {
+    fn link_counts_of_every_datacenter_generation() {
         for (id, links) in [
             (0x1db8, Some(6)),  // V100 SXM3 (DGX-2)
             (0x1db1, Some(6)),  // V100 SXM2

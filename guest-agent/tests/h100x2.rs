@@ -1,5 +1,5 @@
-//! The run on a VM with two NVLink H100s (`guest-agent/bench/h200x2-issue17.sh` on
-//! `nvidia-h100-x2`, 2026-11-25): the report of the current full plan, and (`plan-compare/`)
+//! The run on a VM with two NVLink H100s (a bench script of the time, since folded into
+//! `guest-agent/bench/compare-with-reference.sh`, on `nvidia-h100-x2`, 2026-11-25): the report of the current full plan, and (`plan-compare/`)
 //! three processes of the previous plan beside three of this one, alternating, in one run
 //! on the same GPUs.
 

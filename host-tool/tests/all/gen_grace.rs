@@ -189,10 +189,10 @@ fn libvirt_domains_by_version() {
     assert!(new.contains("<acpi nodeset='1-8'/>"), "{new}");
     assert!(!new.contains("-object"), "{new}");
     insta::assert_snapshot!("libvirt-gh200-12.8", new);
-    if crate::real::have("virt-xml-validate") {
+    if crate::installed_tools::have("virt-xml-validate") {
         let path = dir.path().join("gb200.xml");
         std::fs::write(&path, &old).unwrap();
-        crate::real::validate(&path);
+        crate::installed_tools::validate(&path);
     }
 }
 

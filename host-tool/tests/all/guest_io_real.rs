@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use crate::real::{domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p};
+use crate::installed_tools::{
+    domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p,
+};
 
 /// A vm.yaml in `dir` with three raw disk images there (the boot disk, one on SATA, one
 /// read-only) plus `extra` lines.

@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command as Process, Stdio};
 
-use crate::real::{domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p};
+use crate::installed_tools::{
+    domxml_to_native, have, on_this_machines_nodes, qemu_fed, validate, vfio_p2p,
+};
 
 /// `(id, clique)` of every vfio-pci device in a QEMU argv printed by libvirt.
 fn vfio_cliques(argv: &str) -> Vec<(String, Option<u64>)> {
