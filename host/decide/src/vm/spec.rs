@@ -39,6 +39,28 @@ pub struct VmFlags {
     pub state_dir: bool,
 }
 
+impl VmFlags {
+    /// No flag but the target: vm.yaml as it is written.
+    pub fn new(target: VmTarget) -> VmFlags {
+        VmFlags {
+            target,
+            config_path: None,
+            name: None,
+            gpus: Vec::new(),
+            nics: Vec::new(),
+            guest_topology: None,
+            iommu_backend: None,
+            p2p_level: None,
+            allow_untranslated_p2p: false,
+            format: false,
+            incus_flags: false,
+            expect_out: false,
+            as_is: false,
+            state_dir: false,
+        }
+    }
+}
+
 /// vm.yaml with the flags applied: what [`super::plan`] plans.
 #[derive(Debug, Clone)]
 pub struct VmSpec {

@@ -12,22 +12,7 @@ fn topo(example: &str) -> Topology {
 }
 
 fn flags(target: VmTarget) -> VmFlags {
-    VmFlags {
-        target,
-        config_path: None,
-        name: None,
-        gpus: Vec::new(),
-        nics: Vec::new(),
-        guest_topology: None,
-        iommu_backend: None,
-        p2p_level: None,
-        allow_untranslated_p2p: false,
-        format: false,
-        incus_flags: false,
-        expect_out: false,
-        as_is: false,
-        state_dir: false,
-    }
+    VmFlags::new(target)
 }
 
 /// The plan of `spec` on `topo` with a libvirt version `libvirt`, and what it said.

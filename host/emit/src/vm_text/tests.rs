@@ -13,22 +13,7 @@ use vfio_p2p_model::Topology;
 use vfio_p2p_read::synth;
 
 fn spec(target: VmTarget) -> VmSpec {
-    let flags = VmFlags {
-        target,
-        config_path: None,
-        name: None,
-        gpus: Vec::new(),
-        nics: Vec::new(),
-        guest_topology: None,
-        iommu_backend: None,
-        p2p_level: None,
-        allow_untranslated_p2p: false,
-        format: false,
-        incus_flags: false,
-        expect_out: false,
-        as_is: false,
-        state_dir: false,
-    };
+    let flags = VmFlags::new(target);
     VmSpec::apply(VmConfig::default(), flags).unwrap()
 }
 
