@@ -18,7 +18,7 @@ use crate::cli::GlobalArgs;
 use pci_config::PathKind;
 use source::{HostConfigFrom, HostSource};
 use vfio_p2p_config::host::{FabricManagerSource, FabricMode, HostConfig, NvlinkSource};
-use vfio_p2p_decide::clique_plan::{plan, CliquePlan, PlanOptions};
+use vfio_p2p_decide::clique_plan::{CliquePlan, PlanOptions};
 use vfio_p2p_fm_ffi::{FmError, FmFailure};
 use vfio_p2p_model::fabric::{Fabric, FabricModel};
 use vfio_p2p_model::fabric_state::{check_module_map, FabricState, FmConfigFile, NvlsmProbe};
@@ -146,7 +146,16 @@ impl Context {
         host: &HostConfigArgs,
         needs: &Needs,
     ) -> anyhow::Result<Context> {
-        let source = HostSource::of(global);
+        Context::load_from(HostSource::of(global), host, needs)
+    }
+
+    /// [`Context::load`] from a [`HostSource`] the command decided already (`gen` asks it
+    /// whether the VM runs on the host read).
+    pub fn load_from(
+        source: HostSource,
+        host: &HostConfigArgs,
+        needs: &Needs,
+    ) -> anyhow::Result<Context> {
         let config =
             source.host_config(host.host_config.as_deref(), HostConfigFrom::FlagOrDefaults)?;
         let context = Context::build(source, config, needs)?;
@@ -273,13 +282,12 @@ impl Context {
     /// [`Context::plan`] for a log other programs write too (QEMU's, a sidecar's): each
     /// warning after `who` (`qemu-wrap: `), `warning: qemu-wrap: …` as the docs show.
     pub fn plan_as(&self, who: &str, gpus: &[Bdf], o: &PlanOptions) -> anyhow::Result<CliquePlan> {
-        self.warn_fabric_as(who, gpus);
-        let p = plan(&self.topo, gpus, o)
-            .with_context(|| format!("planning cliques on {}", self.topo.source))?;
-        for w in &p.warnings {
-            tracing::warn!("{who}{w}");
-        }
-        Ok(p)
+        let host = vfio_p2p_decide::vm::Host {
+            topo: &self.topo,
+            fabric: &self.fabric,
+            config: &self.host,
+        };
+        vfio_p2p_decide::vm::cliques(&host, who, gpus, o, &mut crate::logging::say)
     }
 }
 

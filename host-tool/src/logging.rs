@@ -9,3 +9,13 @@ pub fn init(verbose: u8) {
     };
     vfio_p2p_style::init_logging("VFIO_P2P_LOG", default);
 }
+
+/// Says what planning said ([`vfio_p2p_decide::vm::Said`]): a warning as a `warning: …` line, a note as
+/// `vfio-p2p: …`.
+pub fn say(said: vfio_p2p_decide::vm::Said) {
+    use vfio_p2p_decide::vm::Said;
+    match said {
+        Said::Warning(w) => tracing::warn!("{w}"),
+        Said::Note(n) => eprintln!("vfio-p2p: {n}"),
+    }
+}

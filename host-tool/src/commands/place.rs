@@ -10,8 +10,11 @@ use pci_config::Bdf;
 use crate::cli::GlobalArgs;
 use crate::context::{Context, HostConfigArgs, Needs};
 use pci_config::PathKind;
+use vfio_p2p_config::vm::VmConfig;
 use vfio_p2p_decide::place_plan::{self, PlaceRequest, VmPlacePlan};
 use vfio_p2p_decide::placement::{self, PlacementHost, PlacementOptions, VmRequest};
+use vfio_p2p_decide::vm::spec::{VmFlags, VmSpec};
+use vfio_p2p_decide::vm::{self, Host, VmTarget};
 use vfio_p2p_emit::data::DataFormat;
 use vfio_p2p_emit::place_report;
 
@@ -71,21 +74,46 @@ fn parse_vm(s: &str) -> Result<VmRequest, String> {
     })
 }
 
-/// Writes every file or none: all are checked first, then written via temporary names.
-fn write_configs(
-    dir: &Path,
+/// What `gen --config` makes of each file: parsed and applied as gen does, its cliques
+/// planned by the VM pipeline's first stage (`decide::vm::cliques`); a file whose cliques
+/// are not the ones it says is refused before anything is written.
+fn as_gen_reads(
+    host: &Host,
+    files: &[(PathBuf, String)],
     vms: &[VmPlacePlan],
-    p2p_level: PathKind,
-) -> anyhow::Result<Vec<PathBuf>> {
+) -> anyhow::Result<()> {
+    for ((path, text), vm) in files.iter().zip(vms) {
+        if vm.plan_error.is_some() {
+            continue; // written without cliques; gen says why
+        }
+        let config = VmConfig::parse(text, path)?;
+        let spec = VmSpec::apply(config, VmFlags::new(VmTarget::Qemu))?;
+        let (gpus, options) = (spec.gpus(host.topo), spec.plan_options(host.config));
+        // gen says the plan's warnings; place has said them in its report
+        let planned = vm::cliques(host, "", &gpus, &options, &mut |_| {})?;
+        anyhow::ensure!(
+            planned.assignments == vm.cliques,
+            "{}: gen would plan the cliques {:?}, not the {:?} place planned (nothing was written)",
+            path.display(),
+            planned.assignments,
+            vm.cliques
+        );
+    }
+    Ok(())
+}
+
+/// Writes every file or none: all are checked first, then written via temporary names.
+fn write_configs(dir: &Path, host: &Host, vms: &[VmPlacePlan]) -> anyhow::Result<Vec<PathBuf>> {
     let files: Vec<(PathBuf, String)> = vms
         .iter()
         .map(|vm| {
             (
                 dir.join(format!("{}.yaml", vm.vm.name)),
-                place_report::vm_config_text(vm, p2p_level),
+                place_report::vm_config_text(vm, host.config.p2p_level),
             )
         })
         .collect();
+    as_gen_reads(host, &files, vms)?;
     if let Some((path, _)) = files.iter().find(|(p, _)| p.exists()) {
         bail!(
             "{} already exists; remove it or write to another directory (nothing was written)",
@@ -152,7 +180,12 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
     };
     let mut report = place_plan::place(&topo, &placement_host, fabric.partitions(), &ask);
     if let Some(dir) = &args.write_configs {
-        report.configs_written = write_configs(dir, &report.vms, host.p2p_level)?;
+        let host = Host {
+            topo: &topo,
+            fabric: &fabric,
+            config: &host,
+        };
+        report.configs_written = write_configs(dir, &host, &report.vms)?;
     }
     match vfio_p2p_emit::data::to_text(&report, args.format)? {
         Some(t) => print!("{t}"),

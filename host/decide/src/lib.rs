@@ -25,5 +25,6 @@ pub mod placement;
 pub mod plan_reach;
 pub mod proxmox;
 pub mod reset;
+pub mod vm;
 pub mod vm_boot;
 pub mod vm_refusal;

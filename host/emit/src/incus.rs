@@ -25,10 +25,8 @@ use vfio_p2p_config::vm_devices::Network;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_decide::guest_layout::GuestDevice;
 use vfio_p2p_decide::mmio;
+use vfio_p2p_decide::vm::incus::{CliqueForm, CLIQUE_KEY};
 
-/// The device key of a physical GPU's clique, and the API extension that brings it.
-pub const CLIQUE_KEY: &str = "nvidia.clique";
-pub const CLIQUE_EXTENSION: &str = "gpu_physical_clique";
 /// Incus names the QEMU device of instance device NAME `dev-incus_NAME`.
 pub const QEMU_DEVICE_PREFIX: &str = "dev-incus_";
 
@@ -40,15 +38,6 @@ pub enum IncusOutput {
     Profile,
     /// `incus config device add` / `incus config set` commands for the instance.
     Commands,
-}
-
-/// How the cliques reach QEMU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CliqueForm {
-    /// The device key `nvidia.clique` (the server has `gpu_physical_clique`).
-    DeviceKey,
-    /// `raw.qemu.conf` sections (older servers).
-    RawQemuConf,
 }
 
 /// One Incus device: its name and keys in the order they are written.
@@ -99,40 +88,6 @@ fn devices(vm: &VmDefinition, form: CliqueForm) -> Vec<Device> {
         });
     }
     list
-}
-
-/// What vm.yaml asks that a profile cannot give: Incus boots the instance's root disk from
-/// its storage pool, has no user-mode networking, and its console is `incus console`.
-pub fn guest_io_warnings(vm: &VmDefinition) -> Vec<String> {
-    let c = vm.config;
-    let mut w = Vec::new();
-    if let Some(d) = c.devices.disks.first() {
-        w.push(format!(
-            "gen incus writes no disks: Incus boots the instance's root disk from its storage pool; bring {} in with `incus-migrate` (or `incus import`), then add this profile",
-            d.path.display()
-        ));
-    }
-    if let Some(Network::User { .. }) = c.devices.network {
-        w.push("Incus has no user-mode networking: the VM keeps the NIC its other profiles give (the default profile's eth0 on incusbr0); use `network: {bridge: NAME}` for a host bridge".into());
-    }
-    w
-}
-
-/// Where RAM and window end above QEMU's default 40 bits: what keeps the host's width in an
-/// Incus VM (its `-cpu host`, whose host-phys-bits QEMU turns on) and what loses it.
-pub fn address_space_warning(vm: &VmDefinition) -> Option<String> {
-    if vm.address_space.fits_qemu_default {
-        return None;
-    }
-    Some(format!(
-        "{} MiB of RAM and the {} GiB 64-bit window end above QEMU's default 40 bits: Incus starts the VM with \
-         `-cpu host`, which has the host's width, but in a cluster a VM with migration.stateful=true gets kvm64 \
-         and 40 bits, and loses its GPUs (leave migration.stateful off); Incus also reserves memory hotplug room \
-         between RAM and window (limits.memory.hotplug, the host's memory by default): set it to false or check \
-         the sum with `vfio-p2p check --memory-gib`",
-        vm.config.memory_mib,
-        vm.hole64_gib()
-    ))
 }
 
 /// Instance keys: vCPUs, memory, host NUMA nodes, the 64-bit window, and the cliques'

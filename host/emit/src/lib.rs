@@ -22,3 +22,4 @@ pub mod topo_dot;
 pub mod topo_report;
 pub mod verdicts;
 pub mod vm;
+pub mod vm_text;

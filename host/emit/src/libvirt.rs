@@ -17,62 +17,9 @@ use vfio_p2p_decide::guest_layout::{GuestBridge, GuestBridgeKind, GuestGpu, ROOT
 
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::QEMU_NS;
-use vfio_p2p_model::vmm::{LibvirtVersion, IOMMUFD_SINCE, MAXPHYSADDR_SINCE, OVERRIDE_SINCE};
+use vfio_p2p_model::vmm::LibvirtVersion;
 
-/// Why an older libvirt gets iommufd through `<qemu:commandline>`; printed as a warning.
-pub fn iommufd_form_warning(version: LibvirtVersion) -> String {
-    format!(
-        "libvirt {version} has no iommufd backend for host devices (<driver iommufd='yes'/> needs {IOMMUFD_SINCE}): \
-         using <qemu:commandline> -object iommufd and an iommufd property per hostdev; libvirt still sets up the VFIO \
-         group, and QEMU must be allowed to open /dev/iommu and /dev/vfio/devices/* (qemu.conf cgroup_device_acl, \
-         namespaces = []); upgrade libvirt"
-    )
-}
-
-/// The host's width for libvirt before `<maxphysaddr>`: a global property of the CPU type
-/// libvirt's host-passthrough starts (`-cpu host`), which is how QEMU applies `-cpu` options.
-pub const HOST_PHYS_BITS_GLOBAL: &str = "host-x86_64-cpu.host-phys-bits=on";
-
-/// Why an older libvirt gets the host's width through `<qemu:commandline>`; a warning.
-pub fn maxphysaddr_form_warning(version: LibvirtVersion) -> String {
-    format!(
-        "libvirt {version} has no <maxphysaddr> (needs {MAXPHYSADDR_SINCE}): using <qemu:commandline> \
-         -global {HOST_PHYS_BITS_GLOBAL} to give the guest the host's physical address width; upgrade libvirt"
-    )
-}
-
-/// Why an older libvirt gets the `-set` form; printed as a warning.
-pub fn set_form_warning(version: LibvirtVersion) -> String {
-    format!(
-        "libvirt {version} has no <qemu:override> (needs {OVERRIDE_SINCE}): using <qemu:commandline> -set, \
-         which QEMU rejects once libvirt passes -device as JSON (QEMU >= 6.2); upgrade libvirt"
-    )
-}
-
-/// What gen writes when libvirt's version is unknown: for `assumed`, with the forms that
-/// version takes instead of newer elements named, and how to write for the real one.
-pub fn unknown_version_warning(
-    why: &str,
-    assumed: LibvirtVersion,
-    backend: IommuBackend,
-) -> String {
-    let mut older = Vec::new();
-    if !assumed.has_maxphysaddr() {
-        older.push(format!(
-            "the host's address width as -global {HOST_PHYS_BITS_GLOBAL}"
-        ));
-    }
-    if backend == IommuBackend::Iommufd && !assumed.has_iommufd() {
-        older.push("iommufd as -object iommufd".into());
-    }
-    let forms = match older.is_empty() {
-        true => String::new(),
-        false => format!(", so <qemu:commandline> carries {}", older.join(" and ")),
-    };
-    format!(
-        "{why}: libvirt's version is unknown; the domain is written for libvirt {assumed} (the oldest with <qemu:override>){forms}; pass --libvirt-version X.Y to write for the libvirt that will run it"
-    )
-}
+use vfio_p2p_decide::vm::libvirt::HOST_PHYS_BITS_GLOBAL;
 
 /// The vsock device of `verify: vsock`, on pcie.0 at a fixed slot below the layout's
 /// (otherwise libvirt adds a root port for it).

@@ -25,14 +25,6 @@ use vfio_p2p_decide::grace_guest::{GraceGuest, SmmuForm};
 use vfio_p2p_model::domain::QEMU_NS;
 use vfio_p2p_model::vmm::{LibvirtVersion, ACPI_NODESET_SINCE};
 
-/// Why an older libvirt gets the generic initiators through `<qemu:commandline>`.
-pub fn acpi_form_warning(version: LibvirtVersion) -> String {
-    format!(
-        "libvirt {version} is not known to write acpi-generic-initiator from a hostdev's <acpi nodeset> (checked from {ACPI_NODESET_SINCE}): \
-         the GPUs' generic initiators go in <qemu:commandline>, naming each hostdev's alias"
-    )
-}
-
 /// The domain XML of a Grace guest.
 pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> String {
     let mut x = String::new();

@@ -364,7 +364,7 @@ impl Edits<'_> {
             return;
         }
         self.warnings
-            .push(super::libvirt::set_form_warning(version));
+            .push(vfio_p2p_decide::vm::libvirt::set_form_warning(version));
         self.need_ns = true;
         let lines = |base: &str| -> String {
             args.iter()

@@ -9,6 +9,7 @@ use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 use vfio_p2p_decide::address_space::GuestAddressSpace;
 use vfio_p2p_decide::grace_guest::GraceGuest;
 use vfio_p2p_decide::guest_layout::GuestLayout;
+use vfio_p2p_decide::vm::VmPlan;
 
 /// How the expectation reaches QEMU's fw_cfg.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +52,21 @@ pub const FIRST_DISK_SLOT: u8 = 0x03;
 /// The id of the `-object iommufd` every `vfio-pci` names under the iommufd backend.
 pub const IOMMUFD_OBJECT_ID: &str = "iommufd0";
 
-impl VmDefinition<'_> {
+impl<'a> VmDefinition<'a> {
+    /// What the emitters get of `plan`, the expectation reaching fw_cfg from `source`.
+    pub fn of(plan: &'a VmPlan, source: ExpectationSource) -> VmDefinition<'a> {
+        VmDefinition {
+            config: &plan.spec.config,
+            layout: &plan.layout,
+            expectation: &plan.expectation,
+            expectation_source: source,
+            hole64: plan.hole64,
+            address_space: plan.address_space.clone(),
+            iommu_backend: plan.iommu_backend,
+            grace: plan.grace.as_ref(),
+        }
+    }
+
     /// vCPUs and memory (MiB) of guest NUMA node `index`: split evenly, the remainder on the first nodes.
     pub fn numa_share(&self, index: usize) -> (std::ops::Range<u32>, u64) {
         let n = self.layout.numa_nodes.len().max(1) as u32;

@@ -1,0 +1,99 @@
+//! The pipeline's entry on embedded example hosts: the spec's merge refusals, the forms
+//! decided per target, and what is said in order.
+
+use super::spec::{VmFlags, VmSpec};
+use super::*;
+use vfio_p2p_config::vm::VmConfig;
+use vfio_p2p_model::vmm::OVERRIDE_SINCE;
+use vfio_p2p_read::synth;
+
+fn topo(example: &str) -> Topology {
+    Topology::from_record(&synth::example(example).unwrap())
+}
+
+fn flags(target: VmTarget) -> VmFlags {
+    VmFlags::new(target)
+}
+
+/// The plan of `spec` on `topo` with a libvirt version `libvirt`, and what it said.
+fn plan_of<'a>(
+    topo: &'a Topology,
+    spec: &'a VmSpec,
+    libvirt: Result<LibvirtVersion, String>,
+    fabric: &'a Fabric,
+    config: &'a HostConfig,
+) -> (VmPlan<'a>, Vec<Said>) {
+    let inputs = VmInputs {
+        host: Host {
+            topo,
+            fabric,
+            config,
+        },
+        iommu: None,
+        qemu_version: None,
+        libvirt_version: libvirt,
+        incus: None,
+    };
+    let mut said = Vec::new();
+    let p = plan(&inputs, spec, &mut |s| said.push(s)).unwrap();
+    (p, said)
+}
+
+#[test]
+fn flags_a_target_does_not_take_are_refused_when_applied() {
+    let mut f = flags(VmTarget::Libvirt);
+    f.format = true;
+    let e = VmSpec::apply(VmConfig::default(), f).unwrap_err();
+    assert!(e.to_string().starts_with("--format applies to qemu"), "{e}");
+    let mut f = flags(VmTarget::Qemu);
+    f.as_is = true;
+    assert!(VmSpec::apply(VmConfig::default(), f).is_err());
+    // incus lays the guest out flat whatever vm.yaml says
+    let s = VmSpec::apply(VmConfig::default(), flags(VmTarget::Incus)).unwrap();
+    assert_eq!(s.config.guest_topology, GuestTopology::Flat);
+}
+
+#[test]
+fn libvirt_of_unknown_version_is_written_for_override_since_with_a_warning() {
+    let t = topo("dual-socket-pcie");
+    let spec = VmSpec::apply(VmConfig::default(), flags(VmTarget::Libvirt)).unwrap();
+    let (fabric, host) = (Fabric::default(), HostConfig::default());
+    let (p, said) = plan_of(&t, &spec, Err("no virsh".into()), &fabric, &host);
+    assert_eq!(p.form, TargetForm::Libvirt(OVERRIDE_SINCE));
+    let last = said.last().unwrap();
+    assert!(
+        matches!(last, Said::Warning(w) if w.starts_with("no virsh: libvirt's version is unknown")),
+        "{said:?}"
+    );
+    let v81 = "8.1".parse().unwrap();
+    let (p, said) = plan_of(&t, &spec, Ok(v81), &fabric, &host);
+    assert_eq!(p.form, TargetForm::Libvirt(v81));
+    assert!(
+        said.iter()
+            .any(|s| matches!(s, Said::Warning(w) if w.contains("has no <qemu:override>"))),
+        "{said:?}"
+    );
+}
+
+#[test]
+fn cloud_hypervisor_puts_every_device_on_its_root_bus() {
+    let t = topo("dual-socket-pcie");
+    let spec = VmSpec::apply(VmConfig::default(), flags(VmTarget::CloudHypervisor)).unwrap();
+    let (fabric, host) = (Fabric::default(), HostConfig::default());
+    let (p, said) = plan_of(&t, &spec, Ok(OVERRIDE_SINCE), &fabric, &host);
+    assert_eq!(p.form, TargetForm::CloudHypervisor);
+    assert!(p.layout.bridges.is_empty() && p.layout.numa_nodes.is_empty());
+    assert!(p.layout.gpus.iter().all(|g| g.guest.bus == 0));
+    // the VM boots nothing (no kernel, no firmware: uefi): said, not refused
+    assert!(
+        said.iter()
+            .any(|s| matches!(s, Said::Warning(w) if w.contains("Cloud Hypervisor boots nothing"))),
+        "{said:?}"
+    );
+    // the same VM for QEMU mirrors the host's switches
+    let spec = VmSpec::apply(VmConfig::default(), flags(VmTarget::Qemu)).unwrap();
+    let (p, _) = plan_of(&t, &spec, Ok(OVERRIDE_SINCE), &fabric, &host);
+    assert!(!p.layout.bridges.is_empty());
+    assert_eq!(p.gpus.len(), 8);
+    assert_eq!(p.expectation.gpus.len(), 8);
+}
