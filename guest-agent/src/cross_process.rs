@@ -17,9 +17,9 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
-use crate::cuda::{DeviceBuffer, Event, Gpu, Module, Stream};
 use crate::verify::{check_words, fill_words, WriteCheck};
+use vfio_p2p_cuda_driver::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
+use vfio_p2p_cuda_driver::{DeviceBuffer, Event, Gpu, Module, Stream};
 
 /// How the memory crosses the process boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,7 +352,7 @@ fn write_into(
     offer: &Offer,
     fd: Option<OwnedFd>,
 ) -> Result<f64, String> {
-    let e = |e: crate::cuda::CudaError| e.to_string();
+    let e = |e: vfio_p2p_cuda_driver::CudaError| e.to_string();
     let held = match offer.kind {
         HandleKind::PosixFd => {
             let fd = fd.ok_or("no file descriptor came with the offer")?;
@@ -395,7 +395,7 @@ pub fn run_child(
         .iter()
         .find(|g| g.bus_id == gpu)
         .ok_or_else(|| format!("CUDA does not see GPU {gpu}"))?;
-    let module = Module::load(g).map_err(|e| e.to_string())?;
+    let module = crate::kernels::load(g).map_err(|e| e.to_string())?;
     if role == "owner" {
         let check = run_owner(g, &module, kind, socket, (mib << 20) / 4)?;
         print_json(&check).map_err(io("writing the result"))

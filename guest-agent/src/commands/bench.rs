@@ -7,7 +7,8 @@ use std::time::Instant;
 use vfio_p2p_agent::bench::pingpong::PingPongFlags;
 use vfio_p2p_agent::bench::{self, BenchPlan};
 use vfio_p2p_agent::cli::{BenchArgs, Format};
-use vfio_p2p_agent::{cuda, measure, peers, render, report, sysfs_scan};
+use vfio_p2p_agent::{measure, peers, render, report, sysfs_scan};
+use vfio_p2p_cuda_driver as cuda;
 
 use super::{emit, in_vm, load_modules, open_gpus, pair_reports, CannotRun};
 

@@ -1,8 +1,8 @@
 //! `expect`: the GPUs and cliques against the host's expectation.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::{expect, fabric, render, send, sysfs_scan};
+use vfio_p2p_nvml::Nvml;
 
 use super::{deliver, emit, CannotRun};
 

@@ -7,13 +7,13 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
-use vfio_p2p_agent::cuda::{Gpu, Module};
-use vfio_p2p_agent::guest_topo;
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::PeerCheck;
 use vfio_p2p_agent::report::PairReport;
 use vfio_p2p_agent::verify::Injection;
+use vfio_p2p_agent::{guest_topo, kernels};
 use vfio_p2p_contract::Expectation;
+use vfio_p2p_cuda_driver::{Gpu, Module};
+use vfio_p2p_nvml::Nvml;
 
 mod bench;
 mod children;
@@ -211,7 +211,7 @@ pub(crate) fn load_modules(gpus: &[Gpu]) -> Result<Vec<Module<'_>>> {
     let loaded = std::thread::scope(|s| {
         let handles: Vec<_> = gpus
             .iter()
-            .map(|g| s.spawn(move || Module::load(g)))
+            .map(|g| s.spawn(move || kernels::load(g)))
             .collect();
         handles
             .into_iter()

@@ -6,10 +6,11 @@ use std::time::Duration;
 use pci_config::Bdf;
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
-use vfio_p2p_agent::cuda::nccl::{library_path, Nccl};
 use vfio_p2p_agent::nccl_allreduce::{self, NcclReport};
-use vfio_p2p_agent::nvml::Nvml;
-use vfio_p2p_agent::{cuda, link_verdict, nccl_topo, sysfs_scan};
+use vfio_p2p_agent::{link_verdict, nccl_topo, sysfs_scan};
+use vfio_p2p_cuda_driver as cuda;
+use vfio_p2p_cuda_driver::nccl::{library_path, Nccl};
+use vfio_p2p_nvml::Nvml;
 
 use super::{emit, CannotRun};
 

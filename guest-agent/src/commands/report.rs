@@ -11,14 +11,14 @@ use vfio_p2p_agent::bench::BenchPlan;
 use vfio_p2p_agent::cli::{ExpectArgs, Format, ReportArgs, SendArgs, SysfsArgs};
 use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::HandleKind;
-use vfio_p2p_agent::cuda;
 use vfio_p2p_agent::expect;
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo};
 use vfio_p2p_agent::report::{self, HostInfo, Report};
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
 use vfio_p2p_contract::Expectation;
+use vfio_p2p_cuda_driver as cuda;
+use vfio_p2p_nvml::Nvml;
 
 use super::{
     deliver, emit, in_vm, load_modules, mark, nccl_topo_env, open_gpus, optional_expectation,

@@ -1,7 +1,7 @@
 //! `topo`: each pair's path label in the guest against the host's.
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::{fabric, guest_topo, render, sysfs_scan};
+use vfio_p2p_nvml::Nvml;
 
 use super::{emit, optional_expectation, topo_report, CannotRun};
 

@@ -1,9 +1,9 @@
 //! `verify`: one-way writes across every pair, checked on the destination.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{measure, peers, render, sysfs_scan};
+use vfio_p2p_nvml::Nvml;
 
 use super::{
     emit, in_vm, judge_all, load_modules, open_gpus, optional_expectation, pair_exit, pair_reports,

@@ -132,7 +132,8 @@ fn workspace_production() -> Vec<(String, String)> {
     let mut files = Vec::new();
     let crates = fs::read_dir(root)
         .unwrap()
-        .chain(fs::read_dir(root.join("host")).unwrap());
+        .chain(fs::read_dir(root.join("host")).unwrap())
+        .chain(fs::read_dir(root.join("guest-agent")).unwrap());
     for krate in crates {
         let src = krate.unwrap().path().join("src");
         if src.join("lib.rs").is_file() || src.join("main.rs").is_file() {
