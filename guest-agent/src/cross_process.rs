@@ -7,13 +7,12 @@
 //! into it with a kernel (timed: GB/s) and says so; the owner then checks every word on
 //! the destination GPU, as `verify` does, and prints the result as JSON.
 
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
@@ -140,16 +139,7 @@ pub fn send(sock: &UnixStream, msg: &impl Serialize, fd: Option<&OwnedFd>) -> st
     if body.len() > MAX_MESSAGE {
         return Err(std::io::Error::other("message too large"));
     }
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsg: Vec<ControlMessage<'_>> = if fds.is_empty() {
-        vec![]
-    } else {
-        vec![ControlMessage::ScmRights(&fds)]
-    };
-    let iov = [IoSlice::new(&body)];
-    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-        .map_err(std::io::Error::from)?;
-    Ok(())
+    vfio_p2p_fd_passing::send(sock, &body, fd.map(|f| f.as_fd()))
 }
 
 /// Receives one message sent by [`send`], and the descriptor that came with it.
@@ -157,28 +147,7 @@ pub fn receive<T: for<'de> Deserialize<'de>>(
     sock: &UnixStream,
 ) -> std::io::Result<(T, Option<OwnedFd>)> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let (n, fd) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(std::io::Error::from)?;
-        let mut fd = None;
-        for c in msg.cmsgs().map_err(std::io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(fds) = c {
-                for raw in fds {
-                    // SAFETY: SCM_RIGHTS gave this process a new descriptor nothing owns.
-                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                    fd.get_or_insert(owned);
-                }
-            }
-        }
-        (msg.bytes, fd)
-    };
+    let (n, fd) = vfio_p2p_fd_passing::receive(sock, &mut buf)?;
     if n == 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,

@@ -2,6 +2,11 @@
 //! per GPU pair, that the hypervisor gave the expected P2P clique, that the driver
 //! enables peer access, that writes really land in the peer's memory, and how fast
 //! the path is.
+//!
+//! Every `unsafe` of the agent is in its FFI crates (`vfio-p2p-cuda-driver`,
+//! `vfio-p2p-nvml`, `vfio-p2p-fd-passing`); this crate has none.
+
+#![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cli;
