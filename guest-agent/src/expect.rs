@@ -14,7 +14,7 @@ use vfio_p2p_contract::{
     Expectation, ExpectationError, PciId, FW_CFG_SYSFS_PATH as FW_CFG_PATH, MAX_EXPECTATION_BYTES,
 };
 
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExpectError {

@@ -66,7 +66,7 @@ impl NumaReport {
 }
 
 fn read_text(path: &Path) -> Option<String> {
-    let bytes = crate::sysfs_scan::read_regular_file(path, NODE_FILE_LIMIT).ok()?;
+    let bytes = crate::sysfs::gpus::read_regular_file(path, NODE_FILE_LIMIT).ok()?;
     Some(String::from_utf8_lossy(&bytes).trim().to_string())
 }
 

@@ -14,7 +14,7 @@ use pci_config::{
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::Expectation;
 
-use crate::sysfs_scan::read_sysfs_file;
+use crate::sysfs::gpus::read_sysfs_file;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopoError {

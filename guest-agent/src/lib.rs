@@ -28,7 +28,7 @@ pub mod schedule;
 pub mod send;
 pub mod setup_probe;
 pub mod stats;
-pub mod sysfs_scan;
+pub mod sysfs;
 pub mod verify;
 
 pub use cli::command;

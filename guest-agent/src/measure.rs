@@ -14,7 +14,7 @@ use crate::bench::pingpong::PingPongFlags;
 use crate::bench::{self, BenchPlan, PairBench};
 use crate::report::PairReport;
 use crate::schedule::{self, RoundPlan, RoundRecord};
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 use crate::verify::{self, VerifyResult};
 use vfio_p2p_cuda_driver::{Gpu, Module};
 

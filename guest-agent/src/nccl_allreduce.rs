@@ -571,7 +571,7 @@ mod tests {
             "/../tests/fixtures/nccl/h200x2-topo.xml"
         ))
         .unwrap();
-        let scan = crate::sysfs_scan::Scan {
+        let scan = crate::sysfs::gpus::Scan {
             sysfs_root: "/".into(),
             gpus: Vec::new(),
             note: None,

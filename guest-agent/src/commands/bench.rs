@@ -7,7 +7,7 @@ use std::time::Instant;
 use vfio_p2p_agent::bench::pingpong::PingPongFlags;
 use vfio_p2p_agent::bench::{self, BenchPlan};
 use vfio_p2p_agent::cli::{BenchArgs, Format};
-use vfio_p2p_agent::{measure, peers, render, report, sysfs_scan};
+use vfio_p2p_agent::{measure, peers, render, report, sysfs::gpus};
 use vfio_p2p_cuda_driver as cuda;
 
 use super::{emit, in_vm, load_modules, open_gpus, pair_reports, CannotRun};
@@ -28,7 +28,7 @@ pub(super) fn run(f: Format, a: &BenchArgs, verbose: bool) -> Result<u8, CannotR
     let flags = PingPongFlags::allocate(&gpus)?;
     let modules = load_modules(&gpus)?;
     let mut reports = pair_reports(&pairs, None, in_vm());
-    let scan = sysfs_scan::scan(Path::new("/")).ok();
+    let scan = gpus::scan(Path::new("/")).ok();
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
     let sides = (gpus.as_slice(), modules.as_slice());
     measure::bench_by_rounds(sides, &flags, &mut reports, &plan, (&rounds, None))?;

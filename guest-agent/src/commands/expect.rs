@@ -1,7 +1,7 @@
 //! `expect`: the GPUs and cliques against the host's expectation.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::{expect, fabric, render, send, sysfs_scan};
+use vfio_p2p_agent::{expect, fabric, render, send, sysfs::gpus};
 use vfio_p2p_nvml::Nvml;
 
 use super::{deliver, emit, CannotRun};
@@ -13,7 +13,7 @@ pub(super) fn run(
     expect: &ExpectArgs,
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+    let scan = gpus::scan(&sysfs.sysfs_root)?;
     let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
     let mut r = expect::compare(&e, &source, &scan);
     if fabric::planned(&e) {

@@ -7,7 +7,7 @@ use pci_config::Bdf;
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
 use vfio_p2p_agent::nccl_allreduce::{self, NcclReport};
-use vfio_p2p_agent::{link_verdict, nccl_topo, sysfs_scan};
+use vfio_p2p_agent::{link_verdict, nccl_topo, sysfs::gpus};
 use vfio_p2p_cuda_driver as cuda;
 use vfio_p2p_cuda_driver::nccl::{library_path, Nccl};
 use vfio_p2p_nvml::Nvml;
@@ -80,7 +80,7 @@ fn stage(
 /// What the file gets wrong against this guest: the `nccl-topo` check's problems and
 /// GPUs given fewer NVLinks than NVML sees active.
 fn file_problems(file: &Path, gpus: &[Bdf], sysfs: &SysfsArgs) -> Vec<String> {
-    let Ok(scan) = sysfs_scan::scan(&sysfs.sysfs_root) else {
+    let Ok(scan) = gpus::scan(&sysfs.sysfs_root) else {
         return Vec::new();
     };
     let check = match nccl_topo::check_file(file, &scan) {
@@ -111,7 +111,7 @@ fn file_problems(file: &Path, gpus: &[Bdf], sysfs: &SysfsArgs) -> Vec<String> {
 /// What the weakest link between any two of `gpus` carries: NVML's NVLink count with
 /// the GPU's part, else PCIe from sysfs; `None` when unknown.
 fn weakest_link(gpus: &[Bdf], sysfs: &SysfsArgs) -> Option<link_verdict::LinkExpectation> {
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok()?;
+    let scan = gpus::scan(&sysfs.sysfs_root).ok()?;
     let nvml = Nvml::open();
     let mut weakest: Option<link_verdict::LinkExpectation> = None;
     for (i, &a) in gpus.iter().enumerate() {

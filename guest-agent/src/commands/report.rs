@@ -15,7 +15,7 @@ use vfio_p2p_agent::expect;
 use vfio_p2p_agent::peers::{self, GpuInfo};
 use vfio_p2p_agent::report::{self, HostInfo, Report};
 use vfio_p2p_agent::verify::Injection;
-use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs::gpus};
 use vfio_p2p_contract::Expectation;
 use vfio_p2p_cuda_driver as cuda;
 use vfio_p2p_nvml::Nvml;
@@ -198,7 +198,7 @@ enum Exit {
 /// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
 /// NVML, the path labels and the fabric.
 struct GuestSide {
-    scan: Option<sysfs_scan::Scan>,
+    scan: Option<gpus::Scan>,
     expect_report: Option<expect::ExpectReport>,
     nvml: Option<Nvml>,
     topo: Option<guest_topo::TopoReport>,
@@ -206,7 +206,7 @@ struct GuestSide {
 }
 
 fn guest_side(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSide {
-    let scan = sysfs_scan::scan(root).ok();
+    let scan = gpus::scan(root).ok();
     let expect_report = match (expectation, &scan) {
         (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
         _ => None,
@@ -232,7 +232,7 @@ const MAX_REPORT_BYTES: u64 = 16 << 20;
 /// A saved report; `what` names its role in errors (`report` for `--from`, `baseline`
 /// for `--baseline`). Read non-blocking from a regular file, at most [`MAX_REPORT_BYTES`].
 fn load_report(path: &Path, what: &str) -> Result<Report> {
-    let bytes = sysfs_scan::read_regular_file(path, MAX_REPORT_BYTES + 1)
+    let bytes = gpus::read_regular_file(path, MAX_REPORT_BYTES + 1)
         .with_context(|| format!("reading the {what} {}", path.display()))?;
     anyhow::ensure!(
         bytes.len() as u64 <= MAX_REPORT_BYTES,
@@ -250,7 +250,7 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
 
 /// `report`'s NCCL part: the file NCCL_TOPO_FILE names, checked; a file that cannot be
 /// read is a problem of the check, not a reason to skip the measurements.
-fn report_nccl_topo(scan: Option<&sysfs_scan::Scan>) -> Option<nccl_topo::NcclTopoCheck> {
+fn report_nccl_topo(scan: Option<&gpus::Scan>) -> Option<nccl_topo::NcclTopoCheck> {
     let path = nccl_topo_env()?;
     let scan = scan?;
     Some(

@@ -1,12 +1,12 @@
 //! `scan`: the NVIDIA GPUs sysfs shows, their clique capability and links.
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
-use vfio_p2p_agent::{render, sysfs_scan};
+use vfio_p2p_agent::{render, sysfs::gpus};
 
 use super::{emit, CannotRun};
 
 pub(super) fn run(f: Format, s: &SysfsArgs) -> Result<u8, CannotRun> {
-    let scan = sysfs_scan::scan(&s.sysfs_root)?;
+    let scan = gpus::scan(&s.sysfs_root)?;
     emit(f, &scan, render::scan)?;
     if f == Format::Table
         && !s

@@ -1,6 +1,6 @@
 //! `topo`: each pair's path label in the guest against the host's.
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
-use vfio_p2p_agent::{fabric, guest_topo, render, sysfs_scan};
+use vfio_p2p_agent::{fabric, guest_topo, render, sysfs::gpus};
 use vfio_p2p_nvml::Nvml;
 
 use super::{emit, optional_expectation, topo_report, CannotRun};
@@ -9,7 +9,7 @@ use super::{emit, optional_expectation, topo_report, CannotRun};
 /// no expectation, the guest's own view (labels, NVML's labels, module ids and fabric).
 pub(super) fn run(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
     let Some((e, source)) = optional_expectation(expect, &sysfs.sysfs_root)? else {
-        let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
+        let scan = gpus::scan(&sysfs.sysfs_root)?;
         let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
         let nvml = Nvml::open();
         let mut pairs = guest_topo::guest_view(&sysfs.sysfs_root, &bdfs);

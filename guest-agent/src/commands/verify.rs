@@ -2,7 +2,7 @@
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
 use vfio_p2p_agent::verify::Injection;
-use vfio_p2p_agent::{measure, peers, render, sysfs_scan};
+use vfio_p2p_agent::{measure, peers, render, sysfs::gpus};
 use vfio_p2p_nvml::Nvml;
 
 use super::{
@@ -24,7 +24,7 @@ pub(super) fn run(
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
     let words = mib * (1 << 20) / 4;
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok();
+    let scan = gpus::scan(&sysfs.sysfs_root).ok();
     let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
     measure::verify_by_rounds(&gpus, &modules, &mut reports, (words, inject), &rounds)?;
     let results: Vec<_> = reports.iter().filter_map(|r| r.verify.clone()).collect();

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use vfio_p2p_agent::expect::{self, GpuStatus};
-use vfio_p2p_agent::sysfs_scan::{GpuScan, Scan};
+use vfio_p2p_agent::sysfs::gpus::{GpuScan, Scan};
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME, FW_CFG_SYSFS_PATH};
 
 /// Runs the host tool as an operator would; returns its argv.
