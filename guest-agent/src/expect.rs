@@ -15,6 +15,7 @@ use vfio_p2p_contract::{
 };
 
 use crate::sysfs::gpus::Scan;
+use crate::sysfs::numa::NumaScan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExpectError {
@@ -147,12 +148,12 @@ fn same_id(found: &str, want: PciId) -> bool {
 
 /// Compares the expectation with a scan: each GPU at its guest address, with its
 /// IDs, and with exactly the expected clique (`null`: no capability); and, when the
-/// expectation plans NUMA nodes, the nodes read below the scan's root.
-pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport {
-    let numa = expect.numa.as_ref().map(|plan| {
-        let found = crate::guest_numa::scan(Path::new(&scan.sysfs_root));
-        crate::guest_numa::judge(plan, &expect.gpus, found)
-    });
+/// expectation plans NUMA nodes, the guest's nodes (`numa`, read with the scan).
+pub fn compare(expect: &Expectation, source: &Path, scan: &Scan, numa: &NumaScan) -> ExpectReport {
+    let numa = expect
+        .numa
+        .as_ref()
+        .map(|plan| crate::guest_numa::judge(plan, &expect.gpus, numa.clone()));
     let gpus = expect
         .gpus
         .iter()

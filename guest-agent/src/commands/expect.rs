@@ -1,7 +1,8 @@
 //! `expect`: the GPUs and cliques against the host's expectation.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::{expect, fabric, render, send, sysfs::gpus};
+use vfio_p2p_agent::sysfs::GuestSysfs;
+use vfio_p2p_agent::{expect, fabric, render, send};
 use vfio_p2p_nvml::Nvml;
 
 use super::{deliver, emit, CannotRun};
@@ -13,9 +14,10 @@ pub(super) fn run(
     expect: &ExpectArgs,
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
-    let scan = gpus::scan(&sysfs.sysfs_root)?;
+    let guest = GuestSysfs::read(&sysfs.sysfs_root, &[]);
+    let scan = guest.gpus?;
     let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
-    let mut r = expect::compare(&e, &source, &scan);
+    let mut r = expect::compare(&e, &source, &scan, &guest.numa);
     if fabric::planned(&e) {
         match Nvml::open() {
             Some(nvml) => {

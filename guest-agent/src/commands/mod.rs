@@ -9,6 +9,8 @@ use serde::Serialize;
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
 use vfio_p2p_agent::peers::PeerCheck;
 use vfio_p2p_agent::report::PairReport;
+use vfio_p2p_agent::sysfs::place::Places;
+use vfio_p2p_agent::sysfs::{self, GuestSysfs};
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{guest_topo, kernels};
 use vfio_p2p_contract::Expectation;
@@ -190,7 +192,7 @@ pub(crate) fn optional_expectation(
             args.expect.as_deref(),
             root,
         )?)),
-        None if root.join(vfio_p2p_contract::FW_CFG_SYSFS_PATH).exists() => {
+        None if sysfs::expectation_in_firmware(root) => {
             Ok(Some(vfio_p2p_agent::expect::load(None, root)?))
         }
         None => Ok(None),
@@ -276,13 +278,22 @@ pub(crate) fn nccl_topo_env() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The guest's sysfs below `root`, read once, with the places of the GPUs `expectation`
+/// names.
+pub(crate) fn read_sysfs(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSysfs {
+    let expected: Vec<_> = expectation
+        .map(|(e, _)| e.gpus.iter().map(|g| g.guest_bdf).collect())
+        .unwrap_or_default();
+    GuestSysfs::read(root, &expected)
+}
+
 /// The guest's path labels against the host's, with NVML's where the driver is loaded.
 pub(crate) fn topo_report(
-    root: &Path,
+    places: &Places,
     e: &Expectation,
     nvml: Option<&Nvml>,
 ) -> guest_topo::TopoReport {
-    let mut r = guest_topo::compare(root, e);
+    let mut r = guest_topo::compare(places, e);
     if let Some(n) = nvml {
         r.add_nvml(|a, b| n.common_ancestor(a, b));
     }

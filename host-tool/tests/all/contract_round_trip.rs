@@ -6,6 +6,7 @@ use std::path::Path;
 
 use vfio_p2p_agent::expect::{self, GpuStatus};
 use vfio_p2p_agent::sysfs::gpus::{GpuScan, Scan};
+use vfio_p2p_agent::sysfs::numa::NumaScan;
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME, FW_CFG_SYSFS_PATH};
 
 /// Runs the host tool as an operator would; returns its argv.
@@ -80,12 +81,12 @@ fn what_the_host_writes_the_agent_reads_and_judges() {
         }
 
         let mut guest = guest_as_planned(&e);
-        let report = expect::compare(&e, &source, &guest);
+        let report = expect::compare(&e, &source, &guest, &NumaScan::default());
         assert_eq!(report.mismatches(), 0, "{example}: {report:#?}");
         assert!(report.unexpected.is_empty());
 
         guest.gpus[0].clique = Some(guest.gpus[0].clique.map_or(7, |c| (c + 1) % 16));
-        let report = expect::compare(&e, &source, &guest);
+        let report = expect::compare(&e, &source, &guest, &NumaScan::default());
         assert_eq!(report.gpus[0].status, GpuStatus::WrongClique, "{example}");
         assert_eq!(report.mismatches(), 1);
     }
