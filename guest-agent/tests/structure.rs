@@ -1,6 +1,7 @@
 //! The agent's layout, as the host tool's `tests/structure.rs` holds the host's: each
 //! command in its own module under `src/commands/`, which never imports a sibling command
-//! (what several share lives in `commands/mod.rs`), and `main.rs` only parses and hands over.
+//! (what several share lives in `commands/mod.rs`), `main.rs` only parses and hands over, and
+//! only `src/sysfs/` reads sysfs.
 
 use std::path::PathBuf;
 
@@ -68,4 +69,61 @@ fn main_only_parses_and_hands_over() {
         "main.rs holds `main` alone; commands go under commands/"
     );
     assert!(main.lines().count() < 60);
+}
+
+/// What reads sysfs in `code`: a path below a sysfs root (`"sys/…"`, `"/sys/…"`), the
+/// fw_cfg blob's path, or a directory walk.
+fn sysfs_reads(code: &str) -> Vec<&'static str> {
+    const READS: [&str; 6] = [
+        "\"sys/",
+        "\"/sys/",
+        "FW_CFG_SYSFS_PATH",
+        "read_dir(",
+        "read_link(",
+        "canonicalize(",
+    ];
+    READS.into_iter().filter(|r| code.contains(r)).collect()
+}
+
+fn rust_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn only_the_sysfs_module_reads_sysfs() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    assert!(files.len() > 30, "{files:?}");
+    let mut broken = Vec::new();
+    for f in files.iter().filter(|f| !f.starts_with(src().join("sysfs"))) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let production = text.split("#[cfg(test)]").next().unwrap();
+        for r in sysfs_reads(production) {
+            broken.push(format!(
+                "{} reads sysfs ({r}): read it in src/sysfs/ (GuestSysfs) and pass the value",
+                f.strip_prefix(src()).unwrap().display()
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_sysfs_checker_sees_a_read() {
+    assert_eq!(
+        sysfs_reads("let d = root.join(\"sys/bus/pci/devices\");"),
+        ["\"sys/"]
+    );
+    assert_eq!(
+        sysfs_reads("fs::read_link(dir.join(\"driver\"))"),
+        ["read_link("]
+    );
+    assert!(sysfs_reads("const BOOT_ID: &str = \"/proc/sys/kernel/random/boot_id\";").is_empty());
 }

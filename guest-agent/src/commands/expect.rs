@@ -1,7 +1,7 @@
 //! `expect`: the GPUs and cliques against the host's expectation.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::sysfs::GuestSysfs;
+use vfio_p2p_agent::sysfs::{expectation, GuestSysfs};
 use vfio_p2p_agent::{expect, fabric, render, send};
 use vfio_p2p_nvml::Nvml;
 
@@ -16,7 +16,7 @@ pub(super) fn run(
 ) -> Result<u8, CannotRun> {
     let guest = GuestSysfs::read(&sysfs.sysfs_root, &[]);
     let scan = guest.gpus?;
-    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let (e, source) = expectation::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
     let mut r = expect::compare(&e, &source, &scan, &guest.numa);
     if fabric::planned(&e) {
         match Nvml::open() {

@@ -10,7 +10,7 @@ use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
 use vfio_p2p_agent::peers::PeerCheck;
 use vfio_p2p_agent::report::PairReport;
 use vfio_p2p_agent::sysfs::place::Places;
-use vfio_p2p_agent::sysfs::{self, GuestSysfs};
+use vfio_p2p_agent::sysfs::{expectation, GuestSysfs};
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{guest_topo, kernels};
 use vfio_p2p_contract::Expectation;
@@ -188,13 +188,8 @@ pub(crate) fn optional_expectation(
     root: &Path,
 ) -> Result<Option<(Expectation, PathBuf)>> {
     match &args.expect {
-        Some(_) => Ok(Some(vfio_p2p_agent::expect::load(
-            args.expect.as_deref(),
-            root,
-        )?)),
-        None if sysfs::expectation_in_firmware(root) => {
-            Ok(Some(vfio_p2p_agent::expect::load(None, root)?))
-        }
+        Some(_) => Ok(Some(expectation::load(args.expect.as_deref(), root)?)),
+        None if expectation::in_firmware(root) => Ok(Some(expectation::load(None, root)?)),
         None => Ok(None),
     }
 }

@@ -2,9 +2,10 @@
 //! sysfs, or a flat sysfs JSON dump) into a [`GuestSysfs`] the commands take: the one
 //! module of the agent that reads sysfs. Its readers: the NVIDIA GPUs and network
 //! functions under `sys/bus/pci/devices` (`gpus`), where each GPU sits in the PCIe tree
-//! (`place`), the NUMA nodes under `sys/devices/system/node` (`numa`). The host's
-//! expectation in QEMU's fw_cfg is read by `expect::load`, from below the same root.
+//! (`place`), the NUMA nodes under `sys/devices/system/node` (`numa`), and the host's
+//! expectation in QEMU's fw_cfg (`expectation`).
 
+pub mod expectation;
 pub mod gpus;
 pub mod numa;
 pub mod place;
@@ -48,12 +49,6 @@ impl GuestSysfs {
             gpus,
         }
     }
-}
-
-/// Whether the host's expectation is in QEMU's fw_cfg below `root`
-/// (`vfio_p2p_contract::FW_CFG_SYSFS_PATH`).
-pub fn expectation_in_firmware(root: &Path) -> bool {
-    root.join(vfio_p2p_contract::FW_CFG_SYSFS_PATH).exists()
 }
 
 /// The most read of any sysfs file here: config space is 4096 bytes, an attribute a page.

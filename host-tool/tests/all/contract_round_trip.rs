@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use vfio_p2p_agent::expect::{self, GpuStatus};
+use vfio_p2p_agent::sysfs::expectation;
 use vfio_p2p_agent::sysfs::gpus::{GpuScan, Scan};
 use vfio_p2p_agent::sysfs::numa::NumaScan;
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME, FW_CFG_SYSFS_PATH};
@@ -68,7 +69,7 @@ fn what_the_host_writes_the_agent_reads_and_judges() {
         );
         assert!(FW_CFG_SYSFS_PATH.contains(FW_CFG_NAME));
 
-        let (e, source) = expect::load(Some(&file), dir.path()).unwrap();
+        let (e, source) = expectation::load(Some(&file), dir.path()).unwrap();
         assert_eq!(source, file);
         assert!(!e.gpus.is_empty(), "{example}: no GPUs in the expectation");
         let n = e.gpus.len();
@@ -102,7 +103,7 @@ fn the_agent_finds_the_blob_where_fw_cfg_puts_it() {
     let mut bytes = std::fs::read(&blob).unwrap();
     bytes.extend([0; 7]);
     std::fs::write(&blob, bytes).unwrap();
-    let (e, source) = expect::load(None, dir.path()).unwrap();
+    let (e, source) = expectation::load(None, dir.path()).unwrap();
     assert_eq!(source, blob);
     assert_eq!(e.gpus.len(), 8);
 }
