@@ -127,3 +127,58 @@ fn the_sysfs_checker_sees_a_read() {
     );
     assert!(sysfs_reads("const BOOT_ID: &str = \"/proc/sys/kernel/random/boot_id\";").is_empty());
 }
+
+/// The `crate::NAME` modules `code` names.
+fn crate_imports(code: &str) -> Vec<String> {
+    let mut out: Vec<String> = code
+        .split("crate::")
+        .skip(1)
+        .filter_map(|rest| {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The data flows one way through the library: the sysfs readers at the start import no
+/// other module, and what prints or sends (`render`, `send`) is imported by no module of
+/// the library (the commands, in the binary, call them last).
+#[test]
+fn the_data_flows_from_the_readers_to_the_renderers() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut broken = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(src()).unwrap().display().to_string();
+        if rel.starts_with("commands/") || rel == "main.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let production = text.split("#[cfg(test)]").next().unwrap();
+        for m in crate_imports(production) {
+            if rel.starts_with("sysfs/") {
+                broken.push(format!("{rel} (a reader) imports crate::{m}"));
+            } else if m == "render" || m == "send" {
+                broken.push(format!(
+                    "{rel} imports crate::{m}, which only the commands call"
+                ));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_import_reader_sees_crate_paths() {
+    assert_eq!(
+        crate_imports("use crate::sysfs::gpus::Scan;\nlet r = crate::render::scan(&s);"),
+        ["render", "sysfs"]
+    );
+    assert!(crate_imports("use super::read_sysfs_file;").is_empty());
+}
