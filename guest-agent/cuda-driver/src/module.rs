@@ -61,9 +61,12 @@ unsafe impl Sync for Module<'_> {}
 impl<'g> Module<'g> {
     /// JIT-compiles `ptx` with the driver, keeping its error log for the message, and
     /// looks up each of `kernels`.
+    ///
+    /// # Panics
+    /// When `ptx` or a kernel name holds a NUL byte (the agent's PTX is checked by a test).
     pub fn load(gpu: &'g Gpu, ptx: &str, kernels: &[impl KernelEntry]) -> Result<Self, CudaError> {
         gpu.bind()?;
-        let image = CString::new(ptx).expect("PTX has no NUL (checked by the caller's unit test)");
+        let image = CString::new(ptx).expect("PTX has no NUL");
         let mut log = vec![0 as c_char; 8192];
         let mut options = [
             CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
