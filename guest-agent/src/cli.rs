@@ -226,6 +226,8 @@ pub enum Command {
 /// `bench`'s arguments.
 #[derive(Args)]
 pub struct BenchArgs {
+    #[command(flatten)]
+    pub sysfs: SysfsArgs,
     /// A short run (seconds), smaller buffers and fewer samples.
     #[arg(long)]
     pub quick: bool,

@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::cross_process::{
     connect, finish, hex, print_json, receive, send, unhex, CrossProcessResult, HandleKind, Held,
 };
-use crate::cuda::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
-use crate::cuda::{DeviceBuffer, Event, Gpu, Module, Stream};
 use crate::verify::{check_words, fill_words, WriteCheck};
+use vfio_p2p_cuda_driver::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
+use vfio_p2p_cuda_driver::{DeviceBuffer, Event, Gpu, Module, Stream};
 
 /// The pattern seed of writer `w` and kind `k`; the owner poisons with its complement.
 fn seed(writer: usize, kind: HandleKind) -> u32 {
@@ -78,7 +78,7 @@ fn own<'g>(
     kinds: &[HandleKind],
     (words, slots): (usize, usize),
 ) -> Result<Owned<'g>, String> {
-    let e = |e: crate::cuda::CudaError| e.to_string();
+    let e = |e: vfio_p2p_cuda_driver::CudaError| e.to_string();
     let stream = Stream::new(gpu).map_err(e)?;
     let bytes = words * slots * 4;
     let mut held = Vec::new();
@@ -228,7 +228,7 @@ fn import<'g>(
     offer: &KindOffer,
     fd: &mut Option<OwnedFd>,
 ) -> Result<Held<'g>, String> {
-    let e = |e: crate::cuda::CudaError| e.to_string();
+    let e = |e: vfio_p2p_cuda_driver::CudaError| e.to_string();
     match offer.kind {
         HandleKind::PosixFd => {
             let fd = fd.take().ok_or("no file descriptor came with the offer")?;
@@ -255,7 +255,7 @@ fn timed_fill(
     words: u64,
     seed: u32,
 ) -> Result<f64, String> {
-    let e = |e: crate::cuda::CudaError| e.to_string();
+    let e = |e: vfio_p2p_cuda_driver::CudaError| e.to_string();
     let stream = Stream::new(gpu).map_err(e)?;
     fill_words(gpu, module, &stream, ptr, words, seed).map_err(e)?;
     let (start, end) = (Event::new(gpu).map_err(e)?, Event::new(gpu).map_err(e)?);
@@ -276,10 +276,10 @@ pub fn run_child(
     let until = Instant::now() + limit;
     // Listen first: the other children may connect while this one sets up.
     let listener = UnixListener::bind(socket_of(dir, me)).map_err(|e| format!("listening: {e}"))?;
-    crate::cuda::init().map_err(|e| e.to_string())?;
+    vfio_p2p_cuda_driver::init().map_err(|e| e.to_string())?;
     let bdf = *gpus.get(me).ok_or("no such GPU index")?;
     let gpu = Gpu::open_at(bdf).map_err(|e| e.to_string())?;
-    let module = Module::load(&gpu).map_err(|e| e.to_string())?;
+    let module = crate::kernels::load(&gpu).map_err(|e| e.to_string())?;
     let words = (mib << 20) / 4;
     let owned = own(&gpu, &module, kinds, (words, gpus.len() - 1))?;
     let n = gpus.len();

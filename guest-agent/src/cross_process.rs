@@ -7,19 +7,18 @@
 //! into it with a kernel (timed: GB/s) and says so; the owner then checks every word on
 //! the destination GPU, as `verify` does, and prints the result as JSON.
 
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
-use crate::cuda::{DeviceBuffer, Event, Gpu, Module, Stream};
 use crate::verify::{check_words, fill_words, WriteCheck};
+use vfio_p2p_cuda_driver::ipc::{ipc_handle, IpcOpened, MappedMemory, IPC_HANDLE_BYTES};
+use vfio_p2p_cuda_driver::{DeviceBuffer, Event, Gpu, Module, Stream};
 
 /// How the memory crosses the process boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,16 +139,7 @@ pub fn send(sock: &UnixStream, msg: &impl Serialize, fd: Option<&OwnedFd>) -> st
     if body.len() > MAX_MESSAGE {
         return Err(std::io::Error::other("message too large"));
     }
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsg: Vec<ControlMessage<'_>> = if fds.is_empty() {
-        vec![]
-    } else {
-        vec![ControlMessage::ScmRights(&fds)]
-    };
-    let iov = [IoSlice::new(&body)];
-    sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-        .map_err(std::io::Error::from)?;
-    Ok(())
+    vfio_p2p_fd_passing::send(sock, &body, fd.map(|f| f.as_fd()))
 }
 
 /// Receives one message sent by [`send`], and the descriptor that came with it.
@@ -157,28 +147,7 @@ pub fn receive<T: for<'de> Deserialize<'de>>(
     sock: &UnixStream,
 ) -> std::io::Result<(T, Option<OwnedFd>)> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let (n, fd) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(std::io::Error::from)?;
-        let mut fd = None;
-        for c in msg.cmsgs().map_err(std::io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(fds) = c {
-                for raw in fds {
-                    // SAFETY: SCM_RIGHTS gave this process a new descriptor nothing owns.
-                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                    fd.get_or_insert(owned);
-                }
-            }
-        }
-        (msg.bytes, fd)
-    };
+    let (n, fd) = vfio_p2p_fd_passing::receive(sock, &mut buf)?;
     if n == 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -352,7 +321,7 @@ fn write_into(
     offer: &Offer,
     fd: Option<OwnedFd>,
 ) -> Result<f64, String> {
-    let e = |e: crate::cuda::CudaError| e.to_string();
+    let e = |e: vfio_p2p_cuda_driver::CudaError| e.to_string();
     let held = match offer.kind {
         HandleKind::PosixFd => {
             let fd = fd.ok_or("no file descriptor came with the offer")?;
@@ -395,7 +364,7 @@ pub fn run_child(
         .iter()
         .find(|g| g.bus_id == gpu)
         .ok_or_else(|| format!("CUDA does not see GPU {gpu}"))?;
-    let module = Module::load(g).map_err(|e| e.to_string())?;
+    let module = crate::kernels::load(g).map_err(|e| e.to_string())?;
     if role == "owner" {
         let check = run_owner(g, &module, kind, socket, (mib << 20) / 4)?;
         print_json(&check).map_err(io("writing the result"))

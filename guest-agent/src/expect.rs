@@ -1,79 +1,17 @@
-//! The host's expectation for this VM, and its comparison with what the guest sees.
+//! The host's expectation for this VM compared with what the guest sees.
 //!
-//! The host tool writes the expectation, and hands it in through QEMU fw_cfg or as a file.
-//! Its format and version rule are the `vfio-p2p-contract` crate's, shared with the host.
+//! The host tool writes the expectation, and hands it in through QEMU fw_cfg or as a file
+//! (read by `sysfs::expectation`). Its format and version rule are the
+//! `vfio-p2p-contract` crate's, shared with the host.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use pci_config::Bdf;
-use std::os::unix::fs::OpenOptionsExt;
-
 use serde::{Deserialize, Serialize};
-use vfio_p2p_contract::{
-    Expectation, ExpectationError, PciId, FW_CFG_SYSFS_PATH as FW_CFG_PATH, MAX_EXPECTATION_BYTES,
-};
+use vfio_p2p_contract::{Expectation, PciId};
 
-use crate::sysfs_scan::Scan;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExpectError {
-    #[error("cannot read the expectation {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("no expectation at {path}: the host writes it to QEMU's fw_cfg (`vfio-p2p gen`); load the guest driver with `modprobe qemu_fw_cfg`, or give a copy with --expect FILE")]
-    NoFwCfg { path: PathBuf },
-    #[error("expectation {path} is not a regular file; give the path of a file")]
-    NotAFile { path: PathBuf },
-    #[error("expectation {path} is larger than {MAX_EXPECTATION_BYTES} bytes: not an expectation")]
-    TooLarge { path: PathBuf },
-    #[error("expectation {path} is not valid: {source}")]
-    Parse {
-        path: PathBuf,
-        source: ExpectationError,
-    },
-}
-
-/// Reads `file`, or the fw_cfg blob under `sysfs_root` when no file is given.
-pub fn load(file: Option<&Path>, sysfs_root: &Path) -> Result<(Expectation, PathBuf), ExpectError> {
-    let file_arg = file;
-    let path = match file {
-        Some(f) => f.to_path_buf(),
-        None => sysfs_root.join(FW_CFG_PATH),
-    };
-    let read = |source| ExpectError::Read {
-        path: path.clone(),
-        source,
-    };
-    // O_NONBLOCK: a FIFO given as the file must not hang the agent.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&path);
-    let file = match file {
-        Err(e) if file_arg.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ExpectError::NoFwCfg { path });
-        }
-        other => other.map_err(read)?,
-    };
-    if !file.metadata().map_err(read)?.is_file() {
-        return Err(ExpectError::NotAFile { path });
-    }
-    let mut text = String::new();
-    file.take(MAX_EXPECTATION_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(read)?;
-    if text.len() as u64 > MAX_EXPECTATION_BYTES {
-        return Err(ExpectError::TooLarge { path });
-    }
-    let e = Expectation::from_json(&text).map_err(|source| ExpectError::Parse {
-        path: path.clone(),
-        source,
-    })?;
-    Ok((e, path))
-}
+use crate::sysfs::gpus::Scan;
+use crate::sysfs::numa::NumaScan;
 
 /// Outcome of one expected GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,12 +85,12 @@ fn same_id(found: &str, want: PciId) -> bool {
 
 /// Compares the expectation with a scan: each GPU at its guest address, with its
 /// IDs, and with exactly the expected clique (`null`: no capability); and, when the
-/// expectation plans NUMA nodes, the nodes read below the scan's root.
-pub fn compare(expect: &Expectation, source: &Path, scan: &Scan) -> ExpectReport {
-    let numa = expect.numa.as_ref().map(|plan| {
-        let found = crate::guest_numa::scan(Path::new(&scan.sysfs_root));
-        crate::guest_numa::judge(plan, &expect.gpus, found)
-    });
+/// expectation plans NUMA nodes, the guest's nodes (`numa`, read with the scan).
+pub fn compare(expect: &Expectation, source: &Path, scan: &Scan, numa: &NumaScan) -> ExpectReport {
+    let numa = expect
+        .numa
+        .as_ref()
+        .map(|plan| crate::guest_numa::judge(plan, &expect.gpus, numa.clone()));
     let gpus = expect
         .gpus
         .iter()
@@ -243,23 +181,5 @@ mod tests {
         assert!(same_id("10de", PciId(0x10de)));
         assert!(!same_id("0x2335", PciId(0x2330)));
         assert!(!same_id("", PciId(0)));
-    }
-
-    #[test]
-    fn load_names_the_file_and_caps_its_size() {
-        let t = tempfile::tempdir().unwrap();
-        let f = t.path().join("e.json");
-        std::fs::write(&f, "{\"version\":1,\"vm\":\"v\",\"gpus\":[]}\0\0").unwrap();
-        assert!(load(Some(&f), t.path()).unwrap().0.pairs.is_empty());
-        std::fs::write(&f, "{\"version\":3,\"vm\":\"v\",\"gpus\":[]}").unwrap();
-        let e = load(Some(&f), t.path()).unwrap_err().to_string();
-        assert!(
-            e.contains("e.json") && e.contains("format version 3"),
-            "{e}"
-        );
-        let big = std::fs::File::create(&f).unwrap();
-        big.set_len(MAX_EXPECTATION_BYTES + 10).unwrap();
-        let e = load(Some(&f), t.path()).unwrap_err().to_string();
-        assert!(e.contains("e.json") && e.contains("larger than"), "{e}");
     }
 }

@@ -8,9 +8,9 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::nvml::Nvml;
 use vfio_p2p_contract::Expectation;
 use vfio_p2p_contract::ExpectedFabric;
+use vfio_p2p_nvml::Nvml;
 
 /// `NVML_GPU_FABRIC_STATE_COMPLETED`.
 pub const STATE_COMPLETED: u8 = 3;

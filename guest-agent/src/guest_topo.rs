@@ -1,120 +1,13 @@
-//! The guest's PCIe path labels (PIX/PXB/PHB/NODE/SYS), read from guest sysfs the way
-//! `nvidia-smi topo -m` reads them, and compared per pair with the host's labels in the
-//! expectation. The rule is the host's own (`pci_config::path`); what differs is where
-//! the facts come from: each GPU's sysfs directory (`sys/devices/pciDDDD:BB/…/BDF`)
-//! names its root complex and the bridges above it, each bridge's config space says
-//! whether it is a switch, the GPU's `numa_node` the complex's NUMA node.
+//! The guest's PCIe path labels (PIX/PXB/PHB/NODE/SYS), from where each GPU sits in guest
+//! sysfs (`sysfs::place`, read the way `nvidia-smi topo -m` reads it), compared per pair
+//! with the host's labels in the expectation. The rule is the host's own
+//! (`pci_config::path`); what differs is where the facts come from.
 
-use std::fs;
-use std::path::{Path, PathBuf};
-
-use pci_config::{
-    Bdf, ConfigSpace, DevicePlace, PathBridge, PathClass, PathKind, PciePortType, RootComplex,
-};
+use pci_config::{Bdf, DevicePlace, PathClass, PathKind, RootComplex};
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::Expectation;
 
-use crate::sysfs_scan::read_sysfs_file;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TopoError {
-    #[error("cannot resolve {path}: {source}")]
-    Resolve {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path} is not below a PCI root complex directory (pciDDDD:BB)")]
-    NoRootComplex { path: PathBuf },
-}
-
-/// How a bridge takes part in a path, as the host tool types it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Root,
-    Upstream,
-    Downstream,
-    Legacy,
-}
-
-/// The role of a bridge from its PCIe port type, else (config space beyond 64 bytes
-/// unreadable without root) from its parent's, as the host tool infers it.
-fn role(port_type: Option<PciePortType>, parent: Option<Role>) -> Role {
-    match (port_type, parent) {
-        (Some(PciePortType::RootPort), _) => Role::Root,
-        (Some(PciePortType::UpstreamPort), _) => Role::Upstream,
-        (Some(PciePortType::DownstreamPort), _) => Role::Downstream,
-        (Some(_), _) => Role::Legacy,
-        (None, None) => Role::Root,
-        (None, Some(Role::Root | Role::Downstream)) => Role::Upstream,
-        (None, Some(Role::Upstream)) => Role::Downstream,
-        (None, Some(Role::Legacy)) => Role::Legacy,
-    }
-}
-
-/// Reads where `gpu` sits below `root/sys/bus/pci/devices`.
-pub fn place(root: &Path, gpu: Bdf) -> Result<DevicePlace, TopoError> {
-    let link = root.join("sys/bus/pci/devices").join(gpu.to_string());
-    let dir = fs::canonicalize(&link).map_err(|source| TopoError::Resolve {
-        path: link.clone(),
-        source,
-    })?;
-    let mut complex = None;
-    let mut walked = PathBuf::new();
-    let mut bridges = Vec::new();
-    let mut parent_role = None;
-    for c in dir.components() {
-        walked.push(c);
-        let name = c.as_os_str().to_string_lossy();
-        if let Some(rc) = name.strip_prefix("pci").and_then(parse_complex) {
-            complex = Some(rc);
-            bridges.clear();
-            parent_role = None;
-            continue;
-        }
-        let Ok(bdf) = name.parse::<Bdf>() else {
-            continue;
-        };
-        if complex.is_none() || bdf == gpu {
-            continue;
-        }
-        let config = read_sysfs_file(&walked.join("config")).unwrap_or_default();
-        let r = role(
-            ConfigSpace::new(&config).pcie().map(|p| p.port_type),
-            parent_role,
-        );
-        parent_role = Some(r);
-        bridges.push(PathBridge {
-            bdf,
-            switch: matches!(r, Role::Upstream | Role::Legacy),
-        });
-    }
-    let (domain, bus) = complex.ok_or(TopoError::NoRootComplex { path: dir.clone() })?;
-    let numa_node = read_sysfs_file(&dir.join("numa_node"))
-        .ok()
-        .and_then(|b| String::from_utf8_lossy(&b).trim().parse::<i64>().ok())
-        .and_then(|n| u32::try_from(n).ok());
-    Ok(DevicePlace {
-        device: gpu,
-        root: RootComplex {
-            domain,
-            bus,
-            numa_node,
-        },
-        bridges,
-    })
-}
-
-/// `DDDD:BB` of a `pciDDDD:BB` directory name.
-fn parse_complex(s: &str) -> Option<(u16, u8)> {
-    let (d, b) = s.split_once(':')?;
-    if d.len() != 4 || b.len() != 2 {
-        return None;
-    }
-    Some((
-        u16::from_str_radix(d, 16).ok()?,
-        u8::from_str_radix(b, 16).ok()?,
-    ))
-}
+use crate::sysfs::place::Places;
 
 /// One GPU pair: the host's label, the guest's, and what makes them differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,12 +60,13 @@ impl TopoReport {
 
 /// The guest's own view, with no expectation: every pair of `gpus` with its guest label
 /// (the host's label is empty: nothing to compare with).
-pub fn guest_view(root: &Path, gpus: &[Bdf]) -> TopoReport {
+pub fn guest_view(places: &Places, gpus: &[Bdf]) -> TopoReport {
     let mut warnings = Vec::new();
-    let places: Vec<Option<DevicePlace>> = gpus
+    let found: Vec<Option<&DevicePlace>> = gpus
         .iter()
         .map(|&g| {
-            place(root, g)
+            places
+                .get(g)
                 .map_err(|err| warnings.push(format!("GPU {g}: {err}")))
                 .ok()
         })
@@ -180,7 +74,7 @@ pub fn guest_view(root: &Path, gpus: &[Bdf]) -> TopoReport {
     let mut pairs = Vec::new();
     for (i, a) in gpus.iter().enumerate() {
         for (j, b) in gpus.iter().enumerate().skip(i + 1) {
-            let guest = match (&places[i], &places[j]) {
+            let guest = match (found[i], found[j]) {
                 (Some(pa), Some(pb)) => Some(
                     pci_config::classify(&pa.path(), &pb.path())
                         .kind
@@ -205,12 +99,12 @@ pub fn guest_view(root: &Path, gpus: &[Bdf]) -> TopoReport {
 }
 
 /// Compares the guest's label of every expected pair with the host's.
-pub fn compare(root: &Path, e: &Expectation) -> TopoReport {
+pub fn compare(places: &Places, e: &Expectation) -> TopoReport {
     let mut warnings = Vec::new();
-    let places: Vec<(Bdf, Option<DevicePlace>)> = e
+    let found: Vec<(Bdf, Option<&DevicePlace>)> = e
         .gpus
         .iter()
-        .map(|g| match place(root, g.guest_bdf) {
+        .map(|g| match places.get(g.guest_bdf) {
             Ok(p) => (g.guest_bdf, Some(p)),
             Err(err) => {
                 warnings.push(format!("GPU {}: {err}", g.guest_bdf));
@@ -218,7 +112,7 @@ pub fn compare(root: &Path, e: &Expectation) -> TopoReport {
             }
         })
         .collect();
-    let find = |b: Bdf| places.iter().find(|p| p.0 == b).and_then(|p| p.1.as_ref());
+    let find = |b: Bdf| found.iter().find(|p| p.0 == b).and_then(|p| p.1);
     let pairs = e
         .pairs
         .iter()

@@ -6,7 +6,7 @@
 //! - NVLink: 25 GB/s per link for NVLink 2, 3 and 4 (V100 300 GB/s over 6 links, A100 600
 //!   GB/s over 12, H100/H200 900 GB/s over 18, NVIDIA's product pages, both directions
 //!   counted), 50 GB/s per link for NVLink 5 (Blackwell, 1.8 TB/s over 18). The link count
-//!   is the guest's view through NVML ([`crate::nvml::Link`]), the generation the GPU's
+//!   is the guest's view through NVML ([`vfio_p2p_nvml::Link`]), the generation the GPU's
 //!   part ([`vfio_p2p_contract::nvidia_parts`]).
 //! - PCIe: the slower end's width × the per-lane rate after line coding: 2.5 GT/s 0.25
 //!   GB/s (8b/10b), 5 GT/s 0.5, 8 GT/s 0.985 and 16 GT/s 1.969 (128b/130b), 32 GT/s 3.938,

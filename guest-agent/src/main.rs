@@ -3,6 +3,8 @@
 //! Exit status: 0 all as expected, 1 a mismatch, 2 cannot run. The commands live in
 //! `commands/`, one module each, as the host tool's do.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

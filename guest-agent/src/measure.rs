@@ -12,11 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::pingpong::PingPongFlags;
 use crate::bench::{self, BenchPlan, PairBench};
-use crate::cuda::{Gpu, Module};
 use crate::report::PairReport;
 use crate::schedule::{self, RoundPlan, RoundRecord};
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 use crate::verify::{self, VerifyResult};
+use vfio_p2p_cuda_driver::{Gpu, Module};
 
 /// A round's results, each a pair's measurements by report index: the first error, or
 /// all of them.

@@ -1,5 +1,5 @@
 //! `nccl`: an NCCL all-reduce across the guest's GPUs, one process per GPU as real jobs
-//! run, through the NCCL library found at run time ([`crate::cuda::nccl`]). Copy tests
+//! run, through the NCCL library found at run time ([`vfio_p2p_cuda_driver::nccl`]). Copy tests
 //! do not prove collectives work: each rank checks the sum element by element, and the
 //! bus bandwidth is reported as nccl-tests computes it (`doc/PERFORMANCE.md` of
 //! NVIDIA/nccl-tests: all-reduce bus bandwidth = algorithm bandwidth × 2(n−1)/n, the
@@ -14,8 +14,8 @@ use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
 use crate::cross_process::{finish, print_json};
-use crate::cuda::nccl::{Nccl, UniqueId};
-use crate::cuda::{self, DeviceBuffer, Event, Gpu, Stream};
+use vfio_p2p_cuda_driver::nccl::{Nccl, UniqueId};
+use vfio_p2p_cuda_driver::{self as cuda, DeviceBuffer, Event, Gpu, Stream};
 
 /// A run with the topology file below this share of the bus bandwidth NCCL reached by
 /// its own detection is slow: the two runs of one process agree within a few percent
@@ -571,7 +571,7 @@ mod tests {
             "/../tests/fixtures/nccl/h200x2-topo.xml"
         ))
         .unwrap();
-        let scan = crate::sysfs_scan::Scan {
+        let scan = crate::sysfs::gpus::Scan {
             sysfs_root: "/".into(),
             gpus: Vec::new(),
             note: None,

@@ -19,7 +19,7 @@ use quick_xml::Reader;
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::gpu_part;
 
-use crate::sysfs_scan::{NetFunction, Scan};
+use crate::sysfs::gpus::{NetFunction, Scan};
 
 /// NCCL topology files are a few kB; more is not one.
 const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -366,8 +366,12 @@ fn nvlink_problems(
 }
 
 /// Reads and checks `path`: a regular file, opened without blocking (a FIFO never hangs
-/// the agent), at most 4 MiB.
-pub fn check_file(path: &Path, scan: &Scan) -> Result<NcclTopoCheck, String> {
+/// the agent), at most 4 MiB, against the scan and the guest's network functions `nics`.
+pub fn check_file(
+    path: &Path,
+    scan: &Scan,
+    nics: &BTreeMap<Bdf, NetFunction>,
+) -> Result<NcclTopoCheck, String> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let shown = |e: std::io::Error| format!("{}: {e}", path.display());
@@ -394,8 +398,7 @@ pub fn check_file(path: &Path, scan: &Scan) -> Result<NcclTopoCheck, String> {
     }
     let text =
         String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text: {e}", path.display()))?;
-    let nics = crate::sysfs_scan::network_functions(Path::new(&scan.sysfs_root));
-    check_text(&text, &path.display().to_string(), scan, &nics)
+    check_text(&text, &path.display().to_string(), scan, nics)
 }
 
 #[cfg(test)]

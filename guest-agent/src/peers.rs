@@ -3,8 +3,8 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{self, peers, CudaError, Gpu};
-use crate::nvml::{Link, Nvml};
+use vfio_p2p_cuda_driver::{self as cuda, peers, CudaError, Gpu};
+use vfio_p2p_nvml::{Link, Nvml};
 
 /// A GPU as CUDA sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

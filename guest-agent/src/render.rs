@@ -12,7 +12,7 @@ use crate::peers::PeerCheck;
 use crate::report::Report;
 use crate::schedule::RoundRecord;
 use crate::stats::Stat;
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 use crate::verify::VerifyResult;
 
 fn table(header: &[&str]) -> Table {

@@ -8,7 +8,7 @@ use crate::bench::PairBench;
 use crate::expect::ExpectReport;
 use crate::guest_topo::TopoReport;
 use crate::peers::{GpuInfo, PeerCheck};
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 use crate::verify::VerifyResult;
 use vfio_p2p_contract::{Expectation, Verdict};
 
@@ -306,7 +306,7 @@ impl Report {
                 nvlink_expectation(l.nvlinks, device)
             }
             _ => {
-                let end = |g: &crate::sysfs_scan::GpuScan| {
+                let end = |g: &crate::sysfs::gpus::GpuScan| {
                     let gts = parse_gts(g.link_speed.as_deref()?)?;
                     Some((
                         gts,

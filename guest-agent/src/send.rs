@@ -14,7 +14,7 @@ use vfio_p2p_contract::{
 use vfio_p2p_vsock::VsockStream;
 
 use crate::report::Report;
-use crate::sysfs_scan::Scan;
+use crate::sysfs::gpus::Scan;
 
 /// Where Linux keeps this boot's id.
 pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";

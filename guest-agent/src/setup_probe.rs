@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{self, CudaError, Gpu, Module};
-use crate::nvml::Nvml;
+use vfio_p2p_cuda_driver::{self as cuda, CudaError, Gpu, Module};
+use vfio_p2p_nvml::Nvml;
 
 /// One step: when it began and ended, seconds since the probe started.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -100,7 +100,7 @@ pub fn run(
     let gpus: Vec<&Gpu> = opened.iter().map(|(g, _)| g).collect();
     fn load(g: &Gpu, t0: Instant) -> Result<(Module<'_>, Span), CudaError> {
         let s = Instant::now();
-        Module::load(g).map(|m| (m, Span::since(t0, s)))
+        crate::kernels::load(g).map(|m| (m, Span::since(t0, s)))
     }
     let modules: Vec<_> = if threads {
         std::thread::scope(|sc| {

@@ -8,8 +8,8 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{CudaError, DeviceBuffer, Gpu, Module, Param, Stream};
 use crate::kernels::Kernel;
+use vfio_p2p_cuda_driver::{CudaError, DeviceBuffer, Gpu, Module, Param, Stream};
 
 /// What a buffer freshly allocated for the check holds before the writes.
 const POISON: u32 = 0xdead_beef;

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::Path;
 
 use serde_json::Value;
-use vfio_p2p_agent::guest_numa;
+use vfio_p2p_agent::{guest_numa, sysfs};
 use vfio_p2p_contract::Expectation;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/grace/lab");
@@ -80,12 +80,12 @@ fn the_stage_passed_and_its_guest_was_aarch64() {
 fn todays_agent_judges_the_recorded_nodes_as_the_guest_did() {
     let t = tempfile::tempdir().unwrap();
     node_tree(t.path());
-    let found = guest_numa::scan(t.path());
+    let found = sysfs::numa::scan(t.path());
     let right = expectation("expect.json");
     let report = guest_numa::judge(right.numa.as_ref().unwrap(), &right.gpus, found.clone());
     assert_eq!(report.problems, Vec::<String>::new());
     // the record's own judgement saw the same nodes
-    let recorded: guest_numa::NumaScan =
+    let recorded: sysfs::numa::NumaScan =
         serde_json::from_value(json("expect-report.json")["numa"]["found"].clone()).unwrap();
     assert_eq!(recorded, found);
     // every GPU node: no CPU, no memory, a generic initiator
@@ -173,7 +173,7 @@ fn a_16_node_guest_kernel_fails_gb200_naming_the_gpus_without_their_nodes() {
     assert_eq!(text_in(GB200, "expect-report.json.rc").trim(), "1");
     let t = tempfile::tempdir().unwrap();
     node_tree_of(GB200, t.path());
-    let found = guest_numa::scan(t.path());
+    let found = sysfs::numa::scan(t.path());
     assert_eq!(found.nodes.len(), 16);
     let e = Expectation::from_json(&text_in(GB200, "expect.json")).unwrap();
     assert_eq!(e.numa.as_ref().unwrap().nodes, 34);

@@ -6,9 +6,11 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{peers, CudaError, DeviceBuffer, Event, Gpu, HostGate, Module, Param, Stream};
 use crate::kernels::{chase_next, Kernel};
 use crate::stats::Stat;
+use vfio_p2p_cuda_driver::{
+    peers, CudaError, DeviceBuffer, Event, Gpu, HostGate, Module, Param, Stream,
+};
 
 pub mod copy_modes;
 pub mod nvbandwidth;

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{timed, BenchPlan};
-use crate::cuda::{CudaError, DeviceBuffer, Gpu, Module, Param, Stream};
 use crate::kernels::{Kernel, POLLS_PER_CHECK};
 use crate::stats::Stat;
+use vfio_p2p_cuda_driver::{CudaError, DeviceBuffer, Gpu, Module, Param, Stream};
 
 /// Polls of a flag before a ping-pong kernel gives up (seconds, at any link speed).
 const POLL_LIMIT: u64 = 1 << 24;

@@ -1,13 +1,14 @@
 //! `bench`: latency and bandwidth of every pair; `--simulate N` an N-GPU schedule on the
 //! GPUs at hand.
 
-use std::path::Path;
 use std::time::Instant;
 
 use vfio_p2p_agent::bench::pingpong::PingPongFlags;
 use vfio_p2p_agent::bench::{self, BenchPlan};
 use vfio_p2p_agent::cli::{BenchArgs, Format};
-use vfio_p2p_agent::{cuda, measure, peers, render, report, sysfs_scan};
+use vfio_p2p_agent::sysfs::GuestSysfs;
+use vfio_p2p_agent::{measure, peers, render, report};
+use vfio_p2p_cuda_driver as cuda;
 
 use super::{emit, in_vm, load_modules, open_gpus, pair_reports, CannotRun};
 
@@ -21,14 +22,14 @@ pub(super) fn run(f: Format, a: &BenchArgs, verbose: bool) -> Result<u8, CannotR
         let verbose = verbose || a.verbose;
         return run_simulated(f, usize::from(n), (!a.serial, verbose), &plan);
     }
+    let guest = GuestSysfs::read(&a.sysfs.sysfs_root, &[]);
     cuda::prefer_one_work_queue();
     let gpus = open_gpus()?;
     let pairs = peers::probe(&gpus, None)?;
     let flags = PingPongFlags::allocate(&gpus)?;
     let modules = load_modules(&gpus)?;
     let mut reports = pair_reports(&pairs, None, in_vm());
-    let scan = sysfs_scan::scan(Path::new("/")).ok();
-    let rounds = measure::plan_rounds(&gpus, &reports, scan.as_ref());
+    let rounds = measure::plan_rounds(&gpus, &reports, guest.gpus.as_ref().ok());
     let sides = (gpus.as_slice(), modules.as_slice());
     measure::bench_by_rounds(sides, &flags, &mut reports, &plan, (&rounds, None))?;
     let results: Vec<bench::PairBench> = reports.iter().filter_map(|r| r.bench.clone()).collect();

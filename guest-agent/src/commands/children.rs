@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use vfio_p2p_agent::cli::{Command, Format};
 use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::{self, HandleKind};
-use vfio_p2p_agent::{cuda, render};
+use vfio_p2p_agent::render;
+use vfio_p2p_cuda_driver as cuda;
 
 use super::{emit, CannotRun, CROSS_PROCESS_LIMIT};
 

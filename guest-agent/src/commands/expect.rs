@@ -1,8 +1,9 @@
 //! `expect`: the GPUs and cliques against the host's expectation.
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SendArgs, SysfsArgs};
-use vfio_p2p_agent::nvml::Nvml;
-use vfio_p2p_agent::{expect, fabric, render, send, sysfs_scan};
+use vfio_p2p_agent::sysfs::{expectation, GuestSysfs};
+use vfio_p2p_agent::{expect, fabric, render, send};
+use vfio_p2p_nvml::Nvml;
 
 use super::{deliver, emit, CannotRun};
 
@@ -13,9 +14,10 @@ pub(super) fn run(
     expect: &ExpectArgs,
     send: &SendArgs,
 ) -> Result<u8, CannotRun> {
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
-    let (e, source) = expect::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
-    let mut r = expect::compare(&e, &source, &scan);
+    let guest = GuestSysfs::read(&sysfs.sysfs_root, &[]);
+    let scan = guest.gpus?;
+    let (e, source) = expectation::load(expect.expect.as_deref(), &sysfs.sysfs_root)?;
+    let mut r = expect::compare(&e, &source, &scan, &guest.numa);
     if fabric::planned(&e) {
         match Nvml::open() {
             Some(nvml) => {

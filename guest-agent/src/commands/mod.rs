@@ -7,13 +7,15 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
-use vfio_p2p_agent::cuda::{Gpu, Module};
-use vfio_p2p_agent::guest_topo;
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::PeerCheck;
 use vfio_p2p_agent::report::PairReport;
+use vfio_p2p_agent::sysfs::place::Places;
+use vfio_p2p_agent::sysfs::{expectation, GuestSysfs};
 use vfio_p2p_agent::verify::Injection;
+use vfio_p2p_agent::{guest_topo, kernels};
 use vfio_p2p_contract::Expectation;
+use vfio_p2p_cuda_driver::{Gpu, Module};
+use vfio_p2p_nvml::Nvml;
 
 mod bench;
 mod children;
@@ -186,13 +188,8 @@ pub(crate) fn optional_expectation(
     root: &Path,
 ) -> Result<Option<(Expectation, PathBuf)>> {
     match &args.expect {
-        Some(_) => Ok(Some(vfio_p2p_agent::expect::load(
-            args.expect.as_deref(),
-            root,
-        )?)),
-        None if root.join(vfio_p2p_contract::FW_CFG_SYSFS_PATH).exists() => {
-            Ok(Some(vfio_p2p_agent::expect::load(None, root)?))
-        }
+        Some(_) => Ok(Some(expectation::load(args.expect.as_deref(), root)?)),
+        None if expectation::in_firmware(root) => Ok(Some(expectation::load(None, root)?)),
         None => Ok(None),
     }
 }
@@ -211,7 +208,7 @@ pub(crate) fn load_modules(gpus: &[Gpu]) -> Result<Vec<Module<'_>>> {
     let loaded = std::thread::scope(|s| {
         let handles: Vec<_> = gpus
             .iter()
-            .map(|g| s.spawn(move || Module::load(g)))
+            .map(|g| s.spawn(move || kernels::load(g)))
             .collect();
         handles
             .into_iter()
@@ -276,13 +273,22 @@ pub(crate) fn nccl_topo_env() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The guest's sysfs below `root`, read once, with the places of the GPUs `expectation`
+/// names.
+pub(crate) fn read_sysfs(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSysfs {
+    let expected: Vec<_> = expectation
+        .map(|(e, _)| e.gpus.iter().map(|g| g.guest_bdf).collect())
+        .unwrap_or_default();
+    GuestSysfs::read(root, &expected)
+}
+
 /// The guest's path labels against the host's, with NVML's where the driver is loaded.
 pub(crate) fn topo_report(
-    root: &Path,
+    places: &Places,
     e: &Expectation,
     nvml: Option<&Nvml>,
 ) -> guest_topo::TopoReport {
-    let mut r = guest_topo::compare(root, e);
+    let mut r = guest_topo::compare(places, e);
     if let Some(n) = nvml {
         r.add_nvml(|a, b| n.common_ancestor(a, b));
     }

@@ -6,10 +6,12 @@ use std::time::Duration;
 use pci_config::Bdf;
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
-use vfio_p2p_agent::cuda::nccl::{library_path, Nccl};
 use vfio_p2p_agent::nccl_allreduce::{self, NcclReport};
-use vfio_p2p_agent::nvml::Nvml;
-use vfio_p2p_agent::{cuda, link_verdict, nccl_topo, sysfs_scan};
+use vfio_p2p_agent::sysfs::GuestSysfs;
+use vfio_p2p_agent::{link_verdict, nccl_topo};
+use vfio_p2p_cuda_driver as cuda;
+use vfio_p2p_cuda_driver::nccl::{library_path, Nccl};
+use vfio_p2p_nvml::Nvml;
 
 use super::{emit, CannotRun};
 
@@ -37,6 +39,7 @@ fn stage(
     bytes: usize,
     sysfs: &SysfsArgs,
 ) -> Result<NcclReport, CannotRun> {
+    let guest = GuestSysfs::read(&sysfs.sysfs_root, &[]);
     cuda::init()?;
     let gpus = cuda::Gpu::bus_ids()?;
     let exe = std::env::current_exe()?;
@@ -54,14 +57,14 @@ fn stage(
             Some(&file),
             (bytes, RUN_LIMIT),
         );
-        let why = file_problems(&file, &gpus, sysfs);
+        let why = file_problems(&file, &gpus, &guest);
         nccl_allreduce::judge_file_run(&mut with_file, &auto, &why);
         runs.push(auto);
         runs.push(with_file);
     } else {
         runs.push(auto);
     }
-    if let Some(link) = weakest_link(&gpus, sysfs) {
+    if let Some(link) = weakest_link(&gpus, &guest) {
         for run in &mut runs {
             nccl_allreduce::judge_against_link(run, &link);
         }
@@ -78,11 +81,11 @@ fn stage(
 
 /// What the file gets wrong against this guest: the `nccl-topo` check's problems and
 /// GPUs given fewer NVLinks than NVML sees active.
-fn file_problems(file: &Path, gpus: &[Bdf], sysfs: &SysfsArgs) -> Vec<String> {
-    let Ok(scan) = sysfs_scan::scan(&sysfs.sysfs_root) else {
+fn file_problems(file: &Path, gpus: &[Bdf], guest: &GuestSysfs) -> Vec<String> {
+    let Ok(scan) = &guest.gpus else {
         return Vec::new();
     };
-    let check = match nccl_topo::check_file(file, &scan) {
+    let check = match nccl_topo::check_file(file, scan, &guest.nics) {
         Ok(c) => c,
         Err(e) => return vec![e],
     };
@@ -109,8 +112,8 @@ fn file_problems(file: &Path, gpus: &[Bdf], sysfs: &SysfsArgs) -> Vec<String> {
 
 /// What the weakest link between any two of `gpus` carries: NVML's NVLink count with
 /// the GPU's part, else PCIe from sysfs; `None` when unknown.
-fn weakest_link(gpus: &[Bdf], sysfs: &SysfsArgs) -> Option<link_verdict::LinkExpectation> {
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root).ok()?;
+fn weakest_link(gpus: &[Bdf], guest: &GuestSysfs) -> Option<link_verdict::LinkExpectation> {
+    let scan = guest.gpus.as_ref().ok()?;
     let nvml = Nvml::open();
     let mut weakest: Option<link_verdict::LinkExpectation> = None;
     for (i, &a) in gpus.iter().enumerate() {

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use vfio_p2p_agent::cli::{Format, SysfsArgs};
-use vfio_p2p_agent::{nccl_topo, render, sysfs_scan};
+use vfio_p2p_agent::sysfs::GuestSysfs;
+use vfio_p2p_agent::{nccl_topo, render};
 
 use super::{emit, nccl_topo_env, CannotRun};
 
@@ -17,8 +18,9 @@ pub(super) fn run(f: Format, file: Option<&Path>, sysfs: &SysfsArgs) -> Result<u
             )
         })?,
     };
-    let scan = sysfs_scan::scan(&sysfs.sysfs_root)?;
-    let check = nccl_topo::check_file(&path, &scan).map_err(anyhow::Error::msg)?;
+    let guest = GuestSysfs::read(&sysfs.sysfs_root, &[]);
+    let scan = guest.gpus?;
+    let check = nccl_topo::check_file(&path, &scan, &guest.nics).map_err(anyhow::Error::msg)?;
     emit(f, &check, render::nccl_topo)?;
     Ok(u8::from(!check.ok()))
 }

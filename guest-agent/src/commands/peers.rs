@@ -3,9 +3,9 @@
 use serde::Serialize;
 
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::render;
+use vfio_p2p_nvml::Nvml;
 
 use super::{
     emit, in_vm, open_gpus, optional_expectation, pair_exit, pair_reports, print_summaries,

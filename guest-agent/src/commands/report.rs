@@ -1,28 +1,32 @@
 //! `report`: scan, expectation, peers, verify and bench, judged per pair; `--from` a
 //! saved report judged again.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use pci_config::Bdf;
 
 use vfio_p2p_agent::bench::pingpong::PingPongFlags;
 use vfio_p2p_agent::bench::BenchPlan;
 use vfio_p2p_agent::cli::{ExpectArgs, Format, ReportArgs, SendArgs, SysfsArgs};
 use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::HandleKind;
-use vfio_p2p_agent::cuda;
 use vfio_p2p_agent::expect;
-use vfio_p2p_agent::nvml::Nvml;
 use vfio_p2p_agent::peers::{self, GpuInfo};
 use vfio_p2p_agent::report::{self, HostInfo, Report};
+use vfio_p2p_agent::sysfs::gpus::{self, NetFunction};
+use vfio_p2p_agent::sysfs::read_regular_file;
 use vfio_p2p_agent::verify::Injection;
-use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send, sysfs_scan};
+use vfio_p2p_agent::{fabric, guest_topo, measure, nccl_topo, render, send};
 use vfio_p2p_contract::Expectation;
+use vfio_p2p_cuda_driver as cuda;
+use vfio_p2p_nvml::Nvml;
 
 use super::{
     deliver, emit, in_vm, load_modules, mark, nccl_topo_env, open_gpus, optional_expectation,
-    pair_reports, parse_inject, topo_report, CannotRun, CROSS_PROCESS_LIMIT,
+    pair_reports, parse_inject, read_sysfs, topo_report, CannotRun, CROSS_PROCESS_LIMIT,
 };
 
 /// `report`'s arguments turned into what it runs: the bench plan (with `--tune`), how it
@@ -107,6 +111,7 @@ fn run_report(
     });
     let GuestSide {
         scan,
+        nics,
         expect_report,
         nvml,
         topo,
@@ -164,7 +169,7 @@ fn run_report(
         cross_process: cross,
         elapsed_s: 0.0,
     };
-    r.nccl_topo = report_nccl_topo(r.scan.as_ref());
+    r.nccl_topo = report_nccl_topo(r.scan.as_ref(), &nics);
     r.schedule = r.eight_gpu_estimate(&phases);
     r.phases = Some(phases);
     r.baseline = baseline.map(|b| r.compare_with(b));
@@ -198,7 +203,8 @@ enum Exit {
 /// What `report` reads of the guest besides CUDA: sysfs, the expectation's verdict,
 /// NVML, the path labels and the fabric.
 struct GuestSide {
-    scan: Option<sysfs_scan::Scan>,
+    scan: Option<gpus::Scan>,
+    nics: BTreeMap<Bdf, NetFunction>,
     expect_report: Option<expect::ExpectReport>,
     nvml: Option<Nvml>,
     topo: Option<guest_topo::TopoReport>,
@@ -206,19 +212,21 @@ struct GuestSide {
 }
 
 fn guest_side(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> GuestSide {
-    let scan = sysfs_scan::scan(root).ok();
+    let guest = read_sysfs(root, expectation);
+    let scan = guest.gpus.ok();
     let expect_report = match (expectation, &scan) {
-        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s)),
+        (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s, &guest.numa)),
         _ => None,
     };
     let nvml = Nvml::open();
-    let topo = expectation.map(|(e, _)| topo_report(root, e, nvml.as_ref()));
+    let topo = expectation.map(|(e, _)| topo_report(&guest.places, e, nvml.as_ref()));
     let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
         let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();
         fabric::judge(&fabric::read(n, &bdfs), expectation.map(|(e, _)| e))
     });
     GuestSide {
         scan,
+        nics: guest.nics,
         expect_report,
         nvml,
         topo,
@@ -232,7 +240,7 @@ const MAX_REPORT_BYTES: u64 = 16 << 20;
 /// A saved report; `what` names its role in errors (`report` for `--from`, `baseline`
 /// for `--baseline`). Read non-blocking from a regular file, at most [`MAX_REPORT_BYTES`].
 fn load_report(path: &Path, what: &str) -> Result<Report> {
-    let bytes = sysfs_scan::read_regular_file(path, MAX_REPORT_BYTES + 1)
+    let bytes = read_regular_file(path, MAX_REPORT_BYTES + 1)
         .with_context(|| format!("reading the {what} {}", path.display()))?;
     anyhow::ensure!(
         bytes.len() as u64 <= MAX_REPORT_BYTES,
@@ -250,11 +258,14 @@ fn load_report(path: &Path, what: &str) -> Result<Report> {
 
 /// `report`'s NCCL part: the file NCCL_TOPO_FILE names, checked; a file that cannot be
 /// read is a problem of the check, not a reason to skip the measurements.
-fn report_nccl_topo(scan: Option<&sysfs_scan::Scan>) -> Option<nccl_topo::NcclTopoCheck> {
+fn report_nccl_topo(
+    scan: Option<&gpus::Scan>,
+    nics: &BTreeMap<Bdf, NetFunction>,
+) -> Option<nccl_topo::NcclTopoCheck> {
     let path = nccl_topo_env()?;
     let scan = scan?;
     Some(
-        nccl_topo::check_file(&path, scan).unwrap_or_else(|e| nccl_topo::NcclTopoCheck {
+        nccl_topo::check_file(&path, scan, nics).unwrap_or_else(|e| nccl_topo::NcclTopoCheck {
             file: path.display().to_string(),
             gpus: Vec::new(),
             nics: Vec::new(),

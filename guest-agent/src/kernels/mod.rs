@@ -3,6 +3,8 @@
 //! Guests often have the driver but no CUDA toolkit, so the kernels are PTX text that
 //! the driver's JIT compiles for whatever GPU it finds: only libcuda is needed.
 
+use vfio_p2p_cuda_driver::{CudaError, Gpu, KernelEntry, Module, ParamType};
+
 /// The PTX module with every kernel (see the comments in the file for their C equivalents).
 pub const PTX: &str = include_str!("p2p.ptx");
 
@@ -10,13 +12,6 @@ pub const PTX: &str = include_str!("p2p.ptx");
 /// polls of one round are written out in the PTX, so the counter costs one add and
 /// compare per this many polls rather than per poll.
 pub const POLLS_PER_CHECK: u64 = 16;
-
-/// Type of one kernel parameter, as declared in the PTX (`.param .u32` / `.param .u64`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParamType {
-    U32,
-    U64,
-}
 
 /// The kernels of [`PTX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +63,21 @@ impl Kernel {
             Kernel::Copy => &[U64, U64, U64],
         }
     }
+}
+
+impl KernelEntry for Kernel {
+    fn name(self) -> &'static str {
+        Kernel::name(self)
+    }
+
+    fn params(self) -> &'static [ParamType] {
+        Kernel::params(self)
+    }
+}
+
+/// [`PTX`] JIT-compiled for `gpu`, with every [`Kernel`] looked up.
+pub fn load(gpu: &Gpu) -> Result<Module<'_>, CudaError> {
+    Module::load(gpu, PTX, &Kernel::ALL)
 }
 
 /// The word that `fill` writes and `check` expects at index `i`.

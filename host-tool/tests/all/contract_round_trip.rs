@@ -5,7 +5,9 @@
 use std::path::Path;
 
 use vfio_p2p_agent::expect::{self, GpuStatus};
-use vfio_p2p_agent::sysfs_scan::{GpuScan, Scan};
+use vfio_p2p_agent::sysfs::expectation;
+use vfio_p2p_agent::sysfs::gpus::{GpuScan, Scan};
+use vfio_p2p_agent::sysfs::numa::NumaScan;
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME, FW_CFG_SYSFS_PATH};
 
 /// Runs the host tool as an operator would; returns its argv.
@@ -60,7 +62,7 @@ fn what_the_host_writes_the_agent_reads_and_judges() {
         );
         assert!(FW_CFG_SYSFS_PATH.contains(FW_CFG_NAME));
 
-        let (e, source) = expect::load(Some(&file), dir.path()).unwrap();
+        let (e, source) = expectation::load(Some(&file), dir.path()).unwrap();
         assert_eq!(source, file);
         assert!(!e.gpus.is_empty(), "{example}: no GPUs in the expectation");
         let n = e.gpus.len();
@@ -73,12 +75,12 @@ fn what_the_host_writes_the_agent_reads_and_judges() {
         }
 
         let mut guest = guest_as_planned(&e);
-        let report = expect::compare(&e, &source, &guest);
+        let report = expect::compare(&e, &source, &guest, &NumaScan::default());
         assert_eq!(report.mismatches(), 0, "{example}: {report:#?}");
         assert!(report.unexpected.is_empty());
 
         guest.gpus[0].clique = Some(guest.gpus[0].clique.map_or(7, |c| (c + 1) % 16));
-        let report = expect::compare(&e, &source, &guest);
+        let report = expect::compare(&e, &source, &guest, &NumaScan::default());
         assert_eq!(report.gpus[0].status, GpuStatus::WrongClique, "{example}");
         assert_eq!(report.mismatches(), 1);
     }
@@ -94,7 +96,7 @@ fn the_agent_finds_the_blob_where_fw_cfg_puts_it() {
     let mut bytes = std::fs::read(&blob).unwrap();
     bytes.extend([0; 7]);
     std::fs::write(&blob, bytes).unwrap();
-    let (e, source) = expect::load(None, dir.path()).unwrap();
+    let (e, source) = expectation::load(None, dir.path()).unwrap();
     assert_eq!(source, blob);
     assert_eq!(e.gpus.len(), 8);
 }

@@ -204,7 +204,7 @@ fn place_with_nics_keeps_gpu_nic_affinity_into_gen() {
 fn the_agent_accepts_gen_nccls_nics_where_the_layout_puts_them() {
     use std::collections::BTreeMap;
     use vfio_p2p_agent::nccl_topo::check_text;
-    use vfio_p2p_agent::sysfs_scan::{NetFunction, Scan};
+    use vfio_p2p_agent::sysfs::gpus::{NetFunction, Scan};
     use vfio_p2p_config::vm::GuestTopology;
     use vfio_p2p_decide::guest_layout::{decide_with_nics, LayoutOptions};
     use vfio_p2p_model::Topology;

@@ -7,6 +7,8 @@ use pci_config::{clique, Bdf, ConfigSpace, CONFIG_SPACE_UNPRIVILEGED};
 use serde::{Deserialize, Serialize};
 use vfio_p2p_contract::nvidia_parts::{gpu_part, GpuPart};
 
+use super::{read_regular_file, read_sysfs_file, MAX_SYSFS_FILE};
+
 pub const NVIDIA_VENDOR: u16 = 0x10de;
 /// PCI base class of display controllers (VGA 0x0300, 3D 0x0302).
 const CLASS_DISPLAY: u32 = 0x03;
@@ -80,36 +82,6 @@ impl Scan {
     pub fn gpu(&self, bdf: Bdf) -> Option<&GpuScan> {
         self.gpus.iter().find(|g| g.bdf == bdf)
     }
-}
-
-/// The most read of any sysfs file here: config space is 4096 bytes, an attribute a page.
-const MAX_SYSFS_FILE: u64 = 4096;
-
-/// A sysfs file, read as the kernel serves them: a regular file, opened without blocking
-/// (a FIFO planted there cannot hang the agent), at most [`MAX_SYSFS_FILE`] bytes (a huge
-/// or sparse file is cut there, which is all config space can hold).
-pub(crate) fn read_sysfs_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    read_regular_file(path, MAX_SYSFS_FILE)
-}
-
-/// At most `limit` bytes of the regular file `path`, opened without blocking: a FIFO is
-/// an error ("not a regular file"), never a hang.
-pub fn read_regular_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(limit).read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 fn read_attr(dir: &Path, name: &str) -> Option<String> {

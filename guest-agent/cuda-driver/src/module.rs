@@ -5,7 +5,22 @@ use cudarc::driver::sys::{self, CUfunction, CUjit_option, CUmodule};
 use super::driver::{c_buf_to_string, check, describe, CudaError};
 use super::gpu::Gpu;
 use super::stream::Stream;
-use crate::kernels::{Kernel, ParamType, PTX};
+
+/// Type of one kernel parameter, as declared in the PTX (`.param .u32` / `.param .u64`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamType {
+    U32,
+    U64,
+}
+
+/// One kernel of a PTX module: its entry name and its parameter list, which every
+/// launch is checked against.
+pub trait KernelEntry: Copy {
+    /// Entry name in the PTX.
+    fn name(self) -> &'static str;
+    /// Parameter list, in the PTX's order.
+    fn params(self) -> &'static [ParamType];
+}
 
 /// One kernel argument, typed like the PTX parameter it fills.
 #[derive(Debug, Clone, Copy)]
@@ -30,11 +45,11 @@ impl Param {
     }
 }
 
-/// The agent's PTX, JIT-compiled for one GPU.
+/// A PTX module, JIT-compiled for one GPU, with the functions of its kernels.
 pub struct Module<'g> {
     gpu: &'g Gpu,
     raw: CUmodule,
-    functions: Vec<(Kernel, CUfunction)>,
+    functions: Vec<(&'static str, CUfunction)>,
 }
 
 // SAFETY: a loaded module and its functions may be used from any thread on which their
@@ -44,10 +59,14 @@ unsafe impl Send for Module<'_> {}
 unsafe impl Sync for Module<'_> {}
 
 impl<'g> Module<'g> {
-    /// JIT-compiles [`PTX`] with the driver, keeping its error log for the message.
-    pub fn load(gpu: &'g Gpu) -> Result<Self, CudaError> {
+    /// JIT-compiles `ptx` with the driver, keeping its error log for the message, and
+    /// looks up each of `kernels`.
+    ///
+    /// # Panics
+    /// When `ptx` or a kernel name holds a NUL byte (the agent's PTX is checked by a test).
+    pub fn load(gpu: &'g Gpu, ptx: &str, kernels: &[impl KernelEntry]) -> Result<Self, CudaError> {
         gpu.bind()?;
-        let image = CString::new(PTX).expect("PTX has no NUL (checked by a unit test)");
+        let image = CString::new(ptx).expect("PTX has no NUL");
         let mut log = vec![0 as c_char; 8192];
         let mut options = [
             CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -78,7 +97,7 @@ impl<'g> Module<'g> {
             raw,
             functions: Vec::new(),
         };
-        for k in Kernel::ALL {
+        for &k in kernels {
             let name = CString::new(k.name()).expect("kernel names have no NUL");
             let mut f = std::ptr::null_mut();
             check(
@@ -87,7 +106,7 @@ impl<'g> Module<'g> {
                 "cuModuleGetFunction",
                 &gpu.bus_id,
             )?;
-            module.functions.push((k, f));
+            module.functions.push((k.name(), f));
         }
         Ok(module)
     }
@@ -95,7 +114,7 @@ impl<'g> Module<'g> {
     /// Launches `kernel` on `stream` with a 1-D grid.
     pub fn launch(
         &self,
-        kernel: Kernel,
+        kernel: impl KernelEntry,
         grid: u32,
         block: u32,
         stream: &Stream<'_>,
@@ -117,9 +136,12 @@ impl<'g> Module<'g> {
         let f = self
             .functions
             .iter()
-            .find(|(k, _)| *k == kernel)
+            .find(|(name, _)| *name == kernel.name())
             .map(|(_, f)| *f)
-            .expect("every kernel is looked up in load()");
+            .ok_or_else(|| CudaError::Launch {
+                kernel: kernel.name(),
+                why: "the module was loaded without this kernel".into(),
+            })?;
         self.gpu.bind()?;
         let mut args: Vec<*mut c_void> = params.iter().map(Param::as_arg).collect();
         // SAFETY: f belongs to this module's context, which is the stream's; args holds
