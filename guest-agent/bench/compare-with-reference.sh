@@ -22,6 +22,8 @@
 #   TOPO          the host's NCCL topology file [tests/fixtures/nccl/h200x2-topo.xml]
 #   NCCL_LIB      libnccl.so.2 [the one of the Python NCCL package, else the linker's]
 #   RUNS [5], EXTRA [3]
+#   TUNES         other bench plans to try, EXTRA processes each, after the extra runs:
+#                 NAME=KEY=VALUE,KEY=VALUE … (e.g. r5i240=pingpong_rounds_per_place=5,pingpong_iters=240) []
 # Output under $OUT: summary.txt and runs.tar.gz (every output, JSON and wall time).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -40,16 +42,21 @@ trap 'rm -rf "$work"' EXIT
 times=$work/timings.txt
 : >"$times"
 
-# step LIMIT NAME CMD…: stdout to $work/NAME, stderr to NAME.err, rc and wall to timings.txt.
+# step LIMIT NAME CMD…: stdout to $work/NAME, stderr to NAME.err, rc and wall to timings.txt,
+# start and end (ns since the epoch) to marks.txt beside the agent's own marks in NAME.err
+# (VFIO_P2P_AGENT_MARKS: `mark main` and `mark exit`, how long the process takes to start and end).
 step() {
-    local limit=$1 name=$2 t0 rc ms; shift 2
+    local limit=$1 name=$2 t0 t1 rc ms; shift 2
     t0=$(date +%s%N)
     timeout --kill-after=5 "$limit" "$@" >"$work/$name" 2>"$work/$name.err"
     rc=$?
-    ms=$((($(date +%s%N) - t0) / 1000000))
+    t1=$(date +%s%N)
+    ms=$(((t1 - t0) / 1000000))
     printf '%-34s rc=%-3d %d.%03d s   %s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) "$*" >>"$times"
+    echo "$name $t0 $t1" >>"$work/marks.txt"
     return $rc
 }
+export VFIO_P2P_AGENT_MARKS=1
 
 if [ -z "${NCCL_LIB:-}" ]; then
     for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
@@ -91,6 +98,13 @@ for i in $(seq 1 "$EXTRA"); do
     # What selects the 4-byte copy's mode: 8 streams in one process, one queue and eight.
     step 60 "streams8-conn1-$i.json" "$AGENT" report --tune memcpy_streams=8 --format json
     step 60 "streams8-conn8-$i.json" env CUDA_DEVICE_MAX_CONNECTIONS=8 "$AGENT" report --tune memcpy_streams=8 --format json
+    # How the process ends: the driver's teardown at exit, or each context reset first.
+    step 60 "report-exit-reset-$i.json" "$AGENT" report --tune exit=reset --format json
+done
+for t in ${TUNES:-}; do
+    for i in $(seq 1 "$EXTRA"); do
+        step 60 "tune-${t%%=*}-$i.json" "$AGENT" report --tune "${t#*=}" --format json
+    done
 done
 step 60 report-quick.json "$AGENT" report --quick --format json
 step 60 report.txt env COLUMNS=160 "$AGENT" report
@@ -144,6 +158,33 @@ bw = [walls[f"p2pblt-{i}.txt"][1] for i in range(1, runs + 1) if f"p2pblt-{i}.tx
 print(f"agent report      {rw}  median {med(rw):.3f}")
 print(f"p2pBandwidthLatencyTest {bw}  median {med(bw):.3f}")
 print(f"report / p2pBandwidthLatencyTest: {med(rw) / med(bw):.2f}x")
+marks = {}
+for line in open(f"{work}/marks.txt"):
+    name, t0, t1 = line.split()
+    marks[name] = (int(t0), int(t1))
+def ends(name):
+    """(start to `mark main`, `mark exit` to the end) in s, from the agent's marks."""
+    try:
+        m = dict(l.split()[1:3] for l in open(f"{work}/{name}.err") if l.startswith("mark "))
+        t0, t1 = marks[name]
+        return (int(m["main"]) - t0) / 1e9, (t1 - int(m["exit"])) / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
+print("where the report's wall goes (each process): start to main, phases, exit to end (s)")
+for i in range(1, runs + 1):
+    r = load(f"report-{i}.json")
+    if not r:
+        continue
+    e = ends(f"report-{i}.json")
+    ph = ", ".join(f"{p[0].split(' (')[0]} {p[1]:.3f}" for p in r.get("phases") or [])
+    print(f"  {i}: wall {walls.get(f'report-{i}.json', (0, 0))[1]:.3f}, start {e[0] if e else float('nan'):.3f}, "
+          f"{ph}, elapsed {r['elapsed_s']:.3f}, exit {e[1] if e else float('nan'):.3f}")
+    for p in r["pairs"]:
+        ms = " ".join(f"{k} {v * 1e3:.1f}" for k, v in p["bench"].get("measure_s", []))
+        print(f"     {p['src'][-4:]}->{p['dst'][-4:]} ms: {ms}")
+xw = [walls[f"report-exit-reset-{i}.json"][1] for i in range(1, extra + 1) if f"report-exit-reset-{i}.json" in walls]
+xe = [ends(f"report-exit-reset-{i}.json") for i in range(1, extra + 1)]
+print(f"--tune exit=reset walls {xw}, exit to end {[round(x[1], 3) for x in xe if x]}")
 probe_keys = {"pingpong one-way latency": "one_way", "remote read pointer-chase latency": "remote_read",
               "memcpyPeerAsync 4B per-copy": "memcpy", "uni bw": "ce", "bidir bw": "bidir"}
 def probe(s, d, i):
@@ -203,6 +244,25 @@ for s in range(n):
             if group:
                 print(f"  {label} spread over processes: min {spread(mins):.1f} %, median {spread(meds):.1f} %, "
                       f"max {spread(maxs):.1f} %")
+            fq = [b["one_way_placements"].get("fastest_quarter_us") for b in group]
+            sq = [b["one_way_placements"].get("slowest_quarter_us") for b in group]
+            if group and None not in fq + sq:
+                print(f"  {label} fastest / slowest quarter's mean: {[round(x, 3) for x in fq]} / "
+                      f"{[round(x, 3) for x in sq]}, spread {spread(fq):.1f} % / {spread(sq):.1f} %")
+        # Each place inside one process (pass to pass) and between processes (its figure).
+        inside, between = [], []
+        places = [b["one_way_placements"] for b in av if b.get("one_way_placements")]
+        for pl in places:
+            for k in range(len(pl.get("passes_us", [[]])[0])):
+                v = [p[k] for p in pl["passes_us"] if k < len(p)]
+                inside.append(spread(v))
+        if places:
+            for k in range(len(places[0]["one_way_latency_us"])):
+                between.append(spread([pl["one_way_latency_us"][k] for pl in places]))
+        if inside:
+            print(f"  a place pass to pass inside a process: median {med(inside):.1f} %, max {max(inside):.1f} %; "
+                  f"its figure ({places[0].get('figure')} of {places[0].get('rounds_per_place')}) between "
+                  f"processes: median {med(between):.1f} %, max {max(between):.1f} %")
         p1 = [x["one_way"] for x in pv if "one_way" in x]
         if (s, d) == (0, 1):
             ref = []
@@ -231,6 +291,24 @@ for s in range(n):
             for m in b.get("memcpy_modes", []):
                 cm.setdefault(round(m["us"], 1), []).append(m["count"])
         print(f"  4-byte copy modes, agent CONN=8: {cm}")
+tunes = sorted({m[1] for m in (re.match(r"tune-(.+)-\d+\.json$", k) for k in walls) if m})
+if tunes:
+    print("\n== other bench plans (--tune), one-way spread over processes per pair: min / fastest quarter / median / slowest quarter / max ==")
+for t in tunes:
+    rs = [load(f"tune-{t}-{i}.json") for i in range(1, extra + 1)]
+    tw = [walls[f"tune-{t}-{i}.json"][1] for i in range(1, extra + 1) if f"tune-{t}-{i}.json" in walls]
+    print(f"{t}: walls {tw}")
+    for s in range(n):
+        for d in range(n):
+            g = [b for r in rs for (a, c, b) in pairs(r) if (a, c) == (s, d)]
+            if not g:
+                continue
+            pl = [b["one_way_placements"] for b in g]
+            v = [[b["one_way_latency_us"]["min"] for b in g], [p["fastest_quarter_us"] for p in pl],
+                 [b["one_way_latency_us"]["median"] for b in g], [p["slowest_quarter_us"] for p in pl],
+                 [b["one_way_latency_us"]["max"] for b in g]]
+            print(f"  {s}->{d}: " + " / ".join(f"{spread(x):.1f}" for x in v) + " %   medians " +
+                  " / ".join(f"{med(x):.3f}" for x in v))
 print("\n== 4-byte copy modes over 8 streams of one process (µs ×streams, each process) ==")
 for label in ("conn1", "conn8"):
     for i in range(1, extra + 1):

@@ -402,7 +402,7 @@ pub fn bench(results: &[PairBench]) -> String {
     let note = match plan {
         Some(p) if p.pingpong_rounds_per_place > 0 => format!(
             "median of {samples}, ± half the spread; one-way: median over {} flag places \
-             (the same in every process; {} passes, each place its fastest), flag places: the \
+             (the same in every process; each place the median of its {} passes), flag places: the \
              fastest–slowest place; memcpy 4B: each mode over {} streams, ×streams; GB/s = \
              10^9 bytes/s",
             p.pingpong_positions, p.pingpong_rounds_per_place, p.memcpy_streams

@@ -345,7 +345,10 @@ fn one_queue_report_is_within_p2p_bandwidth_latency_tests_wall_on_2_and_4_gpus()
                 pingpong_positions: 5,
                 pingpong_rounds_per_place: 0,
                 pingpong_iters: 1_000,
+                memcpy_copies: 1_000,
                 memcpy_streams: 0,
+                disabled_copies: 4,
+                disabled_memcpy_copies: 200,
                 pingpong_min_samples: 5,
                 ..BenchPlan::FULL
             },

@@ -38,20 +38,58 @@ pub const MAX_PLACES: usize = 32;
 /// one allocation, not of the link. The agent measures the same `MAX_PLACES`
 /// placements in every process: byte offsets `k × FLAG_STRIDE` into one buffer per
 /// GPU, the first allocation of its context ([`PingPongFlags`]), each place measured in
-/// every pass over the places, its fastest pass being its figure. The headline (`one_way_latency_us`) is
-/// the median over places; min and max say how far placement alone moves it.
+/// every pass over the places, the median of its passes being its figure (one slow or fast
+/// round cannot set it). The headline (`one_way_latency_us`) is the median over places; min
+/// and max say how far placement alone moves it, and the means of the fastest and the
+/// slowest quarter of the places say it steadily: a place's rounds spread up to 20–40 %
+/// inside one process, so min and max, each one place's figure, moved up to 5.2 % between
+/// 5 processes where the quarters' means moved at most 1.8 % (2 and 4 × H200,
+/// `tests/fixtures/agent/reference-comparison`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Placements {
     /// Byte offset of each place's flags (the same on both GPUs).
     pub offsets: Vec<u64>,
-    /// Each place's figure, the fastest of its passes, in the order of `offsets` (µs).
+    /// Each place's figure, the median of its passes, in the order of `offsets` (µs);
+    /// reports of agents before this rule kept the fastest pass (`figure` says which).
     pub one_way_latency_us: Vec<f64>,
+    /// How each place's figure came from its passes: `median` (absent in reports of
+    /// earlier agents: `fastest`).
+    #[serde(default = "fastest")]
+    pub figure: String,
+    /// Each pass's round at each place, pass by pass (µs): how much a place moves inside
+    /// one process. Absent in reports of earlier agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passes_us: Vec<Vec<f64>>,
     /// Passes over the places (rounds measured at each place).
     pub rounds_per_place: usize,
     /// Offsets of the places that gave the minimum, median and maximum.
     pub min_at: u64,
     pub median_at: u64,
     pub max_at: u64,
+    /// Mean of the fastest quarter of the places' figures (at least one place), µs: the
+    /// fast end of the distribution, steadier than the min. Absent in reports of earlier
+    /// agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_quarter_us: Option<f64>,
+    /// Mean of the slowest quarter, µs: the slow end, steadier than the max.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest_quarter_us: Option<f64>,
+}
+
+fn fastest() -> String {
+    "fastest".into()
+}
+
+/// The median of `v` (the mean of the middle two at an even count), `None` for none.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 impl Placements {
@@ -64,14 +102,45 @@ impl Placements {
         let mut order: Vec<usize> = (0..values.len()).collect();
         order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
         let at = |rank: usize| offsets[order[rank]];
+        let quarter = values.len().div_ceil(4);
+        let mean = |ranks: &[usize]| ranks.iter().map(|&i| values[i]).sum::<f64>() / quarter as f64;
+        let (fastest, slowest) = (
+            mean(&order[..quarter]),
+            mean(&order[order.len() - quarter..]),
+        );
         Some(Placements {
+            fastest_quarter_us: Some(fastest),
+            slowest_quarter_us: Some(slowest),
             min_at: at(0),
             median_at: at((order.len() - 1) / 2),
             max_at: at(order.len() - 1),
             offsets,
             one_way_latency_us: values,
             rounds_per_place,
+            figure: "median".into(),
+            passes_us: Vec::new(),
         })
+    }
+
+    /// The distribution of whole passes over `offsets` (`passes[k][p]`: pass k's round at
+    /// place p, µs), each place's figure the median of its passes. A pass cut short (a
+    /// round timed out) counts at the places it reached; places no pass reached are left
+    /// out.
+    pub fn of_passes(offsets: &[u64], passes: Vec<Vec<f64>>) -> Option<Self> {
+        let reached = passes.iter().map(Vec::len).max().unwrap_or(0);
+        let figures: Vec<f64> = (0..reached.min(offsets.len()))
+            .map_while(|p| {
+                median(
+                    &passes
+                        .iter()
+                        .filter_map(|k| k.get(p).copied())
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let mut d = Self::of(offsets[..figures.len()].to_vec(), figures, passes.len())?;
+        d.passes_us = passes;
+        Some(d)
     }
 
     /// min, median and max over the places.
@@ -138,11 +207,13 @@ pub(super) struct PingPongResult {
 
 impl PingPong<'_, '_> {
     /// A warm-up round, then `plan.pingpong_rounds_per_place` passes over the first
-    /// `plan.pingpong_positions` places (at most [`MAX_PLACES`]), each place keeping its
-    /// fastest pass. A place is steady to 0.1 % inside a process, but right after the
-    /// previous pair re-enabled peer access the first ~10 ms of rounds can read up to
-    /// 35 % slow (2 × H200, 2 of 8 processes, issue 42): that lifts one pass only. Stops
-    /// at the first round that timed out.
+    /// `plan.pingpong_positions` places (at most [`MAX_PLACES`]), each place's figure the
+    /// median of its passes. Inside one process a place's rounds differ by up to a few %
+    /// from pass to pass, and right after the previous pair re-enabled peer access the
+    /// first ~10 ms of rounds can read up to 35 % slow (2 × H200, 2 of 8 processes, issue
+    /// 42): the median of 3 passes drops one such round whichever way it strays, where the
+    /// fastest of 2 kept every low stray (the min over places moved 3–6 % between
+    /// processes). Stops at the first round that timed out.
     pub(super) fn run(
         &self,
         (flag_a, flag_b): (&DeviceBuffer<'_>, &DeviceBuffer<'_>),
@@ -159,12 +230,13 @@ impl PingPong<'_, '_> {
             return Ok(out);
         }
         let offsets: Vec<u64> = (0..places).map(|p| flag_offset(p) as u64).collect();
-        // Pass after pass over every place; each place keeps its fastest pass.
-        let mut best = vec![f64::INFINITY; places];
+        // Pass after pass over every place.
+        let mut passes: Vec<Vec<f64>> = Vec::with_capacity(rounds);
         'passes: for _ in 0..rounds {
-            for (b, &at) in best.iter_mut().zip(&offsets) {
+            passes.push(Vec::with_capacity(places));
+            for &at in &offsets {
                 match self.round((flag_a, flag_b), at)? {
-                    Some(us) => *b = b.min(us),
+                    Some(us) => passes.last_mut().expect("a pass").push(us),
                     None => {
                         out.timed_out = true;
                         break 'passes;
@@ -172,9 +244,7 @@ impl PingPong<'_, '_> {
                 }
             }
         }
-        let medians: Vec<f64> = best.into_iter().take_while(|b| b.is_finite()).collect();
-        let measured = offsets[..medians.len()].to_vec();
-        out.placements = Placements::of(measured, medians, rounds);
+        out.placements = Placements::of_passes(&offsets, passes);
         out.reference = out.placements.as_ref().map(Placements::stat);
         Ok(out)
     }

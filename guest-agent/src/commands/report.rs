@@ -103,6 +103,8 @@ fn run_report(
     // which the driver serialises (the H100 bench runs: `setup-probe`).
     let (gpus, guest) = std::thread::scope(|s| {
         let beside = s.spawn(|| guest_side(&sysfs.sysfs_root, expectation.as_ref()));
+        // The pointer-chase array too, off the first pair's path.
+        s.spawn(|| vfio_p2p_agent::bench::prepare_chase_chain(plan));
         let gpus = open_gpus();
         let guest = beside
             .join()

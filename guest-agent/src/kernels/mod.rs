@@ -92,7 +92,9 @@ pub fn pattern(i: u64, seed: u32) -> u32 {
 /// (a power of two), so a walk from 0 visits `n` distinct words before repeating.
 pub fn chase_next(i: u32, n: u32) -> u32 {
     debug_assert!(n.is_power_of_two());
-    ((i as u64 * 2_654_435_761 + 12_345) % n as u64) as u32
+    // The remainder by a power of two, as a mask: the 4 Mi words of the full plan's
+    // chain took ~20 ms with a division each.
+    ((i as u64 * 2_654_435_761 + 12_345) & (n as u64 - 1)) as u32
 }
 
 #[cfg(test)]
