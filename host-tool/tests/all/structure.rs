@@ -414,9 +414,15 @@ const UNSAFE_ALLOWED: &[(&str, &str)] = &[
         "host-tool/src/main.rs",
         "SIGPIPE's default, and _exit past a call abandoned in FM's library",
     ),
-    ("guest-agent/cuda-driver/src/lib.rs", "the CUDA driver API and NCCL"),
+    (
+        "guest-agent/cuda-driver/src/lib.rs",
+        "the CUDA driver API and NCCL",
+    ),
     ("guest-agent/nvml/src/lib.rs", "NVML"),
-    ("guest-agent/fd-passing/src/lib.rs", "SCM_RIGHTS descriptor passing"),
+    (
+        "guest-agent/fd-passing/src/lib.rs",
+        "SCM_RIGHTS descriptor passing",
+    ),
 ];
 
 /// Every crate root of the workspace (`src/lib.rs`, `src/main.rs`) that is not one of
