@@ -1,6 +1,8 @@
 //! Verifying and measuring every pair by the schedule ([`crate::schedule`]): rounds of
 //! disjoint pairs, a thread per pair where every pair of the round is on a non-blocking
 //! fabric, one pair after the other elsewhere; each pair both ways in its thread.
+//! What it fills: each ordered pair's record ([`PairReport`], which `report` judges and
+//! prints) and the seconds each phase of the run took ([`Phases`]).
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -12,11 +14,63 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::pingpong::PingPongFlags;
 use crate::bench::{self, BenchPlan, PairBench};
-use crate::report::PairReport;
+use crate::peers::PeerCheck;
 use crate::schedule::{self, RoundPlan, RoundRecord};
 use crate::sysfs::gpus::Scan;
 use crate::verify::{self, VerifyResult};
+use vfio_p2p_contract::Verdict;
 use vfio_p2p_cuda_driver::{Gpu, Module};
+
+/// All that is known about one ordered pair.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PairReport {
+    pub src: Bdf,
+    pub dst: Bdf,
+    pub peer: PeerCheck,
+    pub verify: Option<VerifyResult>,
+    pub bench: Option<PairBench>,
+    /// The host's expectation for this pair, if any.
+    pub expected: Option<Verdict>,
+    pub expected_nvlinks: Option<u32>,
+    /// Each figure against what the pair's link should carry (issue 42); absent without
+    /// a bench, a known link, or in reports of earlier agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_verdict: Option<crate::link_verdict::LinkVerdict>,
+    /// The pair is as expected (P2P working, unless the host said otherwise).
+    pub as_expected: bool,
+    pub summary: String,
+}
+
+/// Seconds per phase of a run, in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Phases {
+    pub laps: Vec<(String, f64)>,
+    /// `-v`: each phase is also printed on stderr as it ends.
+    #[serde(skip)]
+    pub verbose: bool,
+}
+
+impl Phases {
+    /// Ends phase `name` now; `started` is the run's start.
+    pub fn lap(&mut self, name: &str, started: std::time::Instant) {
+        let so_far: f64 = self.laps.iter().map(|(_, s)| s).sum();
+        let s = started.elapsed().as_secs_f64() - so_far;
+        if self.verbose {
+            eprintln!("vfio-p2p-agent: {name}: {s:.3} s");
+        }
+        self.laps.push((name.to_string(), s));
+    }
+
+    /// `name 0.12 s, …`
+    pub fn line(&self) -> String {
+        self.laps
+            .iter()
+            .map(|(n, s)| format!("{n} {s:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// A round's results, each a pair's measurements by report index: the first error, or
 /// all of them.
@@ -207,7 +261,7 @@ pub struct SimulatedRun {
     pub pairs: Vec<PairBench>,
     /// Where the time went (set by the command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phases: Option<crate::report::Phases>,
+    pub phases: Option<Phases>,
     pub elapsed_s: f64,
 }
 

@@ -4,12 +4,11 @@
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
 
-use crate::bench::PairBench;
 use crate::expect::ExpectReport;
 use crate::guest_topo::TopoReport;
+use crate::measure::{PairReport, Phases};
 use crate::peers::{GpuInfo, PeerCheck};
 use crate::sysfs::gpus::Scan;
-use crate::verify::VerifyResult;
 use vfio_p2p_contract::{Expectation, Verdict};
 
 /// Where the agent ran.
@@ -19,26 +18,6 @@ pub struct HostInfo {
     pub virtual_machine: bool,
     pub cuda_driver_version: i32,
     pub nvml: bool,
-}
-
-/// All that is known about one ordered pair.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PairReport {
-    pub src: Bdf,
-    pub dst: Bdf,
-    pub peer: PeerCheck,
-    pub verify: Option<VerifyResult>,
-    pub bench: Option<PairBench>,
-    /// The host's expectation for this pair, if any.
-    pub expected: Option<Verdict>,
-    pub expected_nvlinks: Option<u32>,
-    /// Each figure against what the pair's link should carry (issue 42); absent without
-    /// a bench, a known link, or in reports of earlier agents.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub link_verdict: Option<crate::link_verdict::LinkVerdict>,
-    /// The pair is as expected (P2P working, unless the host said otherwise).
-    pub as_expected: bool,
-    pub summary: String,
 }
 
 /// VM / bare-metal ratios of one pair.
@@ -92,37 +71,6 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,
     pub elapsed_s: f64,
-}
-
-/// Seconds per phase of a run, in order.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Phases {
-    pub laps: Vec<(String, f64)>,
-    /// `-v`: each phase is also printed on stderr as it ends.
-    #[serde(skip)]
-    pub verbose: bool,
-}
-
-impl Phases {
-    /// Ends phase `name` now; `started` is the run's start.
-    pub fn lap(&mut self, name: &str, started: std::time::Instant) {
-        let so_far: f64 = self.laps.iter().map(|(_, s)| s).sum();
-        let s = started.elapsed().as_secs_f64() - so_far;
-        if self.verbose {
-            eprintln!("vfio-p2p-agent: {name}: {s:.3} s");
-        }
-        self.laps.push((name.to_string(), s));
-    }
-
-    /// `name 0.12 s, …`
-    pub fn line(&self) -> String {
-        self.laps
-            .iter()
-            .map(|(n, s)| format!("{n} {s:.2} s"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }
 
 impl Report {

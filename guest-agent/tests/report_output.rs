@@ -54,7 +54,8 @@ fn a_report_with_a_timing_line_after_it_is_called_a_report() {
 
 #[test]
 fn eight_gpus_estimated_from_the_two_gpu_h200_run() {
-    use vfio_p2p_agent::report::{Phases, Report};
+    use vfio_p2p_agent::measure::Phases;
+    use vfio_p2p_agent::report::Report;
     use vfio_p2p_agent::schedule::Fabric;
     let mut r: Report = serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
     // Phases of a 2-GPU run: 1.0 s setup, 6.0 s for the two ordered pairs.
@@ -144,7 +145,8 @@ fn round(
 
 #[test]
 fn the_rounds_are_printed_and_the_estimate_uses_them() {
-    use vfio_p2p_agent::report::{Phases, Report};
+    use vfio_p2p_agent::measure::Phases;
+    use vfio_p2p_agent::report::Report;
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(REPORT).unwrap()).unwrap();
     v["rounds"] = serde_json::json!([round(&[("0000:00:06.0", "0000:00:07.0")], false, 0.2, 1.0)]);

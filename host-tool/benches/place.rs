@@ -26,7 +26,9 @@
 use std::time::{Duration, Instant};
 
 use vfio_p2p_decide::nic_affinity::NicPool;
-use vfio_p2p_decide::placement::{shape, PlacementHost, PlacementOptions};
+use vfio_p2p_decide::placement::host::PlacementHost;
+use vfio_p2p_decide::placement::request::PlacementOptions;
+use vfio_p2p_decide::placement::shape;
 use vfio_p2p_model::Topology;
 use vfio_p2p_read::synth::tree::{server, server_with_nics, switched, ServerSpec};
 

@@ -7,7 +7,7 @@ use vfio_p2p_agent::bench::pingpong::PingPongFlags;
 use vfio_p2p_agent::bench::{self, BenchPlan};
 use vfio_p2p_agent::cli::{BenchArgs, Format};
 use vfio_p2p_agent::sysfs::GuestSysfs;
-use vfio_p2p_agent::{measure, peers, render, report};
+use vfio_p2p_agent::{measure, peers, render};
 use vfio_p2p_cuda_driver as cuda;
 
 use super::{emit, in_vm, load_modules, open_gpus, pair_reports, CannotRun};
@@ -46,7 +46,7 @@ fn run_simulated(
     plan: &BenchPlan,
 ) -> Result<u8, CannotRun> {
     let started = Instant::now();
-    let mut phases = report::Phases {
+    let mut phases = measure::Phases {
         verbose,
         ..Default::default()
     };

@@ -7,8 +7,8 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use vfio_p2p_agent::cli::{Cli, Command, ExpectArgs, Format};
+use vfio_p2p_agent::measure::PairReport;
 use vfio_p2p_agent::peers::PeerCheck;
-use vfio_p2p_agent::report::PairReport;
 use vfio_p2p_agent::sysfs::place::Places;
 use vfio_p2p_agent::sysfs::{expectation, GuestSysfs};
 use vfio_p2p_agent::verify::Injection;

@@ -15,7 +15,7 @@ use vfio_p2p_agent::cross_gpu;
 use vfio_p2p_agent::cross_process::HandleKind;
 use vfio_p2p_agent::expect;
 use vfio_p2p_agent::peers::{self, GpuInfo};
-use vfio_p2p_agent::report::{self, HostInfo, Report};
+use vfio_p2p_agent::report::{HostInfo, Report};
 use vfio_p2p_agent::sysfs::gpus::{self, NetFunction};
 use vfio_p2p_agent::sysfs::read_regular_file;
 use vfio_p2p_agent::verify::Injection;
@@ -95,7 +95,7 @@ fn run_report(
     let started = Instant::now();
     cuda::prefer_one_work_queue();
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
-    let mut phases = report::Phases {
+    let mut phases = measure::Phases {
         verbose,
         ..Default::default()
     };

@@ -12,7 +12,9 @@ use crate::context::{Context, HostConfigArgs, Needs};
 use pci_config::PathKind;
 use vfio_p2p_config::vm::VmConfig;
 use vfio_p2p_decide::place_plan::{self, PlaceRequest, VmPlacePlan};
-use vfio_p2p_decide::placement::{self, PlacementHost, PlacementOptions, VmRequest};
+use vfio_p2p_decide::placement;
+use vfio_p2p_decide::placement::host::PlacementHost;
+use vfio_p2p_decide::placement::request::{self, PlacementOptions, VmRequest};
 use vfio_p2p_decide::vm::spec::{VmFlags, VmSpec};
 use vfio_p2p_decide::vm::{self, Host, VmTarget};
 use vfio_p2p_emit::data::DataFormat;
@@ -168,7 +170,7 @@ pub fn run(global: &GlobalArgs, args: PlaceArgs) -> anyhow::Result<ExitCode> {
         unavailable: args.taken.iter().chain(&host.reserved).copied().collect(),
         max_path: args.max_path,
     };
-    placement::validate_requests(&requests)?;
+    request::validate_requests(&requests)?;
     let placement_host = PlacementHost::new(&topo, &options)
         .with_context(|| "checking --taken and the host config's reserved devices".to_string())?;
     let ask = PlaceRequest {

@@ -8,17 +8,21 @@
 //! [`plan`] is the library entry point; the config generators, the libvirt hook
 //! and placement call it with the GPUs of one VM.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 
 use pci_config::clique::MAX_CLIQUE;
-use pci_config::{AcsFlags, Bdf};
+use pci_config::Bdf;
 use serde::Serialize;
 
 use super::plan_reach;
 use pci_config::PathKind;
-use vfio_p2p_model::{AcsUnknown, BridgeRole, Device, GpuPath, Topology};
+use vfio_p2p_model::Topology;
+
+pub mod pair_route;
+mod warnings;
+
+use pair_route::{pair, untranslated_ports, Pair, PairRoute};
+use warnings::{pair_warnings, WarningContext};
 
 /// Most cliques a VM can have: the ID is four bits.
 pub const MAX_CLIQUES: usize = MAX_CLIQUE as usize + 1;
@@ -46,85 +50,6 @@ impl Default for PlanOptions {
 pub struct Clique {
     pub id: u8,
     pub gpus: Vec<Bdf>,
-}
-
-/// Whether PCIe P2P between two GPUs is right in a VM, and how it flows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PairRoute {
-    /// NVLink/NVSwitch: the driver uses NVLink, no clique needed.
-    Nvlink,
-    /// ACS RR+CR on the switch ports: peer TLPs go up to the root complex and the IOMMU.
-    IommuRouted,
-    /// RR/CR cleared below a switch: the switch routes untranslated guest-physical addresses.
-    Untranslated,
-    /// RR/CR cleared but ATS enabled on both GPUs and DT on the ports: translated P2P goes direct.
-    DirectTranslated,
-    /// Through one host bridge (different root ports): translated by the IOMMU.
-    RootComplex,
-    /// Between host bridges of one NUMA node.
-    CrossHostBridge,
-    /// Across NUMA nodes / sockets.
-    CrossSocket,
-    /// ACS state of a port on the path is unknown (config space unreadable).
-    AcsUnknown,
-}
-
-impl PairRoute {
-    pub const fn label(&self) -> &'static str {
-        match self {
-            PairRoute::Nvlink => "nvlink",
-            PairRoute::IommuRouted => "iommu-routed",
-            PairRoute::Untranslated => "untranslated",
-            PairRoute::DirectTranslated => "direct-translated",
-            PairRoute::RootComplex => "root-complex",
-            PairRoute::CrossHostBridge => "cross-host-bridge",
-            PairRoute::CrossSocket => "cross-socket",
-            PairRoute::AcsUnknown => "acs-unknown",
-        }
-    }
-}
-
-impl fmt::Display for PairRoute {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// ACS state of one bridge on a pair's path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BridgeAcs {
-    pub bridge: Bdf,
-    pub role: Option<BridgeRole>,
-    /// `present`, `absent` (no ACS capability) or `unknown` (config space not readable).
-    pub state: AcsState,
-    /// Control bits set, when present.
-    pub control: Option<AcsFlags>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AcsState {
-    Present,
-    Absent,
-    Unknown,
-}
-
-/// The path, ACS bits and verdict of one GPU pair.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Pair {
-    pub a: Bdf,
-    pub b: Bdf,
-    /// PCIe path label (`PIX`, `PXB`, `PHB`, `NODE`, `SYS`).
-    pub path: PathKind,
-    pub nvlink: Option<u8>,
-    pub verdict: PairRoute,
-    /// The clique both share, if any.
-    pub clique: Option<u8>,
-    /// Why, in words, with the consequence.
-    /// Borrowed for the fixed texts: a 1,000-GPU VM has half a million pairs.
-    pub explanation: Cow<'static, str>,
-    pub acs: Vec<BridgeAcs>,
 }
 
 /// The cliques of one VM's GPUs.
@@ -277,9 +202,9 @@ pub fn plan(topo: &Topology, gpus: &[Bdf], options: &PlanOptions) -> Result<Cliq
         topo,
         pairs: &pairs,
         assignments: &assignments,
-        cliques: &cliques,
+        cliques: cliques.iter().map(|c| c.gpus.as_slice()).collect(),
         degree: &degree,
-        options,
+        p2p_level: options.p2p_level,
     };
     warnings.extend(pair_warnings(&context));
     Ok(CliquePlan {
@@ -358,340 +283,12 @@ fn validate_selection(topo: &Topology, gpus: &[Bdf]) -> Result<Vec<Bdf>, PlanErr
     Ok(selected)
 }
 
-/// Path, ACS and verdict of one pair.
-fn pair(topo: &Topology, a: &Bdf, b: &Bdf) -> Pair {
-    let path = topo.path(a, b);
-    let acs: Vec<BridgeAcs> = path
-        .bridges
-        .iter()
-        .filter_map(|br| topo.device(br))
-        .map(|d| BridgeAcs {
-            bridge: d.bdf,
-            role: d.bridge_role(),
-            state: match (d.acs_unknown(), d.acs) {
-                (Some(_), _) => AcsState::Unknown,
-                (None, Some(_)) => AcsState::Present,
-                (None, None) => AcsState::Absent,
-            },
-            control: d.acs.map(|c| c.control),
-        })
-        .collect();
-    let (verdict, explanation) = verdict(topo, a, b, &path, &acs);
-    Pair {
-        a: *a,
-        b: *b,
-        path: path.kind,
-        nvlink: path.nvlink,
-        verdict,
-        clique: None,
-        explanation,
-        acs,
-    }
-}
-
-/// The bridges whose ACS decides where peer TLPs go: downstream ports of the switch(es)
-/// below the pair's lowest common bridge, and legacy PCI bridges (which never redirect).
-fn steering_ports(path: &GpuPath, acs: &[BridgeAcs]) -> Vec<BridgeAcs> {
-    if !matches!(path.kind, PathKind::Pix | PathKind::Pxb) {
-        return vec![];
-    }
-    acs.iter()
-        .filter(|b| {
-            matches!(
-                b.role,
-                Some(BridgeRole::DownstreamPort) | Some(BridgeRole::PciBridge)
-            )
-        })
-        .cloned()
-        .collect()
-}
-
-fn redirects(b: &BridgeAcs) -> bool {
-    b.control
-        .is_some_and(|c| c.has(AcsFlags::RR) && c.has(AcsFlags::CR))
-}
-
-fn untranslated_ports(p: &Pair) -> Vec<String> {
-    p.acs
-        .iter()
-        .filter(|b| {
-            matches!(
-                b.role,
-                Some(BridgeRole::DownstreamPort) | Some(BridgeRole::PciBridge)
-            ) && b.state != AcsState::Unknown
-                && !redirects(b)
-        })
-        .map(|b| match b.control {
-            Some(c) => format!("{} ({c})", b.bridge),
-            None => format!("{} (no ACS capability)", b.bridge),
-        })
-        .collect()
-}
-
-/// Why a port's ACS is unknown, and what would tell.
-fn acs_unknown_explanation((port, why): (Bdf, AcsUnknown)) -> Cow<'static, str> {
-    match why {
-        AcsUnknown::NotRoot => "the switch ports' ACS state is unknown (config space beyond 64 bytes is \
-             readable only by root); run as root to learn whether P2P is routed through the IOMMU"
-            .into(),
-        AcsUnknown::CorruptCapabilityList(e) => format!(
-            "the ACS state of switch port {port} is unknown, not absent: its config space has a {e}; \
-             check it with `lspci -vvv -s {port}`"
-        )
-        .into(),
-    }
-}
-
-fn verdict(
-    topo: &Topology,
-    a: &Bdf,
-    b: &Bdf,
-    path: &GpuPath,
-    acs: &[BridgeAcs],
-) -> (PairRoute, Cow<'static, str>) {
-    if let Some(n) = path.nvlink {
-        return (
-            PairRoute::Nvlink,
-            // the same words for every NVLink pair: the summary prints one per verdict, and
-            // the pair's PCIe path stands in its own column (`NV18 (PIX)`)
-            format!("NVLink ×{n}: the driver does P2P over NVLink without a clique").into(),
-        );
-    }
-    match path.kind {
-        PathKind::X => (PairRoute::IommuRouted, "same device".into()),
-        PathKind::Pix | PathKind::Pxb => {
-            let ports = steering_ports(path, acs);
-            if let Some(why) = ports
-                .iter()
-                .filter(|p| p.state == AcsState::Unknown)
-                .find_map(|p| Some((p.bridge, topo.device(&p.bridge)?.acs_unknown()?)))
-            {
-                return (PairRoute::AcsUnknown, acs_unknown_explanation(why));
-            }
-            if ports.iter().all(redirects) {
-                return (
-                    PairRoute::IommuRouted,
-                    "ACS RR+CR set on the switch ports: P2P goes up to the root complex and is \
-                     translated by the IOMMU; correct in a VM, but slower than bare metal \
-                     (higher latency, bandwidth bounded by the root complex)"
-                        .into(),
-                );
-            }
-            let ats_on = |g: &Bdf| {
-                topo.device(g)
-                    .and_then(|d| d.ats)
-                    .is_some_and(|t| t.enabled)
-            };
-            let dt = ports
-                .iter()
-                .all(|p| redirects(p) || p.control.is_some_and(|c| c.has(AcsFlags::DT)));
-            if ats_on(a) && ats_on(b) && dt {
-                return (
-                    PairRoute::DirectTranslated,
-                    "ACS RR/CR cleared, but both GPUs use ATS and the ports allow direct \
-                     translated P2P (DT): translated requests go peer to peer"
-                        .into(),
-                );
-            }
-            let group = |g: &Bdf| topo.device(g).and_then(|d| d.iommu_group);
-            let shared = match (group(a), group(b)) {
-                (Some(x), Some(y)) if x == y => format!("; they share IOMMU group {x}"),
-                _ => String::new(),
-            };
-            (
-                PairRoute::Untranslated,
-                format!(
-                    "ACS RR/CR cleared below the switch: the switch routes guest-physical addresses \
-                     without IOMMU translation, so P2P is wrong in a VM{shared}"
-                )
-                .into(),
-            )
-        }
-        PathKind::Phb => (
-            PairRoute::RootComplex,
-            "through the host bridge (root complex): translated by the IOMMU; whether the \
-             root complex forwards P2P between its ports is platform-dependent"
-                .into(),
-        ),
-        PathKind::Node => (
-            PairRoute::CrossHostBridge,
-            "between host bridges (root complexes) of one NUMA node: P2P is platform-dependent"
-                .into(),
-        ),
-        PathKind::Sys => (
-            PairRoute::CrossSocket,
-            "across sockets (QPI/UPI/xGMI): P2P is unsupported across sockets on Intel and \
-             platform-dependent elsewhere"
-                .into(),
-        ),
-    }
-}
-
-/// What the warnings are made from.
-struct WarningContext<'a> {
-    topo: &'a Topology,
-    /// The listed pairs (every pair up to [`PAIR_LIST_MAX_GPUS`] GPUs).
-    pairs: &'a [Pair],
-    assignments: &'a BTreeMap<Bdf, Option<u8>>,
-    cliques: &'a [Clique],
-    /// Selected peers over NVLink, per GPU.
-    degree: &'a HashMap<Bdf, usize>,
-    options: &'a PlanOptions,
-}
-
-/// The most pairs one warning names; the others are counted.
-const WARNING_PAIRS: usize = 64;
-
-impl WarningContext<'_> {
-    /// The pairs sharing a clique with verdict `v`, named up to [`WARNING_PAIRS`], then
-    /// counted (with those a large plan does not list); `None` when there are none.
-    fn in_clique(&self, v: PairRoute) -> Option<String> {
-        let listed: Vec<String> = self
-            .pairs
-            .iter()
-            .filter(|p| p.clique.is_some() && p.verdict == v)
-            .map(|p| format!("{}↔{}", p.a, p.b))
-            .collect();
-        let unlisted = match v {
-            PairRoute::RootComplex => self.unlisted_in_cliques(PathKind::Phb),
-            PairRoute::CrossHostBridge => self.unlisted_in_cliques(PathKind::Node),
-            PairRoute::CrossSocket => self.unlisted_in_cliques(PathKind::Sys),
-            _ => 0,
-        };
-        let more = listed.len().saturating_sub(WARNING_PAIRS) + unlisted;
-        if listed.is_empty() && more == 0 {
-            return None;
-        }
-        let mut text = listed
-            .into_iter()
-            .take(WARNING_PAIRS)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if more > 0 {
-            text = match text.is_empty() {
-                true => format!("{more} pair(s)"),
-                false => format!("{text} and {more} more pair(s)"),
-            };
-        }
-        Some(text)
-    }
-
-    /// Pairs sharing a clique over PCIe path `kind` that the plan does not list.
-    fn unlisted_in_cliques(&self, kind: PathKind) -> usize {
-        if self.pairs.len() * 2 >= self.assignments.len() * (self.assignments.len() - 1) {
-            return 0; // every pair is listed
-        }
-        let counted: usize = self
-            .cliques
-            .iter()
-            .flat_map(|c| plan_reach::far_pairs_by_path(self.topo, &c.gpus))
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, n)| n)
-            .sum();
-        let listed = self
-            .pairs
-            .iter()
-            .filter(|p| p.clique.is_some() && p.path == kind)
-            .count();
-        counted.saturating_sub(listed)
-    }
-}
-
-/// Warnings about the pairs that share a clique, one line per kind of concern.
-fn pair_warnings(cx: &WarningContext<'_>) -> Vec<String> {
-    let (topo, pairs, options) = (cx.topo, cx.pairs, cx.options);
-    let mut out = Vec::new();
-    if let Some(routed) = cx.in_clique(PairRoute::IommuRouted) {
-        out.push(format!(
-            "P2P is IOMMU-routed through the root complex for {routed}: correct in a VM, slower than bare metal"
-        ));
-    }
-    if let Some(untranslated) = cx.in_clique(PairRoute::Untranslated) {
-        out.push(format!(
-            "--allow-untranslated-p2p: {untranslated} share a clique although their switch routes guest-physical \
-             addresses untranslated; this is only right with the IOMMU off or identity-mapped for the VM"
-        ));
-    }
-    if let Some(unknown) = cx.in_clique(PairRoute::AcsUnknown) {
-        let corrupt: BTreeSet<String> = pairs
-            .iter()
-            .filter(|p| p.clique.is_some() && p.verdict == PairRoute::AcsUnknown)
-            .flat_map(|p| &p.acs)
-            .filter(|b| {
-                topo.device(&b.bridge)
-                    .and_then(Device::acs_unknown)
-                    .is_some_and(|w| w != AcsUnknown::NotRoot)
-            })
-            .map(|b| b.bridge.to_string())
-            .collect();
-        out.push(if corrupt.is_empty() {
-            format!(
-                "ACS state unknown for {unknown} (not running as root): the clique assumes the switch \
-                 redirects P2P to the IOMMU; run `vfio-p2p plan` as root to verify"
-            )
-        } else {
-            format!(
-                "ACS state unknown for {}: a corrupt capability list on {} (see the warnings); \
-                 the clique assumes the switch redirects P2P to the IOMMU",
-                unknown,
-                corrupt.into_iter().collect::<Vec<_>>().join(", ")
-            )
-        });
-    }
-    if let Some(rc) = cx.in_clique(PairRoute::RootComplex) {
-        out.push(format!(
-            "--p2p-level {}: {rc} do P2P through the root complex (PHB), which is platform-dependent; \
-             verify with the guest agent",
-            options.p2p_level.label().to_lowercase(),
-        ));
-    }
-    if let Some(node) = cx.in_clique(PairRoute::CrossHostBridge) {
-        out.push(format!(
-            "--p2p-level {}: {node} do P2P across root complexes, which is platform-dependent; \
-             verify with the guest agent",
-            options.p2p_level.label().to_lowercase(),
-        ));
-    }
-    if let Some(sys) = cx.in_clique(PairRoute::CrossSocket) {
-        let intel = topo
-            .devices
-            .values()
-            .any(|d| d.bridge_role() == Some(BridgeRole::RootPort) && d.vendor == 0x8086);
-        out.push(format!(
-            "--p2p-level sys: {sys} do P2P across sockets, which is unsupported on Intel (QPI/UPI){}",
-            if intel {
-                " — and this host's root ports are Intel's: expect P2P to fail or corrupt data"
-            } else {
-                " and platform-dependent elsewhere; verify with the guest agent"
-            }
-        ));
-    }
-    // a GPU without a clique that has a peer it does not reach over NVLink
-    let peers = cx.assignments.len() - 1;
-    let lonely: Vec<String> = cx
-        .assignments
-        .iter()
-        .filter(|(g, c)| {
-            c.is_none()
-                && topo.device(g).is_some_and(Device::is_nvidia_gpu)
-                && cx.degree.get(*g).copied().unwrap_or(0) < peers
-        })
-        .map(|(g, _)| g.to_string())
-        .collect();
-    if !lonely.is_empty() {
-        out.push(format!(
-            "no clique for {}: no other selected GPU within --p2p-level {} without NVLink, so PCIe P2P stays off for them",
-            lonely.join(", "),
-            options.p2p_level.label().to_lowercase()
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::pair_route::AcsState;
     use super::*;
-    use vfio_p2p_model::HostRecord;
+    use pci_config::AcsFlags;
+    use vfio_p2p_model::{BridgeRole, HostRecord};
     use vfio_p2p_read::synth::{self, Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
 
     const H100: (u16, u16) = (0x10de, 0x2330);

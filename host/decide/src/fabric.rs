@@ -15,7 +15,8 @@ use std::fmt;
 
 use pci_config::Bdf;
 
-use super::placement::{Placement, PlacementHost, UnplacedVm, VmRequest};
+use super::placement::host::PlacementHost;
+use super::placement::request::{Placement, UnplacedVm, VmRequest};
 use vfio_p2p_config::host::FabricMode;
 use vfio_p2p_contract::nvidia_parts::nvlink5_hgx_board;
 use vfio_p2p_model::fabric::FabricModel;

@@ -1,5 +1,6 @@
 use super::*;
-use crate::placement::{shape, PlacementOptions};
+use crate::placement::request::PlacementOptions;
+use crate::placement::shape;
 use vfio_p2p_model::fabric_state::PartitionGpu;
 use vfio_p2p_read::synth;
 

@@ -9,10 +9,13 @@ use std::path::PathBuf;
 use pci_config::{Bdf, PathKind};
 use serde::Serialize;
 
-use crate::clique_plan::{self, PairRoute, PlanOptions};
+use crate::clique_plan::pair_route::PairRoute;
+use crate::clique_plan::{self, PlanOptions};
 use crate::fabric::{largest_partition_shape, place_on_partitions};
 use crate::nic_affinity::{NicChoice, NicPool};
-use crate::placement::{self, PlacedVm, PlacementHost, PlacementOptions, UnplacedVm, VmRequest};
+use crate::placement;
+use crate::placement::host::PlacementHost;
+use crate::placement::request::{PlacedVm, PlacementOptions, UnplacedVm, VmRequest};
 use vfio_p2p_model::fabric_state::FabricState;
 use vfio_p2p_model::Topology;
 

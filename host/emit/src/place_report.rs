@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use pci_config::PathKind;
 use vfio_p2p_decide::nic_affinity::NicChoice;
 use vfio_p2p_decide::place_plan::{PlaceReport, VmPlacePlan};
-use vfio_p2p_decide::placement::WorstPath;
+use vfio_p2p_decide::placement::request::WorstPath;
 
 fn numa_text(nodes: &[u32]) -> String {
     if nodes.is_empty() {
@@ -156,7 +156,9 @@ pub fn render_table(r: &PlaceReport) -> String {
 mod tests {
     use super::*;
     use vfio_p2p_decide::place_plan::{place, PlaceRequest};
-    use vfio_p2p_decide::placement::{self, PlacementHost, PlacementOptions};
+    use vfio_p2p_decide::placement;
+    use vfio_p2p_decide::placement::host::PlacementHost;
+    use vfio_p2p_decide::placement::request::PlacementOptions;
     use vfio_p2p_model::Topology;
 
     fn report(shape: (usize, usize)) -> PlaceReport {

@@ -1,7 +1,8 @@
 //! Human-readable rendering of a clique [`CliquePlan`]: a summary that fits a screen by
 //! default, every pair with the ACS control on its path with `--details`.
 
-use vfio_p2p_decide::clique_plan::{AcsState, CliquePlan, Pair, PairRoute};
+use vfio_p2p_decide::clique_plan::pair_route::{AcsState, Pair, PairRoute};
+use vfio_p2p_decide::clique_plan::CliquePlan;
 
 /// Cliques, per-GPU assignments, the pairs, then what each verdict means and the warnings.
 /// Without `details`, pairs that cross host bridges or sockets (no clique by default) are

@@ -8,7 +8,8 @@ use pci_config::clique::MAX_CLIQUE;
 use pci_config::Bdf;
 
 use super::report::{result, CheckResult, Status};
-use crate::clique_plan::{plan, CliquePlan, PairRoute, PlanOptions};
+use crate::clique_plan::pair_route::PairRoute;
+use crate::clique_plan::{plan, CliquePlan, PlanOptions};
 use pci_config::PathKind;
 use vfio_p2p_contract::CLIQUE_PROPERTY;
 use vfio_p2p_model::domain::DomainFacts;

@@ -6,7 +6,8 @@ use pci_config::clique::{placement, PlacementRefused, Placer, OFFSET_FALLBACK, O
 use super::facts::{ConfigSyntax, Vmm, VmmFacts};
 use super::report::{result, CheckResult, Status};
 use crate::clique_offset::qemu_placer;
-use crate::clique_plan::{CliquePlan, PairRoute, PlanError};
+use crate::clique_plan::pair_route::PairRoute;
+use crate::clique_plan::{CliquePlan, PlanError};
 use crate::mmio;
 use vfio_p2p_model::Device;
 
