@@ -39,6 +39,12 @@ pub struct BenchPlan {
     /// reference place and one round at each other place.
     #[serde(default)]
     pub pingpong_rounds_per_place: usize,
+    /// After the passes the this-many fastest and slowest places take `..._rounds` more
+    /// rounds ([`Placements::remeasured`]; 0 in QUICK and in reports of earlier agents).
+    #[serde(default)]
+    pub pingpong_extreme_places: usize,
+    #[serde(default)]
+    pub pingpong_extreme_rounds: usize,
     pub pingpong_iters: u32,
     /// Dependent loads of each remote chase round.
     pub chase_steps: u32,
@@ -98,29 +104,21 @@ impl BenchPlan {
     /// 3,000 remote dependent loads for 10,000 and 1,000 ping-pongs (1.7 ms) for 5,000;
     /// no round is dropped before the samples (the ping-pong keeps its warm-up round): a
     /// cold first sample breaks the 1 % agreement and the rule takes 5 samples, whose
-    /// median drops it. The side-by-side runs there compare the medians with the earlier
-    /// sizes' (README, the report beside p2pBandwidthLatencyTest).
+    /// median drops it (README, the report beside p2pBandwidthLatencyTest).
     ///
-    /// Issue 42: the one-way latency is a distribution over 24 flag places, 2 passes
-    /// over them of 600 ping-pongs a place, each place keeping its faster pass. Each
-    /// place reads alike in every process (the same pattern over the places), but a
-    /// round of 250 wobbled ±3 % and one pass of 500 let a slow first ~10 ms lift the max
-    /// by 19 % in one process of five (2 × H200, three machines, `tests/fixtures/agent/
-    /// reference-comparison`). The 4-byte copy is timed on 2 streams (its mode is mostly the
-    /// process's: 8 streams of one process agreed in 7 of 12 processes).
-    ///
-    /// Issue 42's second stop: each place's figure is the median of 3 passes of 400
-    /// ping-pongs (the same 28,800 a direction as 2 of 600; the fastest of 2 let the min
-    /// over places move 3.1 % between processes on 2 GPUs, 6.0 % on 4), and the report
-    /// had to come within p2pBandwidthLatencyTest's wall on 2 GPUs (1.04×): the 4-byte
-    /// copy takes 500 copies a sample (2.4 µs each: 1.2 ms, far above the events' cost;
-    /// its modes are 1.6 and 2.4 µs either way), and the staged copy with peer access
-    /// disabled 3 copies of 64 MiB and 100 4-byte copies a sample (5 and 1.3 ms).
+    /// Issue 42: the one-way latency is a distribution over 24 flag places (a round of 250
+    /// wobbled ±3 %, one pass of 500 let a slow first ~10 ms lift the max 19 %), the 4-byte
+    /// copy timed on 2 streams (its mode is mostly the process's). A place's figure is the
+    /// median of 3 passes of 400, the 4 fastest and 4 slowest places' the trimmed mean of 6
+    /// rounds ([`Placements`]). Within p2pBandwidthLatencyTest's wall: the 4-byte copy takes
+    /// 500 copies a sample, the staged copy 3 of 64 MiB and 100 4-byte copies.
     pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
         pingpong_samples: 0,
         pingpong_positions: 24,
         pingpong_rounds_per_place: 3,
+        pingpong_extreme_places: 4,
+        pingpong_extreme_rounds: 3,
         pingpong_iters: 400,
         chase_steps: 3_000,
         local_chase_steps: 10_000,
@@ -149,6 +147,8 @@ impl BenchPlan {
         samples: 3,
         pingpong_positions: 16,
         pingpong_rounds_per_place: 1,
+        pingpong_extreme_places: 0,
+        pingpong_extreme_rounds: 0,
         memcpy_streams: 2,
         min_samples: 3,
         target_spread_permille: 0,
@@ -162,7 +162,8 @@ impl BenchPlan {
     /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
     /// H100 bench runs compare batch sizes in one process build):
     /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
-    /// `pingpong_rounds_per_place`, `pingpong_iters`, `memcpy_streams`, `bidir=gate|event`.
+    /// `pingpong_rounds_per_place`, `pingpong_extreme_places`, `pingpong_extreme_rounds`,
+    /// `pingpong_iters`, `memcpy_streams`, `bidir=gate|event`.
     pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         for item in items {
             let (key, value) = item
@@ -180,6 +181,8 @@ impl BenchPlan {
                 "warmup_rounds" => self.warmup_rounds = number()? as usize,
                 "pingpong_positions" => self.pingpong_positions = number()? as usize,
                 "pingpong_rounds_per_place" => self.pingpong_rounds_per_place = number()? as usize,
+                "pingpong_extreme_places" => self.pingpong_extreme_places = number()? as usize,
+                "pingpong_extreme_rounds" => self.pingpong_extreme_rounds = number()? as usize,
                 "pingpong_iters" => self.pingpong_iters = number()?.max(1),
                 "memcpy_streams" => self.memcpy_streams = number()? as usize,
                 "bidir" => {
@@ -709,6 +712,7 @@ mod tests {
                 p.samples as u64,
                 p.pingpong_samples as u64,
                 p.pingpong_positions as u64,
+                (p.pingpong_extreme_places * p.pingpong_extreme_rounds) as u64,
                 p.pingpong_iters as u64,
                 p.chase_steps as u64,
                 p.local_chase_steps as u64,
