@@ -557,8 +557,25 @@ fn the_vsock_module_check_fails_only_when_the_host_has_none() {
     );
     assert_eq!(
         check_vsock_module(&ModuleState::Unknown("example".into())).status,
-        Status::Warn
+        Status::Skip
     );
+}
+
+#[test]
+fn skipped_rows_leave_the_overall_status_and_exit_code_alone() {
+    let row = |status| super::report::result("kvm", None, status, "saw".into(), None);
+    let skipped_only = CheckReport::new(vec![row(Status::Skip), row(Status::Skip)]);
+    assert_eq!(
+        (skipped_only.status, skipped_only.exit_code()),
+        (Status::Pass, 0)
+    );
+    let with_pass = CheckReport::new(vec![row(Status::Skip), row(Status::Pass)]);
+    assert_eq!((with_pass.status, with_pass.exit_code()), (Status::Pass, 0));
+    let with_warn = CheckReport::new(vec![row(Status::Skip), row(Status::Warn)]);
+    assert_eq!((with_warn.status, with_warn.exit_code()), (Status::Warn, 1));
+    let mut extended = CheckReport::new(vec![row(Status::Pass)]);
+    extended.extend(vec![row(Status::Skip)]);
+    assert_eq!(extended.exit_code(), 0);
 }
 
 #[test]
