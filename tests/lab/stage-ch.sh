@@ -5,9 +5,10 @@
 #
 # Cloud Hypervisor for real (docs/integrations.md, "Cloud Hypervisor"): level B boots under a CH
 # built from its source (tests/lab/run copies LAB_CH to $CH; CI cannot build CH, so without it
-# the stage says it was skipped), from `vfio-p2p gen cloud-hypervisor`'s arguments as they are,
-# plus what the lab adds: the kernel, initramfs and command line (lab_b=ch), the serial console
-# into /out, an API socket (CH's own report of the guest addresses) and a vsock (CID 3). CH
+# the stage says it was skipped), from `vfio-p2p gen cloud-hypervisor`'s arguments as they are
+# (the kernel, initramfs and command line, lab_b=ch, from vm-ch.yaml: gen refuses a CH VM that
+# boots nothing), plus what the lab adds: the serial console into /out, an API socket (CH's own
+# report of the guest addresses) and a vsock (CID 3). CH
 # has no vendor override, so level B's /init shows the stand-ins to the agent as 10de:2330 the
 # way level A's present_as_nvidia does (sysfs files bind-mounted; the capability list is CH's).
 # The agent's scan must find the planned cliques at 0xd4 (CH's offset), `expect` must pass an
@@ -46,8 +47,7 @@ ch_boot() {
     local limit=$1
     jqr -r '.[1:][] | @sh' < /out/ch-gen.json | tr '\n' ' ' > /out/ch-args.sh
     eval "set -- $(cat /out/ch-args.sh)"
-    set -- "$@" --kernel "$KERNEL" --initramfs "$INITRD_B" --cmdline "console=ttyS0 quiet panic=-1 lab_b=ch" \
-        --serial "file=$O/${CH_LOG#/out/}" --console off --api-socket "path=$CH_API" --vsock "cid=3,socket=$CH_VSOCK"
+    set -- "$@" --serial "file=$O/${CH_LOG#/out/}" --console off --api-socket "path=$CH_API" --vsock "cid=3,socket=$CH_VSOCK"
     printf '%s\n' "$CH" "$@" > /out/ch-argv-run.txt
     echo "== cloud-hypervisor, limit $limit s: $(tr '\n' ' ' < /out/ch-argv-run.txt)"
     C timeout -k 5 "$limit" "$CH" "$@" < /dev/null > /out/ch.out 2>&1 &
@@ -65,7 +65,8 @@ stage_ch() {
     C "$CH" --version > /out/ch-version.txt 2>&1
     echo "$(head -n1 /out/ch-version.txt)"
     # console: none: the lab adds its own serial (a file it reads back), as the recording did
-    printf 'name: lab-b-ch\nmemory_mib: %s\nvcpus: %s\nconsole: none\n' "$MEM_B" "$VCPUS_B" > /out/vm-ch.yaml
+    printf 'name: lab-b-ch\nmemory_mib: %s\nvcpus: %s\nconsole: none\nkernel: %s\ninitramfs: %s\ncmdline: "%s"\n' \
+        "$MEM_B" "$VCPUS_B" "$KERNEL" "$INITRD_B" "console=ttyS0 quiet panic=-1 lab_b=ch" > /out/vm-ch.yaml
     vp plan --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json > /out/plan-ch.json
     rc=0; vp gen cloud-hypervisor --config $O/vm-ch.yaml --gpus "$(csv $GPUS_B)" $GEN_OPTS --format json \
         --expect-out $O/expect-ch-gen.json > /out/ch-gen.json || rc=$?

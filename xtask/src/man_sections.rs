@@ -40,7 +40,7 @@ fn host() -> Vec<Section> {
         section(
             "EXIT STATUS",
             &[
-                ("0", "Success; for check, every check passed."),
+                ("0", "Success; for check, every check that ran passed (a skip row, a probe that needs the live host, does not count)."),
                 ("1", "check: a warning and no failure."),
                 ("2", "An error (bad input, a host that cannot be read, a failed bind, which is rolled back); for check, a failure."),
             ],

@@ -17,6 +17,10 @@ fn every_printing_command_ends_quietly_into_a_closed_pipe() {
         .unwrap();
     std::fs::write(&domain, &gen.stdout).unwrap();
     let domain = domain.to_str().unwrap();
+    // Cloud Hypervisor needs a kernel or firmware from vm.yaml
+    let ch_yaml = dir.path().join("ch.yaml");
+    std::fs::write(&ch_yaml, "name: vm0\nkernel: /boot/vmlinuz\n").unwrap();
+    let ch_yaml = ch_yaml.to_str().unwrap();
     let state = dir.path().to_str().unwrap();
     let commands: &[&[&str]] = &[
         &["topo"],
@@ -28,7 +32,7 @@ fn every_printing_command_ends_quietly_into_a_closed_pipe() {
         &["check", "--domain-xml", domain],
         &["gen", "qemu"],
         &["gen", "libvirt"],
-        &["gen", "cloud-hypervisor"],
+        &["gen", "cloud-hypervisor", "--config", ch_yaml],
         &["gen", "nccl"],
         &["gen", "proxmox"],
         &["gen", "incus"],

@@ -15,12 +15,33 @@ fn block(cmd: &str) -> String {
     recording::block("cloud-hypervisor", cmd)
 }
 
+/// The boot options vm.yaml's `kernel:`, `initramfs:` and `cmdline:` give CH.
+const BOOT_OPTIONS: [&str; 3] = ["--kernel", "--initramfs", "--cmdline"];
+
+/// `argv` without its boot options, and those options with their values: the recordings
+/// gave CH their own kernel (gen refuses a VM that boots nothing since they were made).
+fn split_boot(argv: &[String]) -> (Vec<String>, Vec<[String; 2]>) {
+    let (mut rest, mut boot) = (Vec::new(), Vec::new());
+    let mut args = argv.iter();
+    while let Some(a) = args.next() {
+        match args.clone().next() {
+            Some(value) if BOOT_OPTIONS.contains(&a.as_str()) => {
+                boot.push([a.clone(), value.clone()]);
+                args.next();
+            }
+            _ => rest.push(a.clone()),
+        }
+    }
+    (rest, boot)
+}
+
 #[test]
 fn todays_argv_is_the_one_cloud_hypervisor_took() {
     // the recording ran without a console of ours (it passed --serial off --console off)
+    // and with its own (empty) kernel, `--kernel EMPTY` below
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("vm.yaml");
-    std::fs::write(&config, "name: vm0\nconsole: none\n").unwrap();
+    std::fs::write(&config, "name: vm0\nconsole: none\nkernel: /EMPTY\n").unwrap();
     let out = crate::cli::vfio_p2p()
         .args(["--example", "dual-socket-pcie", "gen", "cloud-hypervisor"])
         .args(["--gpus", "05:00.0,06:00.0,09:00.0", "--format", "argv"])
@@ -29,7 +50,14 @@ fn todays_argv_is_the_one_cloud_hypervisor_took() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let argv = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let (rest, boot) = split_boot(&lines);
+    assert_eq!(boot, [["--kernel".to_string(), "/EMPTY".into()]]);
+    let argv = rest.iter().map(|a| format!("{a}\n")).collect::<String>();
     assert_eq!(
         argv,
         fixture("argv.txt"),
@@ -83,17 +111,38 @@ fn boot_path(name: &str) -> String {
     )
 }
 
+/// The lab's vm.yaml of stage ch with the kernel, initramfs and command line its recording
+/// gave CH on the command line (argv-run.txt), now vm.yaml's boot keys.
+fn with_lab_boot(yaml: &str) -> String {
+    if yaml.contains("kernel:") {
+        return yaml.to_string(); // recorded since gen takes them from vm.yaml
+    }
+    let ran: Vec<String> = boot("argv-run.txt").lines().map(String::from).collect();
+    let (_, lab_boot) = split_boot(&ran);
+    let keys: String = lab_boot
+        .iter()
+        .map(|[flag, value]| format!("{}: \"{value}\"\n", flag.trim_start_matches('-')))
+        .collect();
+    format!("{yaml}{keys}")
+}
+
 #[test]
 fn todays_argv_is_the_one_cloud_hypervisor_booted() {
-    let (today, _) = gen_expecting(&boot("vm.yaml"));
+    let (today, _) = gen_expecting(&with_lab_boot(&boot("vm.yaml")));
     let recorded: Vec<String> = serde_json::from_value(boot_json("gen.json")).unwrap();
+    let (recorded, _) = split_boot(&recorded);
+    let ran = boot("argv-run.txt");
+    let ran: Vec<&str> = ran.lines().collect();
+    // gen's boot options are the ones the lab gave CH, the rest as CH booted it
+    let (today, today_boot) = split_boot(&today);
+    let ran_owned: Vec<String> = ran.iter().map(|a| a.to_string()).collect();
+    assert_eq!(today_boot, split_boot(&ran_owned).1);
+    assert_eq!(today_boot.len(), 3);
     assert_eq!(
         today, recorded,
         "gen cloud-hypervisor changed since CH booted it: run the lab's stage ch and record again"
     );
     // CH ran gen's arguments as they are (its own path for the program), then only the lab's
-    let ran = boot("argv-run.txt");
-    let ran: Vec<&str> = ran.lines().collect();
     assert!(ran[0].ends_with("/cloud-hypervisor"), "{}", ran[0]);
     assert_eq!(ran[1..today.len()], today[1..]);
     let lab: Vec<&str> = ran[today.len()..]
@@ -250,14 +299,14 @@ fn gen_expects_the_guest_addresses_cloud_hypervisor_gave() {
     assert_eq!(pci_makers(&ran), ["--console off", "--vsock"]);
     // the lab's vm.yaml (console: none): gen writes no console, so CH's own (--console tty)
     // takes 00:01.0, its rng 00:02.0; the lab traded that console for its vsock
-    let (argv, expected) = gen_expecting(&boot("vm.yaml"));
+    let (argv, expected) = gen_expecting(&with_lab_boot(&boot("vm.yaml")));
     assert_eq!(pci_makers(&argv), Vec::<String>::new());
     assert_eq!(expected, ch, "gen's expectation for its own arguments");
     // the lab's devices from vm.yaml (a serial console: gen writes --console off; verify:
     // vsock: gen writes the vsock): gen's arguments make what the lab's did
     let lab = format!(
         "{}console: serial\nverify: vsock\nvsock_cid: 3\n",
-        boot("vm.yaml").replace("console: none\n", "")
+        with_lab_boot(&boot("vm.yaml")).replace("console: none\n", "")
     );
     let (argv, expected) = gen_expecting(&lab);
     assert_eq!(pci_makers(&argv), pci_makers(&ran));

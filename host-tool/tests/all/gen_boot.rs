@@ -63,16 +63,25 @@ fn cloud_hypervisor_boots_the_kernel_or_firmware_of_vm_yaml() {
         err.contains("vm.yaml:2:11: firmware: uefi under Cloud Hypervisor"),
         "{err}"
     );
-    // neither: said, naming the keys
+    // neither: refused, naming the VM and the keys to add; nothing written
     let (code, argv, err) = gen(t.path(), "cloud-hypervisor", "name: a\n");
-    assert_eq!(code, 0);
-    assert!(!argv.contains("--kernel") && !argv.contains("--firmware"));
+    assert_eq!(code, 2);
+    assert!(argv.is_empty(), "{argv}");
     assert!(
-        err.contains("warning: a: Cloud Hypervisor boots nothing"),
+        err.contains("error: a: Cloud Hypervisor boots nothing"),
         "{err}"
     );
     assert!(
-        err.contains("kernel:") && err.contains("ovmf_code: CLOUDHV.fd"),
+        err.contains("add kernel: PATH")
+            && err.contains("ovmf_code: set to")
+            && err.contains("CLOUDHV.fd"),
+        "{err}"
+    );
+    // firmware: bios (CH has none): refused at its line
+    let (code, _, err) = gen(t.path(), "cloud-hypervisor", "name: a\nfirmware: bios\n");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("vm.yaml:2:11: a: Cloud Hypervisor boots nothing"),
         "{err}"
     );
 }

@@ -54,13 +54,24 @@ fn libvirt_domains() {
     );
 }
 
+/// A vm.yaml naming what Cloud Hypervisor boots (gen refuses a VM that boots nothing),
+/// written into `dir`.
+pub(crate) fn ch_kernel_config(dir: &std::path::Path) -> String {
+    let path = dir.join("vm.yaml");
+    std::fs::write(&path, "name: vm0\nkernel: /boot/vmlinuz\n").unwrap();
+    path.to_str().unwrap().to_string()
+}
+
 #[test]
 fn cloud_hypervisor() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ch_kernel_config(dir.path());
     for ex in EXAMPLES {
-        insta::assert_snapshot!(
-            format!("cloud-hypervisor-{ex}"),
-            gen(ex, &["cloud-hypervisor", "--format", "argv"])
+        let text = gen(
+            ex,
+            &["cloud-hypervisor", "--format", "argv", "--config", &cfg],
         );
+        insta::assert_snapshot!(format!("cloud-hypervisor-{ex}"), text);
     }
 }
 
@@ -510,6 +521,8 @@ fn iommufd_backend() {
 /// without cliques it gets `--platform iommufd=on,vfio_p2p_dma=off`.
 #[test]
 fn cloud_hypervisor_iommufd() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ch_kernel_config(dir.path());
     let out = crate::cli::vfio_p2p()
         .args([
             "--example",
@@ -518,6 +531,8 @@ fn cloud_hypervisor_iommufd() {
             "cloud-hypervisor",
             "--iommu-backend",
             "iommufd",
+            "--config",
+            &cfg,
         ])
         .output()
         .unwrap();
@@ -534,6 +549,8 @@ fn cloud_hypervisor_iommufd() {
             "00:06.0",
             "--format",
             "argv",
+            "--config",
+            &cfg,
         ],
     );
     assert!(text.contains("iommufd=on,vfio_p2p_dma=off"), "{text}");

@@ -213,10 +213,12 @@ fn libvirt_refuses_a_qemu_without_generic_initiators() {
 /// naming the GPU's `--device id` (CH >= 51: vmm/src/config.rs `NumaConfig::device_id`).
 #[test]
 fn cloud_hypervisor_numa_device_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::gen_golden::ch_kernel_config(dir.path());
     let (text, _) = outcome_of_success(gen(
         "gb200",
         None,
-        &["cloud-hypervisor", "--format", "argv"],
+        &["cloud-hypervisor", "--format", "argv", "--config", &cfg],
     ));
     assert_eq!(text.matches(",device_id=gpu").count(), 32, "{text}");
     assert!(

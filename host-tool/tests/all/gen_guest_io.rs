@@ -65,11 +65,12 @@ fn a_missing_disk_is_an_error_here_and_a_warning_for_another_machine() {
 fn a_whole_vm_without_disks_is_warned_of() {
     let dir = tempfile::tempdir().unwrap();
     for target in ["qemu", "libvirt", "cloud-hypervisor"] {
-        let (ok, _, err) = gen(
-            dir.path(),
-            "name: a\n",
-            &["--example", "flat-vm", "gen", target],
-        );
+        // Cloud Hypervisor's kernel boots no disk either: still warned of
+        let yaml = match target {
+            "cloud-hypervisor" => "name: a\nkernel: /boot/vmlinuz\n",
+            _ => "name: a\n",
+        };
+        let (ok, _, err) = gen(dir.path(), yaml, &["--example", "flat-vm", "gen", target]);
         assert!(ok, "{err}");
         assert!(
             err.contains("warning: a has no disks: the VM has nothing to boot from"),
@@ -103,19 +104,19 @@ fn cloud_hypervisor_refuses_what_it_cannot_do_and_says_what_it_leaves() {
     // each refusal names vm.yaml's line (decide::cloud_hypervisor::refusal) and writes nothing
     let refusals = [
         (
-            "name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\n",
+            "name: a\ndisks:\n  - path: /i/a.raw\n    bus: sata\nkernel: /boot/vmlinuz\n",
             "vm.yaml:3:11: Cloud Hypervisor has only virtio disks: /i/a.raw has `bus: sata`; use `bus: virtio`",
         ),
         (
-            "name: a\nnetwork: {mode: user}\n",
+            "name: a\nnetwork: {mode: user}\nkernel: /boot/vmlinuz\n",
             "vm.yaml:2:10: Cloud Hypervisor has no user-mode networking: use `network: {bridge: br0}`",
         ),
         (
-            "name: a\ndisks:\n  - path: /i/a,b.raw\n",
+            "name: a\ndisks:\n  - path: /i/a,b.raw\nkernel: /boot/vmlinuz\n",
             "vm.yaml:3:11: Cloud Hypervisor cannot take a path with a comma in its options: /i/a,b.raw; rename the file",
         ),
         (
-            "name: a\nconsole: socket\nconsole_socket: /run/a,b.sock\n",
+            "name: a\nconsole: socket\nconsole_socket: /run/a,b.sock\nkernel: /boot/vmlinuz\n",
             "vm.yaml:3:17: Cloud Hypervisor cannot take a path with a comma in its options: /run/a,b.sock",
         ),
     ];
@@ -129,7 +130,7 @@ fn cloud_hypervisor_refuses_what_it_cannot_do_and_says_what_it_leaves() {
     }
     let (ok, out, err) = gen(
         dir.path(),
-        "name: train-01\ndisks:\n  - path: /i/a.raw\n    readonly: true\nnetwork:\n  bridge: br0\n  mac: 52:54:00:00:00:01\nconsole: socket\n",
+        "name: train-01\ndisks:\n  - path: /i/a.raw\n    readonly: true\nnetwork:\n  bridge: br0\n  mac: 52:54:00:00:00:01\nconsole: socket\nkernel: /boot/vmlinuz\n",
         &ch,
     );
     assert!(ok, "{err}");
@@ -224,7 +225,7 @@ fn cloud_hypervisor_passes_devices_in_the_order_of_their_guest_addresses() {
     let expect = dir.path().join("expect.json");
     let (ok, out, err) = gen(
         dir.path(),
-        "name: a\n",
+        "name: a\nkernel: /boot/vmlinuz\n",
         &[
             "--example",
             "dual-socket-pcie",

@@ -3,8 +3,9 @@
 //!
 //! - Cloud Hypervisor loads either firmware (`--firmware`: for UEFI the CloudHv build of
 //!   edk2, CLOUDHV.fd; QEMU's OVMF_CODE does not boot under it) or a kernel (`--kernel`,
-//!   `--initramfs`, `--cmdline`; cloud-hypervisor `src/main.rs`); with neither it boots
-//!   nothing.
+//!   `--initramfs`, `--cmdline`; cloud-hypervisor `src/main.rs`, `docs/uefi.md`: edk2's
+//!   `OvmfPkg/CloudHv` build, CLOUDHV.fd, CLOUDHV_EFI.fd on aarch64); with neither it boots
+//!   nothing, so gen refuses a vm.yaml that names neither.
 //! - QEMU writes the guest's UEFI variables into the second pflash drive: it gets this
 //!   VM's copy (`ovmf_vars_copy:`), never the shared template; a split OVMF_CODE image
 //!   needs that drive.
@@ -27,6 +28,8 @@ pub enum BootVmm {
 /// Why the guest would not start as written.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BootProblem {
+    #[error("{vm}: Cloud Hypervisor boots nothing without a kernel or firmware, and the VM's vm.yaml (gen --config) names neither: add kernel: PATH (with initramfs: and cmdline:), or firmware: uefi with ovmf_code: set to Cloud Hypervisor's UEFI build (CLOUDHV.fd, edk2's CloudHv platform)")]
+    ChBootsNothing { vm: String },
     #[error("firmware: uefi under Cloud Hypervisor needs its own UEFI build, not QEMU's OVMF: set ovmf_code: to Cloud Hypervisor's firmware (CLOUDHV.fd, edk2's CloudHv platform), or boot a kernel: instead")]
     ChUefiWithoutFirmware,
     #[error("firmware: uefi needs OVMF's variable store for QEMU: set ovmf_vars: to the template (e.g. /usr/share/OVMF/OVMF_VARS_4M.fd) and ovmf_vars_copy: to this VM's copy (gen makes it)")]
@@ -66,6 +69,13 @@ pub fn refusal(config: &VmConfig, vmm: BootVmm) -> Result<(), Refusal> {
         return refuse(b.qemu_service_at, why);
     }
     match vmm {
+        // at `firmware:` when it says bios, else nowhere: the key to add is not there
+        BootVmm::CloudHypervisor if !uefi && b.kernel.is_none() => {
+            let why = BootProblem::ChBootsNothing {
+                vm: config.name.clone(),
+            };
+            refuse(b.firmware_at, why)
+        }
         BootVmm::CloudHypervisor if uefi && b.ovmf_code_at.is_none() => {
             refuse(b.firmware_at, BootProblem::ChUefiWithoutFirmware)
         }
@@ -84,16 +94,6 @@ pub fn refusal(config: &VmConfig, vmm: BootVmm) -> Result<(), Refusal> {
         }
         _ => Ok(()),
     }
-}
-
-/// Cloud Hypervisor given neither firmware nor a kernel: what to add (gen still writes
-/// the arguments, for an operator who adds their own `--kernel`).
-pub fn cloud_hypervisor_boots_nothing(config: &VmConfig) -> Option<String> {
-    let boots = config.boot.kernel.is_some() || config.firmware == Firmware::Uefi;
-    (!boots).then(|| format!(
-        "{}: Cloud Hypervisor boots nothing from these arguments: add kernel: (with initramfs: and cmdline:) or firmware: uefi with ovmf_code: CLOUDHV.fd to its vm.yaml, or pass --kernel/--firmware yourself",
-        config.name
-    ))
 }
 
 #[cfg(test)]

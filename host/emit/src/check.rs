@@ -11,7 +11,7 @@ pub fn table(r: &CheckReport) -> String {
     let mut fixes = Vec::new();
     for c in &r.checks {
         let fix_ref = match (&c.fix, c.status) {
-            (Some(fix), Status::Warn | Status::Fail) => {
+            (Some(fix), Status::Skip | Status::Warn | Status::Fail) => {
                 let n = match fixes.iter().position(|f| f == fix) {
                     Some(i) => i + 1,
                     None => {
@@ -24,7 +24,7 @@ pub fn table(r: &CheckReport) -> String {
             _ => String::new(),
         };
         let tone = match c.status {
-            Status::Pass => vfio_p2p_style::Tone::Plain,
+            Status::Skip | Status::Pass => vfio_p2p_style::Tone::Plain,
             Status::Warn => vfio_p2p_style::Tone::Warn,
             Status::Fail => vfio_p2p_style::Tone::Fail,
         };

@@ -66,7 +66,7 @@ fn check_fm_shared(fabric: &Fabric, fm_config: &FmConfigFile) -> CheckResult {
     match fm_config {
         FmConfigFile::NotProbed(why) => result(
             CHECK,
-            Status::Warn,
+            Status::Skip,
             format!("FM's config not probed ({why}); partitions from {}; {v}", fabric.source),
             Some("run check on the host itself to see FM's FABRIC_MODE".into()),
         ),

@@ -63,7 +63,7 @@ fn check_driver(m: &ModuleState) -> CheckResult {
             Some(fix.to_string()),
         ),
         ModuleState::Unknown(why) => (
-            Status::Warn,
+            Status::Skip,
             format!("nvgrace_gpu_vfio_pci not looked for: {why}"),
             Some("run check on the host itself (--sysfs-root /)".to_string()),
         ),
@@ -73,6 +73,16 @@ fn check_driver(m: &ModuleState) -> CheckResult {
 
 fn check_kernel_config(host: &HostFacts) -> CheckResult {
     let Some(c) = &host.iommu.kernel_config else {
+        // No live host (an example, a snapshot file): nothing was read, nothing to warn of.
+        if let NodeProbe::Unknown(why) = &host.iommu.dev_iommu {
+            return result(
+                "grace-kernel-config",
+                None,
+                Status::Skip,
+                format!("the running kernel's config not read: {why}"),
+                Some("run check on the host itself, where /boot/config-$(uname -r) or /proc/config.gz is readable".into()),
+            );
+        }
         return result(
             "grace-kernel-config",
             None,
@@ -351,6 +361,20 @@ mod tests {
         );
         let smmu = rows.iter().find(|r| r.check == "grace-smmu").unwrap();
         assert!(smmu.saw.starts_with("4 SMMU(s)"), "{}", smmu.saw);
+    }
+
+    #[test]
+    fn an_unread_kernel_config_is_skipped_without_a_host_and_warned_of_on_one() {
+        let host = synth::example("gh200").unwrap();
+        let mut f = facts(ModuleState::Loaded, vec![]);
+        f.iommu.kernel_config = None;
+        let row = |f: &HostFacts| {
+            let rows = run(&host, f, Some((11, 1)), "12.0");
+            status(&rows, "grace-kernel-config")
+        };
+        assert_eq!(row(&f), Status::Skip);
+        f.iommu.dev_iommu = NodeProbe::Absent("/dev/iommu".into());
+        assert_eq!(row(&f), Status::Warn);
     }
 
     #[test]

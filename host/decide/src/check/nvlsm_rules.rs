@@ -37,7 +37,7 @@ pub fn nvlsm_checks(
     let f = match probe {
         NvlsmProbe::NotProbed(why) => {
             return Some(row(
-                Status::Warn,
+                Status::Skip,
                 format!("NVLSM not probed ({why})"),
                 Some("run check on the host itself to see NVLSM beside Fabric Manager".into()),
             ))
@@ -194,10 +194,14 @@ mod tests {
     }
 
     #[test]
-    fn not_probed_warns_and_says_where_to_run() {
+    fn not_probed_is_skipped_and_says_where_to_run() {
         let (t, gpus) = host_with(0x2909);
         let r = nvlsm_checks(&t, &gpus, None, &NvlsmProbe::NotProbed("an example".into())).unwrap();
-        assert_eq!(r.status, Status::Warn);
+        assert_eq!(r.status, Status::Skip);
+        assert!(r
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("on the host itself")));
         assert!(r.saw.starts_with("HGX B200: "), "{}", r.saw);
     }
 }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use super::spec::VmSpec;
 use super::{Said, Say};
 use crate::guest_layout::GuestLayout;
-use crate::{clique_offset, cloud_hypervisor as ch, vm_boot};
+use crate::{clique_offset, cloud_hypervisor as ch};
 use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_model::Topology;
 
@@ -18,7 +18,8 @@ pub fn layout(config: &VmConfig, layout: &GuestLayout) -> anyhow::Result<GuestLa
         .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))
 }
 
-/// CH's rules for the VM laid out: booting nothing is warned of; cliques under iommufd and
+/// CH's rules for the VM laid out (booting nothing is refused with the boot keys,
+/// `vm_boot::refusal`): cliques under iommufd and
 /// the devices CH cannot take are refused at vm.yaml's line; a clique capability whose
 /// offset CH has taken is refused, a GPU whose config space could not be read warned of.
 pub fn check(
@@ -28,9 +29,6 @@ pub fn check(
     backend: IommuBackend,
     say: Say,
 ) -> anyhow::Result<()> {
-    if let Some(w) = vm_boot::cloud_hypervisor_boots_nothing(&spec.config) {
-        say(Said::Warning(w));
-    }
     ch::refusal(&spec.config, layout, backend).map_err(|r| spec.refused(r))?;
     for w in clique_offset::cloud_hypervisor(topo, layout)? {
         say(Said::Warning(w));

@@ -15,7 +15,6 @@ fn refused(yaml: &str, vmm: BootVmm) -> (Option<u64>, String) {
 fn cloud_hypervisor_boots_a_kernel_or_its_own_uefi_build() {
     let kernel = "name: a\nkernel: /boot/vmlinuz\ncmdline: console=ttyS0\n";
     assert_eq!(refusal(&config(kernel), BootVmm::CloudHypervisor), Ok(()));
-    assert_eq!(cloud_hypervisor_boots_nothing(&config(kernel)), None);
     let ch_uefi = "name: a\nfirmware: uefi\novmf_code: /usr/share/cloud-hypervisor/CLOUDHV.fd\n";
     assert_eq!(refusal(&config(ch_uefi), BootVmm::CloudHypervisor), Ok(()));
     // firmware: uefi with gen's default ovmf_code, QEMU's OVMF: refused at firmware's line
@@ -27,9 +26,22 @@ fn cloud_hypervisor_boots_a_kernel_or_its_own_uefi_build() {
     let (line, why) = refused(&vars, BootVmm::CloudHypervisor);
     assert_eq!(line, Some(4));
     assert!(why.contains("no separate UEFI variable store"), "{why}");
-    // nothing at all: warned of, naming the keys
-    let w = cloud_hypervisor_boots_nothing(&config("name: a\n")).unwrap();
-    assert!(w.contains("kernel:") && w.contains("firmware: uefi"), "{w}");
+    // neither: refused, naming the keys to add (no line: they are not there)
+    let (line, why) = refused("name: a\n", BootVmm::CloudHypervisor);
+    assert_eq!(line, None);
+    assert!(
+        why.starts_with("a: Cloud Hypervisor boots nothing"),
+        "{why}"
+    );
+    assert!(
+        why.contains("kernel:") && why.contains("CLOUDHV.fd"),
+        "{why}"
+    );
+    // firmware: bios, which CH does not have: refused at that line
+    let (line, _) = refused("name: a\nfirmware: bios\n", BootVmm::CloudHypervisor);
+    assert_eq!(line, Some(2));
+    // the other VMMs boot the disk through their own firmware
+    assert_eq!(refusal(&config("name: a\n"), BootVmm::Qemu), Ok(()));
 }
 
 #[test]

@@ -102,3 +102,20 @@ fn healthy_host_passes_everything() {
     assert!(not_pass.is_empty(), "{not_pass:#?}");
     assert_eq!(r.exit_code(), 0);
 }
+
+#[test]
+fn skipped_rows_leave_the_overall_status_and_exit_code_alone() {
+    let row = |status| super::report::result("kvm", None, status, "saw".into(), None);
+    let skipped_only = CheckReport::new(vec![row(Status::Skip), row(Status::Skip)]);
+    assert_eq!(
+        (skipped_only.status, skipped_only.exit_code()),
+        (Status::Pass, 0)
+    );
+    let with_pass = CheckReport::new(vec![row(Status::Skip), row(Status::Pass)]);
+    assert_eq!((with_pass.status, with_pass.exit_code()), (Status::Pass, 0));
+    let with_warn = CheckReport::new(vec![row(Status::Skip), row(Status::Warn)]);
+    assert_eq!((with_warn.status, with_warn.exit_code()), (Status::Warn, 1));
+    let mut extended = CheckReport::new(vec![row(Status::Pass)]);
+    extended.extend(vec![row(Status::Skip)]);
+    assert_eq!(extended.exit_code(), 0);
+}
