@@ -147,6 +147,9 @@ pub struct DomainFacts {
     pub cliques: BTreeMap<String, Vec<CliqueSetting>>,
     pub hidden_hypervisor: Vec<HiddenHypervisor>,
     pub hole64: Option<Hole64>,
+    /// Arm `virt`'s high PCIe MMIO window, `highmem-mmio-size=` in `<qemu:commandline>`
+    /// (libvirt has no element for it).
+    pub highmem_mmio: Option<Hole64>,
     /// `xmlns:qemu` is declared on `<domain>` (with the right URI: a wrong one is an error).
     pub has_qemu_ns: bool,
     /// `<qemu:commandline>` arguments, in order.

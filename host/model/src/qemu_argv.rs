@@ -57,6 +57,11 @@ pub struct QemuArgvFacts {
     pub hidden_cpu: Vec<String>,
     /// The first `pci-hole64-size=SIZE`, in bytes, and the index of its argument.
     pub hole64: Option<(usize, u64)>,
+    /// The first `highmem-mmio-size=SIZE` (Arm `virt`'s high PCIe MMIO window), in bytes,
+    /// and the index of its argument.
+    pub highmem_mmio: Option<(usize, u64)>,
+    /// The machine type `-machine`/`-M` names (`virt`, `q35`, `pc-q35-7.2`), if any.
+    pub machine: Option<String>,
 }
 
 impl QemuArgvFacts {

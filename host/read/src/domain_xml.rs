@@ -531,6 +531,13 @@ impl Scanner {
             });
             self.facts.positions.hole64_arg = Some(i);
         }
+        if let Some((i, bytes)) = argv.highmem_mmio {
+            let arg = &self.facts.commandline_args[i];
+            self.facts.highmem_mmio = Some(Hole64 {
+                bytes,
+                source: format!("<qemu:arg value='{arg}'/>"),
+            });
+        }
     }
 }
 

@@ -25,13 +25,8 @@ pub fn read_qemu_args_text(text: &str) -> QemuArgvFacts {
 /// Reads `args` (QEMU's arguments without the program name).
 pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
     let mut facts = QemuArgvFacts {
-        hole64: args.iter().enumerate().find_map(|(i, a)| {
-            let bytes = a.split([' ', ',']).find_map(|t| {
-                let v = t.split_once("pci-hole64-size=")?.1;
-                parse_size(v)
-            })?;
-            Some((i, bytes))
-        }),
+        hole64: first_size(args, "pci-hole64-size="),
+        highmem_mmio: first_size(args, "highmem-mmio-size="),
         ..QemuArgvFacts::default()
     };
     let mut set_cliques: BTreeMap<String, String> = BTreeMap::new();
@@ -60,6 +55,9 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
                 if v.split(',').any(|o| o == "kvm=off") {
                     facts.hidden_cpu.push(v.to_string());
                 }
+            }
+            ("-machine" | "--machine" | "-M", Some(v)) => {
+                facts.machine = facts.machine.take().or_else(|| machine_type(v));
             }
             ("-global" | "--global", Some(v)) => {
                 if let Some((driver, k)) = global_clique(v) {
@@ -93,9 +91,40 @@ pub fn read_qemu_argv(args: &[String]) -> QemuArgvFacts {
 }
 
 /// Options whose value may also follow an `=` in the same argument.
-const OPTIONS_WITH_VALUE: [&str; 6] = [
-    "-device", "--device", "-set", "--set", "-global", "--global",
+const OPTIONS_WITH_VALUE: [&str; 8] = [
+    "-device",
+    "--device",
+    "-set",
+    "--set",
+    "-global",
+    "--global",
+    "-machine",
+    "--machine",
 ];
+
+/// The first `KEY=SIZE` (`KEY` ending in `=`) in any argument, in bytes, and its index.
+fn first_size(args: &[String], key: &str) -> Option<(usize, u64)> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        let bytes = a
+            .split([' ', ','])
+            .find_map(|t| parse_size(t.split_once(key)?.1))?;
+        Some((i, bytes))
+    })
+}
+
+/// `-machine`'s type: its first bare word (`virt,gic-version=3`) or its `type=` option;
+/// none when the value only sets properties (libvirt's `-machine highmem-mmio-size=…`).
+fn machine_type(value: &str) -> Option<String> {
+    let mut opts = value.split(',');
+    let first = opts.next()?;
+    if !first.contains('=') && !first.is_empty() {
+        return Some(first.to_string());
+    }
+    std::iter::once(first)
+        .chain(opts)
+        .find_map(|o| o.strip_prefix("type="))
+        .map(str::to_string)
+}
 
 /// `vfio-pci.x-nv-gpudirect-clique=K` or `driver=vfio-pci,property=…,value=K` (a
 /// `-global` value) → (driver, K), for the vfio-pci drivers only.
@@ -336,9 +365,27 @@ mod tests {
     }
 
     #[test]
+    fn machine_type_and_arm_virt_window() {
+        let f = read_qemu_args_text("-M virt,gic-version=3 -machine highmem-mmio-size=1T");
+        assert_eq!(f.machine.as_deref(), Some("virt"));
+        assert_eq!(f.highmem_mmio.map(|(i, b)| (i, b)), Some((3, 1 << 40)));
+        assert_eq!(f.hole64, None);
+        let f = read_qemu_args_text("-machine=type=q35,accel=kvm");
+        assert_eq!(f.machine.as_deref(), Some("q35"));
+        assert_eq!(read_qemu_args_text("-machine accel=kvm").machine, None);
+    }
+
+    #[test]
     fn no_vfio_devices() {
         let f = read_qemu_argv(&argv(&["-machine", "none", "-qmp", "stdio", "-device"]));
-        assert_eq!(f, QemuArgvFacts::default());
+        let machine = Some("none".to_string());
+        assert_eq!(
+            f,
+            QemuArgvFacts {
+                machine,
+                ..QemuArgvFacts::default()
+            }
+        );
         assert_eq!(key_values("e1000,mac=1,,2,x")["mac"], "1,2");
     }
 }

@@ -35,8 +35,13 @@ pub struct VmmFacts {
     /// What VM configuration was given (`--domain-xml FILE`, `--qemu-args`), if any: with
     /// one given and no 64-bit hole in it, QEMU's default window applies.
     pub vm_config: Option<String>,
-    /// The 64-bit MMIO window configured, and where it was found.
+    /// The 64-bit MMIO window configured, and where it was found (on an Arm `virt`
+    /// machine: its `highmem-mmio-size`).
     pub hole64: Option<(u64, String)>,
+    /// The VM is an Arm `virt` machine (a Grace guest): its GPUs' BARs go in the high PCIe
+    /// window `highmem-mmio-size` sets, 512 GiB when it is not set (hw/arm/virt.c), not
+    /// in q35's `pci-hole64-size`.
+    pub arm_virt: bool,
     /// The language of the VM definition given, for the fixes.
     pub syntax: ConfigSyntax,
     /// `--iommu-backend`, if given.

@@ -8,6 +8,7 @@ use super::report::{result, CheckResult, Status};
 use crate::clique_offset::qemu_placer;
 use crate::clique_plan::pair_route::PairRoute;
 use crate::clique_plan::{CliquePlan, PlanError};
+use crate::grace_guest::HIGHMEM_MMIO_DEFAULT;
 use crate::mmio;
 use vfio_p2p_model::Device;
 
@@ -22,8 +23,21 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
         total as f64 / GIB as f64,
         need / GIB
     );
-    let settings = hole64_fix(need, &vmm.syntax);
-    match &vmm.hole64 {
+    let settings = if vmm.arm_virt {
+        virt_window_fix(need, &vmm.syntax)
+    } else {
+        hole64_fix(need, &vmm.syntax)
+    };
+    // Arm virt's high PCIe window has a size without being set (hw/arm/virt.c)
+    let virt_default = (
+        HIGHMEM_MMIO_DEFAULT,
+        "Arm virt's default high PCIe window".to_string(),
+    );
+    let window = match (&vmm.hole64, vmm.arm_virt) {
+        (None, true) if vmm.vm_config.is_some() => Some(&virt_default),
+        (window, _) => window.as_ref(),
+    };
+    match window {
         Some((have, src)) if *have >= need => result(
             "mmio-window",
             None,
@@ -64,6 +78,18 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
                 Some(settings),
             ),
         },
+    }
+}
+
+/// How to give an Arm `virt` VM a high PCIe window of at least `need` bytes (a power of
+/// two: QEMU >= 10.0's `highmem-mmio-size`), in the language of its definition.
+pub(super) fn virt_window_fix(need: u64, syntax: &ConfigSyntax) -> String {
+    let size = need.next_power_of_two().max(HIGHMEM_MMIO_DEFAULT) / GIB;
+    match syntax {
+        ConfigSyntax::Libvirt(_) => format!(
+            "`<qemu:arg value='-machine'/><qemu:arg value='highmem-mmio-size={size}G'/>` in the domain's `<qemu:commandline>` (libvirt has no element for it; QEMU >= 10.0)"
+        ),
+        _ => format!("QEMU >= 10.0: `-machine virt,highmem-mmio-size={size}G`"),
     }
 }
 

@@ -141,6 +141,43 @@ fn mmio_window_against_configuration() {
     );
 }
 
+/// An Arm `virt` VM (a Grace guest): the GPUs' BARs go in the high PCIe window that
+/// `highmem-mmio-size` sets, 512 GiB when not set; q35's 32 GiB default never applies.
+#[test]
+fn mmio_window_of_an_arm_virt_machine() {
+    let t = Topology::from_record(&host(false, Some(ACS_ISOLATING)));
+    let g = &gpus(&t)[..2]; // 288 GiB needed
+    let virt = |args: &str| {
+        let argv = read_qemu_args_text(args);
+        VmmFacts {
+            arm_virt: argv.machine.as_deref() == Some("virt"),
+            hole64: argv.highmem_mmio.map(|(_, h)| (h, "--qemu-args".into())),
+            vm_config: Some("--qemu-args".into()),
+            ..VmmFacts::default()
+        }
+    };
+    let default = virt("-machine virt,gic-version=3");
+    let c = find(&run(&t, g, &live_ok(&t, g), &default), "mmio-window", None).clone();
+    assert_eq!(c.status, Status::Pass, "{}", c.saw);
+    assert!(
+        c.saw
+            .contains("Arm virt's default high PCIe window sets 512 GiB"),
+        "{}",
+        c.saw
+    );
+    let small = virt("-machine virt,highmem-mmio-size=256G");
+    let c = find(&run(&t, g, &live_ok(&t, g), &small), "mmio-window", None).clone();
+    assert_eq!(c.status, Status::Fail, "{}", c.saw);
+    let fix = c.fix.unwrap();
+    assert!(
+        fix.contains("-machine virt,highmem-mmio-size=512G") && !fix.contains("pci-hole64"),
+        "{fix}"
+    );
+    // more than virt's default: the next power of two (QEMU refuses others)
+    let fix = super::super::vm_rules::virt_window_fix(544 * GIB, &ConfigSyntax::Qemu);
+    assert!(fix.contains("highmem-mmio-size=1024G"), "{fix}");
+}
+
 #[test]
 fn non_root_view_warns_instead_of_guessing() {
     let t = Topology::from_record(&host(true, Some(ACS_ISOLATING)).unprivileged_view());
