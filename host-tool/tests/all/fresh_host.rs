@@ -134,7 +134,10 @@ fn each_grace_example_with_its_own_domain_fails_nothing() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(matches!(out.status.code(), Some(0 | 1)), "{example}:\n{text}");
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{example}:\n{text}"
+        );
         assert!(!text.contains("│ fail "), "{example}:\n{text}");
         let mmio = text.lines().find(|l| l.contains(" mmio-window ")).unwrap();
         assert!(mmio.contains("│ pass "), "{example}:\n{text}");

@@ -368,7 +368,7 @@ mod tests {
     fn machine_type_and_arm_virt_window() {
         let f = read_qemu_args_text("-M virt,gic-version=3 -machine highmem-mmio-size=1T");
         assert_eq!(f.machine.as_deref(), Some("virt"));
-        assert_eq!(f.highmem_mmio.map(|(i, b)| (i, b)), Some((3, 1 << 40)));
+        assert_eq!(f.highmem_mmio, Some((3, 1 << 40)));
         assert_eq!(f.hole64, None);
         let f = read_qemu_args_text("-machine=type=q35,accel=kvm");
         assert_eq!(f.machine.as_deref(), Some("q35"));
