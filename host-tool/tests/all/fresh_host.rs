@@ -91,26 +91,35 @@ fn an_unmanaged_hostdev_on_a_fresh_host_still_fails() {
 fn each_x86_example_with_its_own_domain_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     for example in ["hgx-h100", "dual-socket-pcie", "lab"] {
-        let out = vfio_p2p()
-            .args(["--example", example, "gen", "libvirt"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{example}");
-        let xml = dir.path().join(format!("{example}.xml"));
-        std::fs::write(&xml, &out.stdout).unwrap();
-        let out = vfio_p2p()
-            .args(["--example", example, "check", "--domain-xml"])
-            .arg(&xml)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "{example}:\n{text}");
+        let (code, text) = check_against_own_domain(example, dir.path());
+        assert_eq!(code, Some(0), "{example}:\n{text}");
         assert!(text.contains("overall: pass"), "{example}:\n{text}");
         assert!(
             text.contains("skip "),
             "{example}: skipped rows shown\n{text}"
         );
     }
+}
+
+/// `check --domain-xml` of `example` against the domain `gen libvirt` wrote for it: the
+/// exit code and the table.
+fn check_against_own_domain(example: &str, dir: &std::path::Path) -> (Option<i32>, String) {
+    let out = vfio_p2p()
+        .args(["--example", example, "gen", "libvirt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{example}");
+    let xml = dir.join(format!("{example}.xml"));
+    std::fs::write(&xml, &out.stdout).unwrap();
+    let out = vfio_p2p()
+        .args(["--example", example, "check", "--domain-xml"])
+        .arg(&xml)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// A Grace example against its own `gen libvirt` domain: an Arm `virt` machine, whose GPU
@@ -121,23 +130,8 @@ fn each_x86_example_with_its_own_domain_exits_0() {
 fn each_grace_example_with_its_own_domain_fails_nothing() {
     let dir = tempfile::tempdir().unwrap();
     for example in ["gh200", "gb200"] {
-        let out = vfio_p2p()
-            .args(["--example", example, "gen", "libvirt"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{example}");
-        let xml = dir.path().join(format!("{example}.xml"));
-        std::fs::write(&xml, &out.stdout).unwrap();
-        let out = vfio_p2p()
-            .args(["--example", example, "check", "--domain-xml"])
-            .arg(&xml)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "{example}:\n{text}"
-        );
+        let (code, text) = check_against_own_domain(example, dir.path());
+        assert!(matches!(code, Some(0 | 1)), "{example}:\n{text}");
         assert!(!text.contains("│ fail "), "{example}:\n{text}");
         let mmio = text.lines().find(|l| l.contains(" mmio-window ")).unwrap();
         assert!(mmio.contains("│ pass "), "{example}:\n{text}");
