@@ -114,15 +114,21 @@ impl VmSpec {
     /// vm.yaml's disks and boot keys against the target. `unusable`: per disk, why its
     /// image cannot be used (read before); `here`: the VM runs on the host read, where a
     /// missing image is an error naming it, its line and the fix (else a warning). A
-    /// complete VM without disks is warned of; boot keys the VMM cannot honour are refused
-    /// at their line.
+    /// complete VM without disks is warned of, unless it boots a kernel with its initramfs
+    /// (`kernel:` + `initramfs:`, Cloud Hypervisor's direct boot: the initramfs is its root);
+    /// boot keys the VMM cannot honour are refused at their line.
     pub fn validate(&self, unusable: &[Option<&str>], here: bool, say: Say) -> anyhow::Result<()> {
         let config = &self.config;
         let whole_vm = matches!(
             self.flags.target,
             VmTarget::Qemu | VmTarget::Libvirt | VmTarget::CloudHypervisor
         );
-        if whole_vm && config.devices.disks.is_empty() {
+        let initramfs_root = config
+            .boot
+            .kernel
+            .as_ref()
+            .is_some_and(|k| k.initramfs.is_some());
+        if whole_vm && config.devices.disks.is_empty() && !initramfs_root {
             say(Said::Warning(format!(
                 "{} has no disks: the VM has nothing to boot from; add `disks: [{{path: /var/lib/images/{}.qcow2}}]` to its vm.yaml (docs/gen.md)",
                 config.name,

@@ -4,6 +4,7 @@
 use super::spec::{VmFlags, VmSpec};
 use super::*;
 use vfio_p2p_config::vm::VmConfig;
+use vfio_p2p_config::vm_boot::DirectKernel;
 use vfio_p2p_model::vmm::OVERRIDE_SINCE;
 use vfio_p2p_read::synth;
 
@@ -94,6 +95,27 @@ fn cloud_hypervisor_puts_every_device_on_its_root_bus() {
             .to_string()
             .contains("Cloud Hypervisor boots nothing"),
         "{refused}"
+    );
+    // a kernel and its initramfs boot: no disk needed, nothing said
+    let mut config = VmConfig::default();
+    config.boot.kernel = Some(DirectKernel {
+        kernel: "/boot/vmlinuz".into(),
+        initramfs: Some("/boot/initrd.img".into()),
+        cmdline: None,
+    });
+    let direct = VmSpec::apply(config, flags(VmTarget::CloudHypervisor)).unwrap();
+    let mut said = Vec::new();
+    direct.validate(&[], false, &mut |s| said.push(s)).unwrap();
+    assert!(said.is_empty(), "{said:?}");
+    let mut said = Vec::new();
+    let no_kernel = VmSpec::apply(VmConfig::default(), flags(VmTarget::Qemu)).unwrap();
+    no_kernel
+        .validate(&[], false, &mut |s| said.push(s))
+        .unwrap();
+    assert!(
+        said.iter()
+            .any(|s| matches!(s, Said::Warning(w) if w.contains("has no disks"))),
+        "{said:?}"
     );
     // the same VM for QEMU mirrors the host's switches
     let spec = VmSpec::apply(VmConfig::default(), flags(VmTarget::Qemu)).unwrap();
