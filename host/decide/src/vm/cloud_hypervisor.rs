@@ -18,10 +18,10 @@ pub fn layout(config: &VmConfig, layout: &GuestLayout) -> anyhow::Result<GuestLa
         .with_context(|| format!("laying out {} for Cloud Hypervisor", config.name))
 }
 
-/// CH's rules for the VM laid out (booting nothing is refused with the boot keys,
-/// `vm_boot::refusal`): cliques under iommufd and
-/// the devices CH cannot take are refused at vm.yaml's line; a clique capability whose
-/// offset CH has taken is refused, a GPU whose config space could not be read warned of.
+/// CH's rules for the VM laid out: cliques under iommufd and the devices CH cannot take
+/// are refused at vm.yaml's line; a clique capability whose offset CH has taken is
+/// refused, a GPU whose config space could not be read warned of. (A VM that boots
+/// nothing is refused earlier, with the boot keys: `vm_boot::refusal`.)
 pub fn check(
     spec: &VmSpec,
     topo: &Topology,
