@@ -402,20 +402,10 @@ pub fn bench(results: &[PairBench]) -> String {
     let note = match plan {
         Some(p) if p.pingpong_rounds_per_place > 0 => format!(
             "median of {samples}, ± half the spread; one-way: median over {} flag places \
-             (the same in every process; each place the median of its {} passes{}), flag places: \
-             the fastest–slowest place; memcpy 4B: each mode over {} streams, ×streams; GB/s = \
-             10^9 bytes/s",
-            p.pingpong_positions,
-            p.pingpong_rounds_per_place,
-            match p.pingpong_extreme_places * p.pingpong_extreme_rounds {
-                0 => String::new(),
-                _ => format!(
-                    ", the {} fastest and slowest the trimmed mean of their {} rounds",
-                    p.pingpong_extreme_places,
-                    p.pingpong_rounds_per_place + p.pingpong_extreme_rounds
-                ),
-            },
-            p.memcpy_streams
+             (the same in every process; each place the mean of its {} passes), flag places: \
+             the fastest pass at any place – the slowest place; memcpy 4B: each mode over {} \
+             streams, ×streams; GB/s = 10^9 bytes/s",
+            p.pingpong_positions, p.pingpong_rounds_per_place, p.memcpy_streams
         ),
         _ => format!(
             "median of {samples} ({} for the one-way latency, its flags placed like \

@@ -27,19 +27,30 @@ impl Stat {
         } else {
             (s[n / 2 - 1] + s[n / 2]) / 2.0
         };
-        let (min, max) = (s[0], s[n - 1]);
-        let spread_pct = if median > 0.0 {
-            (max - min) / median * 100.0
+        Some(Stat {
+            median,
+            min: s[0],
+            max: s[n - 1],
+            spread_pct: 0.0,
+            samples,
+        }
+        .with_spread())
+    }
+
+    /// This statistic with another min (one that is not a sample's, such as the fastest
+    /// pass of a placement distribution whose samples are the places' medians) and the
+    /// spread that follows.
+    pub fn with_min(self, min: f64) -> Stat {
+        Stat { min, ..self }.with_spread()
+    }
+
+    fn with_spread(self) -> Stat {
+        let spread_pct = if self.median > 0.0 {
+            (self.max - self.min) / self.median * 100.0
         } else {
             0.0
         };
-        Some(Stat {
-            median,
-            min,
-            max,
-            spread_pct,
-            samples,
-        })
+        Stat { spread_pct, ..self }
     }
 }
 

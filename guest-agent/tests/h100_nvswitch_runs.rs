@@ -344,8 +344,6 @@ fn one_queue_report_is_within_p2p_bandwidth_latency_tests_wall_on_2_and_4_gpus()
                 pingpong_samples: 9,
                 pingpong_positions: 5,
                 pingpong_rounds_per_place: 0,
-                pingpong_extreme_places: 0,
-                pingpong_extreme_rounds: 0,
                 pingpong_iters: 1_000,
                 memcpy_copies: 1_000,
                 memcpy_streams: 0,

@@ -36,8 +36,6 @@ const ISSUE17_PLAN: BenchPlan = BenchPlan {
     pingpong_samples: 9,
     pingpong_positions: 5,
     pingpong_rounds_per_place: 0,
-    pingpong_extreme_places: 0,
-    pingpong_extreme_rounds: 0,
     pingpong_iters: 5_000,
     chase_steps: 10_000,
     local_chase_steps: 0,

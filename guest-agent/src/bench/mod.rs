@@ -34,17 +34,12 @@ pub struct BenchPlan {
     /// in reports of earlier agents.
     #[serde(default)]
     pub pingpong_positions: usize,
-    /// Rounds at each flag place of the placement distribution ([`Placements`]); 0 in
+    /// Passes over the flag places of the placement distribution ([`Placements`]); 0 in
     /// reports of earlier agents, which sampled `pingpong_samples` rounds at the
     /// reference place and one round at each other place.
     #[serde(default)]
     pub pingpong_rounds_per_place: usize,
-    /// After the passes the this-many fastest and slowest places take `..._rounds` more
-    /// rounds ([`Placements::remeasured`]; 0 in QUICK and in reports of earlier agents).
-    #[serde(default)]
-    pub pingpong_extreme_places: usize,
-    #[serde(default)]
-    pub pingpong_extreme_rounds: usize,
+    /// Round trips at each place of a pass, the first one untimed (at least 2).
     pub pingpong_iters: u32,
     /// Dependent loads of each remote chase round.
     pub chase_steps: u32,
@@ -106,20 +101,21 @@ impl BenchPlan {
     /// cold first sample breaks the 1 % agreement and the rule takes 5 samples, whose
     /// median drops it (README, the report beside p2pBandwidthLatencyTest).
     ///
-    /// Issue 42: the one-way latency is a distribution over 24 flag places (a round of 250
-    /// wobbled ±3 %, one pass of 500 let a slow first ~10 ms lift the max 19 %), the 4-byte
-    /// copy timed on 2 streams (its mode is mostly the process's). A place's figure is the
-    /// median of 3 passes of 400, the 4 fastest and 4 slowest places' the trimmed mean of 6
-    /// rounds ([`Placements`]). Within p2pBandwidthLatencyTest's wall: the 4-byte copy takes
-    /// 500 copies a sample, the staged copy 3 of 64 MiB and 100 4-byte copies.
+    /// Issue 42: the one-way latency is a distribution over 48 flag places, 24 passes of 40
+    /// round trips each, every pass one launch timed inside the kernel ([`Placements`]).
+    /// 4 × H200, 5 processes, 12 pairs at 16 passes: the min (the fastest pass) within 1 %,
+    /// the median 1.8 %, the max (the slowest place's mean) 2.7 %; 24 passes narrow the
+    /// places' mixtures. 32 places or 12 passes let the min move 2.7–3.2 %, and event
+    /// timing around one launch per place and pass, 24 places × 3 passes of 400, moved it
+    /// up to 9 %. The 4-byte copy is timed on 2 streams (its mode is mostly the process's).
+    /// Within p2pBandwidthLatencyTest's wall: the 4-byte copy takes 500 copies a sample,
+    /// the staged copy 3 of 64 MiB and 100 4-byte copies.
     pub const FULL: BenchPlan = BenchPlan {
         samples: 5,
         pingpong_samples: 0,
-        pingpong_positions: 24,
-        pingpong_rounds_per_place: 3,
-        pingpong_extreme_places: 4,
-        pingpong_extreme_rounds: 3,
-        pingpong_iters: 400,
+        pingpong_positions: 48,
+        pingpong_rounds_per_place: 24,
+        pingpong_iters: 40,
         chase_steps: 3_000,
         local_chase_steps: 10_000,
         chase_words: 1 << 22,
@@ -146,9 +142,7 @@ impl BenchPlan {
     pub const QUICK: BenchPlan = BenchPlan {
         samples: 3,
         pingpong_positions: 16,
-        pingpong_rounds_per_place: 1,
-        pingpong_extreme_places: 0,
-        pingpong_extreme_rounds: 0,
+        pingpong_rounds_per_place: 4,
         memcpy_streams: 2,
         min_samples: 3,
         target_spread_permille: 0,
@@ -162,8 +156,7 @@ impl BenchPlan {
     /// This plan with `KEY=VALUE` overrides (`report --tune`, a bench aid: the side-by-side
     /// H100 bench runs compare batch sizes in one process build):
     /// `disabled_copies`, `disabled_mib`, `min_samples`, `warmup_rounds`, `pingpong_positions`,
-    /// `pingpong_rounds_per_place`, `pingpong_extreme_places`, `pingpong_extreme_rounds`,
-    /// `pingpong_iters`, `memcpy_streams`, `bidir=gate|event`.
+    /// `pingpong_rounds_per_place`, `pingpong_iters`, `memcpy_streams`, `bidir=gate|event`.
     pub fn tuned<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         for item in items {
             let (key, value) = item
@@ -181,9 +174,7 @@ impl BenchPlan {
                 "warmup_rounds" => self.warmup_rounds = number()? as usize,
                 "pingpong_positions" => self.pingpong_positions = number()? as usize,
                 "pingpong_rounds_per_place" => self.pingpong_rounds_per_place = number()? as usize,
-                "pingpong_extreme_places" => self.pingpong_extreme_places = number()? as usize,
-                "pingpong_extreme_rounds" => self.pingpong_extreme_rounds = number()? as usize,
-                "pingpong_iters" => self.pingpong_iters = number()?.max(1),
+                "pingpong_iters" => self.pingpong_iters = number()?.max(2),
                 "memcpy_streams" => self.memcpy_streams = number()? as usize,
                 "bidir" => {
                     self.bidir_gate = match value {
@@ -712,8 +703,7 @@ mod tests {
                 p.samples as u64,
                 p.pingpong_samples as u64,
                 p.pingpong_positions as u64,
-                (p.pingpong_extreme_places * p.pingpong_extreme_rounds) as u64,
-                p.pingpong_iters as u64,
+                (p.pingpong_positions * p.pingpong_rounds_per_place) as u64 * p.pingpong_iters as u64,
                 p.chase_steps as u64,
                 p.local_chase_steps as u64,
                 p.memcpy_copies as u64,
@@ -750,8 +740,8 @@ mod tests {
                 disabled_bytes: 64 << 20,
                 bidir_gate: true,
                 warmup_rounds: 0,
-                pingpong_rounds_per_place: 3,
-                pingpong_iters: 400,
+                pingpong_rounds_per_place: 24,
+                pingpong_iters: 40,
                 ..t
             },
             BenchPlan::FULL
@@ -928,28 +918,29 @@ mod tests {
         assert!(Placements::of(vec![0, 1], vec![0.6], 1).is_none());
     }
 
-    /// Each place's figure is the median of its passes: one stray round, fast or slow, sets
-    /// nothing; the passes stay in the JSON.
+    /// Each place's figure is the mean of its passes (one stray pass moves it by its share);
+    /// the passes stay in the JSON; a pass cut short counts where it got to.
     #[test]
-    fn each_place_is_the_median_of_its_passes() {
+    fn each_place_is_the_mean_of_its_passes() {
         let passes = vec![
             vec![0.70, 0.60, 0.74],
-            vec![0.72, 0.50, 0.80],
-            vec![0.71, 0.61, 0.75],
+            vec![0.72, 0.57, 0.80],
+            vec![0.71, 0.63, 0.77],
         ];
         let d = Placements::of_passes(&[0, 10, 20], passes.clone()).unwrap();
-        assert_eq!(d.one_way_latency_us, vec![0.71, 0.60, 0.75]);
-        assert_eq!((d.rounds_per_place, d.figure.as_str()), (3, "median"));
-        assert_eq!((d.min_at, d.max_at), (10, 20));
-        // One place a quarter of three: the quarters are the min and the max.
-        assert_eq!(
-            (d.fastest_quarter_us, d.slowest_quarter_us),
-            (Some(0.60), Some(0.75))
-        );
+        for (got, want) in d.one_way_latency_us.iter().zip([0.71, 0.60, 0.77]) {
+            assert!((got - want).abs() < 1e-12, "{got} {want}");
+        }
+        assert_eq!((d.rounds_per_place, d.figure.as_str()), (3, "mean"));
+        // The min is the fastest pass (place 10's 0.57), the max the slowest mean.
+        assert_eq!((d.min_at, d.max_at, d.fastest_pass_us), (10, 20, Some(0.57)));
+        // One place a quarter of three: the quarters are the fastest and slowest means.
+        let (fq, sq) = (d.fastest_quarter_us.unwrap(), d.slowest_quarter_us.unwrap());
+        assert!((fq - 0.60).abs() < 1e-12 && (sq - 0.77).abs() < 1e-12);
         assert_eq!(d.passes_us, passes);
         let v = serde_json::to_value(&d).unwrap();
-        assert_eq!(v["passes_us"][1][1], 0.50);
-        // A pass cut short by a timed-out round counts where it got to.
+        assert_eq!(v["passes_us"][1][1], 0.57);
+        // A pass cut short by a timed-out wait counts where it got to.
         let cut = Placements::of_passes(&[0, 10, 20], vec![vec![0.70, 0.60], vec![0.72]]).unwrap();
         assert_eq!(cut.offsets, vec![0, 10]);
         assert!((cut.one_way_latency_us[0] - 0.71).abs() < 1e-12);

@@ -16,9 +16,10 @@ pub const POLLS_PER_CHECK: u64 = 16;
 /// The kernels of [`PTX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// Ping side of the flag ping-pong: writes the peer's flag, waits for its own.
+    /// Ping side of the flag ping-pong over a pass of flag places: writes the peer's
+    /// flag, waits for its own, and stamps each place's start and end.
     Ping,
-    /// Pong side: waits for its own flag, then writes the peer's.
+    /// Pong side: waits for its own flag, then writes the peer's, place after place.
     Pong,
     /// Dependent pointer chase, one thread.
     Chase,
@@ -56,7 +57,8 @@ impl Kernel {
     pub fn params(self) -> &'static [ParamType] {
         use ParamType::*;
         match self {
-            Kernel::Ping | Kernel::Pong => &[U64, U64, U32, U64, U64],
+            Kernel::Ping => &[U64, U64, U64, U32, U32, U64, U64, U64],
+            Kernel::Pong => &[U64, U64, U64, U32, U32, U64, U64],
             Kernel::Chase => &[U64, U32, U64],
             Kernel::Fill => &[U64, U64, U32],
             Kernel::Check => &[U64, U64, U32, U64, U64],
