@@ -23,7 +23,7 @@
 #   NCCL_LIB      libnccl.so.2 [the one of the Python NCCL package, else the linker's]
 #   RUNS [5], EXTRA [3]
 #   TUNES         other bench plans to try, EXTRA processes each, after the extra runs:
-#                 NAME=KEY=VALUE,KEY=VALUE … (e.g. r5i240=pingpong_rounds_per_place=5,pingpong_iters=240) []
+#                 NAME=KEY=VALUE,KEY=VALUE … (e.g. p32=pingpong_rounds_per_place=32,pingpong_iters=30) []
 # Output under $OUT: summary.txt and runs.tar.gz (every output, JSON and wall time).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -27,14 +27,16 @@ impl Stat {
         } else {
             (s[n / 2 - 1] + s[n / 2]) / 2.0
         };
-        Some(Stat {
-            median,
-            min: s[0],
-            max: s[n - 1],
-            spread_pct: 0.0,
-            samples,
-        }
-        .with_spread())
+        Some(
+            Stat {
+                median,
+                min: s[0],
+                max: s[n - 1],
+                spread_pct: 0.0,
+                samples,
+            }
+            .with_spread(),
+        )
     }
 
     /// This statistic with another min (one that is not a sample's, such as the fastest

@@ -703,7 +703,8 @@ mod tests {
                 p.samples as u64,
                 p.pingpong_samples as u64,
                 p.pingpong_positions as u64,
-                (p.pingpong_positions * p.pingpong_rounds_per_place) as u64 * p.pingpong_iters as u64,
+                (p.pingpong_positions * p.pingpong_rounds_per_place) as u64
+                    * p.pingpong_iters as u64,
                 p.chase_steps as u64,
                 p.local_chase_steps as u64,
                 p.memcpy_copies as u64,
@@ -933,7 +934,10 @@ mod tests {
         }
         assert_eq!((d.rounds_per_place, d.figure.as_str()), (3, "mean"));
         // The min is the fastest pass (place 10's 0.57), the max the slowest mean.
-        assert_eq!((d.min_at, d.max_at, d.fastest_pass_us), (10, 20, Some(0.57)));
+        assert_eq!(
+            (d.min_at, d.max_at, d.fastest_pass_us),
+            (10, 20, Some(0.57))
+        );
         // One place a quarter of three: the quarters are the fastest and slowest means.
         let (fq, sq) = (d.fastest_quarter_us.unwrap(), d.slowest_quarter_us.unwrap());
         assert!((fq - 0.60).abs() < 1e-12 && (sq - 0.77).abs() < 1e-12);

@@ -142,7 +142,8 @@ impl Placements {
     /// places no pass reached are left out.
     pub fn of_passes(offsets: &[u64], passes: Vec<Vec<f64>>) -> Option<Self> {
         let reached = passes.iter().map(Vec::len).max().unwrap_or(0);
-        let at_place = |p: usize| -> Vec<f64> { passes.iter().filter_map(|k| k.get(p).copied()).collect() };
+        let at_place =
+            |p: usize| -> Vec<f64> { passes.iter().filter_map(|k| k.get(p).copied()).collect() };
         let figures: Vec<f64> = (0..reached.min(offsets.len()))
             .map_while(|p| mean(&at_place(p)))
             .collect();
@@ -294,7 +295,10 @@ impl PingPong<'_, '_> {
         a.fill_u32(0)?;
         b.fill_u32(0)?;
         buf.stamps.fill_u32(0)?;
-        let args = |my: &DeviceBuffer<'_>, peer: &DeviceBuffer<'_>, table: &DeviceBuffer<'_>, stop: &DeviceBuffer<'_>| {
+        let args = |my: &DeviceBuffer<'_>,
+                    peer: &DeviceBuffer<'_>,
+                    table: &DeviceBuffer<'_>,
+                    stop: &DeviceBuffer<'_>| {
             vec![
                 Param::U64(my.ptr()),
                 Param::U64(peer.ptr()),
@@ -305,7 +309,13 @@ impl PingPong<'_, '_> {
                 Param::U64(stop.ptr()),
             ]
         };
-        dst_mod.launch(Kernel::Pong, 1, 1, sb, &args(b, a, &buf.table_b, &self.stop_b))?;
+        dst_mod.launch(
+            Kernel::Pong,
+            1,
+            1,
+            sb,
+            &args(b, a, &buf.table_b, &self.stop_b),
+        )?;
         let mut ping = args(a, b, &buf.table_a, &self.stop_a);
         ping.push(Param::U64(buf.stamps.ptr()));
         src_mod.launch(Kernel::Ping, 1, 1, sa, &ping)?;
@@ -351,7 +361,10 @@ mod tests {
         assert_eq!(d.figure, "mean");
         assert_eq!(d.passes_us, passes);
         let v = serde_json::to_value(&d).unwrap();
-        assert_eq!((v["timing"].as_str(), v["fastest_pass_us"].as_f64()), (Some("kernel"), Some(0.54)));
+        assert_eq!(
+            (v["timing"].as_str(), v["fastest_pass_us"].as_f64()),
+            (Some("kernel"), Some(0.54))
+        );
         let back: Placements = serde_json::from_value(v).unwrap();
         assert_eq!(back, d);
     }
