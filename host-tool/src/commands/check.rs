@@ -115,15 +115,8 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
         facts
             .hidden_hypervisor
             .extend(d.hidden_hypervisor.iter().map(|h| format!("{file}: {h}")));
-        facts.arm_virt = d.machine.as_deref().is_some_and(is_arm_virt);
-        let window = if facts.arm_virt {
-            &d.highmem_mmio
-        } else {
-            &d.hole64
-        };
-        facts.hole64 = window
-            .as_ref()
-            .map(|h| (h.bytes, format!("{file} ({})", h.source)));
+        facts.arm_virt = d.is_arm_virt();
+        facts.hole64 = (d.mmio_window()).map(|h| (h.bytes, format!("{file} ({})", h.source)));
         facts.vm_config = Some(if args.proxmox_conf.is_some() {
             format!("the Proxmox config {file}")
         } else if args.incus_config.is_some() {
@@ -141,23 +134,13 @@ fn vmm_facts(ctx: &Context, args: &CheckArgs, domain: Option<&DomainFacts>) -> V
     if let Some(a) = &args.qemu_args {
         let argv = read_qemu_args_text(a);
         facts.hidden_hypervisor.extend(argv.hidden_hypervisor());
-        facts.arm_virt |= argv.machine.as_deref().is_some_and(is_arm_virt);
-        let window = if facts.arm_virt {
-            argv.highmem_mmio
-        } else {
-            argv.hole64
-        };
-        if let Some((_, h)) = window {
+        facts.arm_virt |= argv.is_arm_virt();
+        if let Some(h) = argv.mmio_window(facts.arm_virt) {
             facts.hole64 = Some((h, "--qemu-args".into()));
         }
         facts.vm_config.get_or_insert_with(|| "--qemu-args".into());
     }
     facts
-}
-
-/// QEMU's Arm `virt` machine, versioned or not (`virt`, `virt-9.2`).
-fn is_arm_virt(machine: &str) -> bool {
-    machine == "virt" || machine.starts_with("virt-")
 }
 
 /// The devices whoever starts the VM binds to vfio-pci: the managed hostdevs of a libvirt

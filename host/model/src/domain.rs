@@ -139,8 +139,10 @@ pub struct DomainFacts {
     /// Where the XML came from (a path or `<stdin>`), for messages.
     pub source_name: String,
     pub name: Option<String>,
-    /// `<os><type machine='…'>` (`pc-q35-7.2`, `q35`, `pc-i440fx-…`).
+    /// `<os><type machine='…'>` (`pc-q35-7.2`, `q35`, `pc-i440fx-…`, `virt`).
     pub machine: Option<String>,
+    /// `<os><type arch='…'>` (`x86_64`, `aarch64`), where the domain names it.
+    pub arch: Option<String>,
     pub emulator: Option<String>,
     pub hostdevs: Vec<PciHostdev>,
     /// Alias → clique settings (more than one is a mistake too).
@@ -155,4 +157,21 @@ pub struct DomainFacts {
     /// `<qemu:commandline>` arguments, in order.
     pub commandline_args: Vec<String>,
     pub positions: DomainPositions,
+}
+
+impl DomainFacts {
+    /// The domain is QEMU's Arm `virt` machine (a Grace guest:
+    /// `<type arch='aarch64' machine='virt'>`), as [`crate::vmm::is_arm_virt`] says.
+    pub fn is_arm_virt(&self) -> bool {
+        (self.machine.as_deref()).is_some_and(|m| crate::vmm::is_arm_virt(self.arch.as_deref(), m))
+    }
+
+    /// The window the GPUs' 64-bit BARs go in, where the domain sets it: on Arm `virt` the
+    /// high PCIe window (`highmem-mmio-size`), elsewhere the 64-bit PCI hole.
+    pub fn mmio_window(&self) -> Option<&Hole64> {
+        match self.is_arm_virt() {
+            true => self.highmem_mmio.as_ref(),
+            false => self.hole64.as_ref(),
+        }
+    }
 }

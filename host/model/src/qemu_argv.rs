@@ -71,4 +71,21 @@ impl QemuArgvFacts {
             .iter()
             .map(|cpu| format!("QEMU argument -cpu {cpu}"))
     }
+
+    /// `-machine` names QEMU's Arm `virt` machine ([`crate::vmm::is_arm_virt`]).
+    pub fn is_arm_virt(&self) -> bool {
+        (self.machine.as_deref()).is_some_and(|m| crate::vmm::is_arm_virt(None, m))
+    }
+
+    /// The size of the window the GPUs' 64-bit BARs go in, where the command line sets it:
+    /// on an Arm `virt` machine (`arm_virt`, which another definition of the VM may say) its
+    /// `highmem-mmio-size`, elsewhere `pci-hole64-size`.
+    pub fn mmio_window(&self, arm_virt: bool) -> Option<u64> {
+        let window = if arm_virt {
+            self.highmem_mmio
+        } else {
+            self.hole64
+        };
+        window.map(|(_, bytes)| bytes)
+    }
 }

@@ -206,6 +206,16 @@ impl LibvirtVersion {
     }
 }
 
+/// Whether a machine type is QEMU's Arm `virt` machine, versioned or not (`virt`,
+/// `virt-9.2`): its GPUs' BARs go in the high PCIe window `highmem-mmio-size` sets (512 GiB
+/// when not set), not in q35's `pci-hole64-size` (hw/arm/virt.c). `arch` is the guest
+/// architecture where the definition names one (libvirt's `<type arch=…>`): RISC-V and
+/// LoongArch call a machine `virt` too, and theirs is not this one.
+pub fn is_arm_virt(arch: Option<&str>, machine: &str) -> bool {
+    let arm = arch.is_none_or(|a| matches!(a, "aarch64" | "armv7l" | "armv6l"));
+    arm && (machine == "virt" || machine.starts_with("virt-"))
+}
+
 #[cfg(test)]
 mod grace_gates {
     use super::*;
@@ -215,5 +225,13 @@ mod grace_gates {
         let v = |s: &str| s.parse::<LibvirtVersion>().unwrap();
         assert!(!v("11.9.0").has_smmu_pci_bus() && v("11.10.0").has_smmu_pci_bus());
         assert!(!v("11.10.0").has_acpi_nodeset() && v("12.0.0").has_acpi_nodeset());
+    }
+
+    #[test]
+    fn arm_virt_is_virt_or_a_versioned_virt_on_arm() {
+        assert!(is_arm_virt(None, "virt") && is_arm_virt(Some("aarch64"), "virt-9.2"));
+        assert!(!is_arm_virt(None, "q35") && !is_arm_virt(None, "pc-q35-7.2"));
+        assert!(!is_arm_virt(None, "virtio") && !is_arm_virt(Some("aarch64"), "sbsa-ref"));
+        assert!(!is_arm_virt(Some("riscv64"), "virt"));
     }
 }

@@ -308,7 +308,10 @@ impl Scanner {
         match (name, self.parent()) {
             ("name", Some("domain")) => self.collect_text(TextOf::Name),
             ("emulator", Some("devices")) => self.collect_text(TextOf::Emulator),
-            ("type", Some("os")) => self.facts.machine = attr(e, "machine")?,
+            ("type", Some("os")) => {
+                self.facts.machine = attr(e, "machine")?;
+                self.facts.arch = attr(e, "arch")?;
+            }
             ("pcihole64", _) => {
                 let shift = unit_shift(attr(e, "unit")?.as_deref())?;
                 self.collect_text(TextOf::Hole64(shift));

@@ -130,6 +130,26 @@ fn hole64_from_a_qemu_arg_and_default_unit() {
         .contains("unit"));
 }
 
+/// The machine and arch are read once: an aarch64 `virt` domain's window is its
+/// `highmem-mmio-size`, a q35 domain's its 64-bit hole.
+#[test]
+fn arm_virt_and_its_window_are_read_from_the_os_type() {
+    let commandline = "<qemu:commandline><qemu:arg value='-machine'/><qemu:arg value='highmem-mmio-size=1T'/></qemu:commandline>";
+    let virt = read(&format!(
+        "<domain xmlns:qemu='{QEMU_NS}'><os><type arch='aarch64' machine='virt'>hvm</type></os>{commandline}</domain>"
+    ))
+    .unwrap();
+    assert_eq!(virt.arch.as_deref(), Some("aarch64"));
+    assert!(virt.is_arm_virt());
+    assert_eq!(virt.mmio_window().map(|h| h.bytes), Some(1 << 40));
+    let q35 = read("<domain><os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os><devices><controller type='pci' index='0' model='pcie-root'><pcihole64 unit='G'>64</pcihole64></controller></devices></domain>").unwrap();
+    assert!(!q35.is_arm_virt());
+    assert_eq!(q35.mmio_window().map(|h| h.bytes), Some(64 << 30));
+    let riscv =
+        read("<domain><os><type arch='riscv64' machine='virt'>hvm</type></os></domain>").unwrap();
+    assert!(!riscv.is_arm_virt());
+}
+
 #[test]
 fn refuses_what_libvirt_refuses() {
     let cases = [

@@ -150,7 +150,7 @@ fn mmio_window_of_an_arm_virt_machine() {
     let virt = |args: &str| {
         let argv = read_qemu_args_text(args);
         VmmFacts {
-            arm_virt: argv.machine.as_deref() == Some("virt"),
+            arm_virt: argv.is_arm_virt(),
             hole64: argv.highmem_mmio.map(|(_, h)| (h, "--qemu-args".into())),
             vm_config: Some("--qemu-args".into()),
             ..VmmFacts::default()
