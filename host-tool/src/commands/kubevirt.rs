@@ -18,6 +18,7 @@ use crate::cli::GlobalArgs;
 use crate::context::source::{HostConfigFrom, HostSource};
 use crate::context::{Context, Needs, PlanOptionArgs};
 use vfio_p2p_config::host::{HookPolicy, HostConfig};
+use vfio_p2p_decide::vm::libvirt::PatchWindow;
 use vfio_p2p_emit::libvirt_patch;
 use vfio_p2p_model::vmm::LibvirtVersion;
 use vfio_p2p_read::domain_xml::{parse_domain_xml_bytes, MAX_DOMAIN_XML_BYTES};
@@ -149,7 +150,13 @@ fn patched_domain(
         ctx.plan_as(&who, &gpus, &ctx.plan_options(&a.plan, None))?
             .assignments
     };
-    let patched = libvirt_patch::apply(domain, &facts, &cliques, 0, a.libvirt_version)?;
+    let patched = libvirt_patch::apply(
+        domain,
+        &facts,
+        &cliques,
+        PatchWindow::DefaultFits,
+        a.libvirt_version,
+    )?;
     for w in &patched.warnings {
         tracing::warn!("kubevirt: {}: {w}", vmi.name);
     }

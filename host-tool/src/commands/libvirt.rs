@@ -9,7 +9,7 @@ use pci_config::Bdf;
 
 use crate::cli::GlobalArgs;
 use crate::context::{Context, Needs, PlanningArgs};
-use vfio_p2p_decide::mmio;
+use vfio_p2p_decide::vm::libvirt::patch_window;
 use vfio_p2p_emit::data::write_output;
 use vfio_p2p_emit::libvirt_patch;
 use vfio_p2p_files::{read_input_file, read_input_stream};
@@ -25,7 +25,7 @@ pub struct LibvirtArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum LibvirtCommand {
-    /// Add hostdev aliases, the cliques' <qemu:override> and the GPUs' 64-bit MMIO window (<pcihole64>) to a domain XML (`virsh dumpxml --inactive`).
+    /// Add hostdev aliases, the cliques' <qemu:override> and the GPUs' 64-bit MMIO window (<pcihole64>; on an Arm virt machine -machine highmem-mmio-size=) to a domain XML (`virsh dumpxml --inactive`).
     // the shared planning options, as they read for a domain (there is no vm.yaml here)
     #[command(
         mut_arg("gpus", |a| a.help("The domain's GPUs to give cliques (default: every GPU hostdev of the domain)")),
@@ -115,21 +115,20 @@ fn patch(global: &GlobalArgs, args: PatchArgs) -> anyhow::Result<ExitCode> {
         ctx.plan(&gpus, &ctx.plan_options(&args.planning.options, None))?
             .assignments
     };
-    // The window holds every GPU hostdev's BARs (not only the --gpus ones); QEMU's default
-    // is left alone where it fits.
+    // The window holds every GPU hostdev's BARs (not only the --gpus ones), in the form the
+    // domain's machine takes; QEMU's default is left alone where it fits.
     let passed: Vec<&vfio_p2p_model::Device> = scan
         .hostdevs
         .iter()
         .filter_map(|h| topo.device(&h.bdf).filter(|d| d.is_gpu()))
         .collect();
-    let need = mmio::hole64_size(&passed);
-    let hole64 = if need > mmio::HEADROOM { need } else { 0 };
+    let window = patch_window(&scan, &passed);
     let version = ctx.libvirt_version().unwrap_or_else(|why| {
         let v = vfio_p2p_model::vmm::OVERRIDE_SINCE;
         tracing::warn!("{why}: libvirt's version is unknown; patching for libvirt {v} (<qemu:override>); pass --libvirt-version X.Y for yours");
         v
     });
-    let patched = libvirt_patch::apply(&xml, &scan, &cliques, hole64, version)?;
+    let patched = libvirt_patch::apply(&xml, &scan, &cliques, window, version)?;
     for w in &patched.warnings {
         tracing::warn!("{source_name}: {w}");
     }

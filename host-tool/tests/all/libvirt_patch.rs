@@ -246,3 +246,116 @@ fn check_prints_each_fix_once() {
     assert_eq!(fixes.len(), distinct.len(), "{out}");
     assert!(out.matches("on the host itself").count() == 1, "{out}");
 }
+
+/// `vfio-p2p --example EXAMPLE ARGS` with `stdin`: (exit code, stdout, stderr).
+fn run_on(example: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    let out = crate::cli::vfio_p2p()
+        .env("COLUMNS", "200")
+        .args(["--example", example])
+        .args(args)
+        .write_stdin(stdin)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `gen libvirt`'s Grace domain for `example`, then `libvirt patch` of `xml` on it.
+fn grace_domain(example: &str) -> String {
+    let (code, xml, err) = run_on(
+        example,
+        &["gen", "libvirt", "--libvirt-version", "12.8"],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    xml
+}
+
+fn grace_patch(example: &str, xml: &str) -> (String, String) {
+    let args = ["libvirt", "patch", "--libvirt-version", "12.8", "-"];
+    let (code, out, err) = run_on(example, &args, xml);
+    assert_eq!(code, 0, "{err}");
+    (out, err)
+}
+
+/// The `mmio-window` rows of `check --domain-xml` on `xml` for `example`: (status, saw).
+fn grace_window_check(example: &str, xml: &str) -> Vec<(String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("grace.xml");
+    std::fs::write(&file, xml).unwrap();
+    let args = [
+        "check",
+        "--domain-xml",
+        file.to_str().unwrap(),
+        "--format",
+        "json",
+    ];
+    let (_, out, _) = run_on(example, &args, "");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["checks"].as_array().unwrap().iter();
+    rows.filter(|c| c["check"] == "mmio-window")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap().into(),
+                c["saw"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// An aarch64 `virt` domain (gen's own Grace guest) is never given q35's `<pcihole64>`:
+/// gh200's one GPU fits the 512 GiB window gen wrote, so the patch changes nothing.
+#[test]
+fn a_grace_domain_gets_no_pcihole64() {
+    let gh200 = grace_domain("gh200");
+    assert!(
+        gh200.contains("<type arch='aarch64' machine='virt'>"),
+        "{gh200}"
+    );
+    let (patched, err) = grace_patch("gh200", &gh200);
+    assert!(!patched.contains("pcihole64"), "{patched}");
+    assert_eq!(patched, gh200, "{err}");
+    let rows = grace_window_check("gh200", &patched);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, "pass", "{}", rows[0].1);
+}
+
+/// gb200's four GPUs need a 4 TiB high window: a domain without one gets
+/// `-machine highmem-mmio-size=4096G` in `<qemu:commandline>` (as gen writes it), one set
+/// smaller is raised where it is set, and check then passes `mmio-window`.
+#[test]
+fn a_grace_domain_gets_the_high_window_its_gpus_need() {
+    let gb200 = grace_domain("gb200");
+    let lines = "    <!-- libvirt has no element for virt's highmem-mmio-size -->\n    <qemu:arg value='-machine'/>\n    <qemu:arg value='highmem-mmio-size=4096G'/>\n";
+    assert!(gb200.contains(lines), "{gb200}");
+    let without = gb200.replace(lines, "");
+    assert_eq!(grace_window_check("gb200", &without)[0].0, "fail");
+    let (patched, err) = grace_patch("gb200", &without);
+    assert!(!patched.contains("pcihole64"), "{patched}");
+    assert!(
+        patched.contains("<qemu:arg value='-machine'/>\n    <qemu:arg value='highmem-mmio-size=4096G'/>\n  </qemu:commandline>"),
+        "{patched}"
+    );
+    assert!(
+        err.contains("-machine highmem-mmio-size=4096G in <qemu:commandline>"),
+        "{err}"
+    );
+    assert_eq!(grace_window_check("gb200", &patched)[0].0, "pass");
+    assert_eq!(
+        grace_patch("gb200", &patched).0,
+        patched,
+        "patching twice changes nothing"
+    );
+
+    let smaller = gb200.replace("highmem-mmio-size=4096G", "highmem-mmio-size=1024G");
+    let (raised, _) = grace_patch("gb200", &smaller);
+    assert_eq!(raised, gb200, "raised in its own argument, nothing added");
+    assert_eq!(
+        grace_patch("gb200", &gb200).0,
+        gb200,
+        "a big enough window is left alone"
+    );
+}

@@ -6,7 +6,8 @@
 //!
 //! A setting already in the domain, in any form the patch writes (a clique in
 //! `<qemu:override>` or as `-set` in `<qemu:commandline>`; the 64-bit hole as `<pcihole64>` or
-//! a `pci-hole64-size=` argument), is replaced where it is, never added a second time; a
+//! a `pci-hole64-size=` argument; an Arm `virt` machine's high PCIe window as a
+//! `highmem-mmio-size=` argument), is replaced where it is, never added a second time; a
 //! clique set twice keeps one setting.
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use pci_config::Bdf;
 
 use super::libvirt::{clique_property, override_devices, set_args};
 use vfio_p2p_contract::CLIQUE_PROPERTY;
+use vfio_p2p_decide::vm::libvirt::PatchWindow;
 use vfio_p2p_model::domain::QEMU_NS;
 use vfio_p2p_model::domain::{DomainFacts, OverrideDevice};
 use vfio_p2p_model::vmm::LibvirtVersion;
@@ -75,16 +77,18 @@ struct Edits<'a> {
     edits: Vec<(Range<usize>, String)>,
     warnings: Vec<String>,
     need_ns: bool,
+    /// `<qemu:commandline>` children to add (`<qemu:arg …/>`, a comment), in order.
+    new_args: Vec<String>,
 }
 
-/// Applies cliques (per hostdev host address) and the 64-bit MMIO window the GPUs need
-/// (`hole64`, bytes; 0 when QEMU's default fits) to `xml`, which `read::domain_xml` read as
-/// `s`; refuses a domain that hides the hypervisor (the clique would be ignored).
+/// Applies cliques (per hostdev host address) and the MMIO window the GPUs need (`window`,
+/// decided for the domain's machine) to `xml`, which `read::domain_xml` read as `s`;
+/// refuses a domain that hides the hypervisor (the clique would be ignored).
 pub fn apply(
     xml: &str,
     s: &DomainFacts,
     cliques: &BTreeMap<Bdf, Option<u8>>,
-    hole64: u64,
+    window: PatchWindow,
     version: LibvirtVersion,
 ) -> Result<Patched, PatchError> {
     if !s.hidden_hypervisor.is_empty() {
@@ -100,12 +104,18 @@ pub fn apply(
         edits: Vec::new(),
         warnings: Vec::new(),
         need_ns: false,
+        new_args: Vec::new(),
     };
     let (aliases, entries) = e.hostdev_aliases(cliques);
     let (overrides, sets) = e.existing_cliques(&entries, version);
     e.override_entries(&overrides);
     e.commandline_entries(&sets, version);
-    e.hole64(hole64);
+    match window {
+        PatchWindow::DefaultFits => {}
+        PatchWindow::PciHole64(need) => e.hole64(need),
+        PatchWindow::HighmemMmio(size) => e.highmem_mmio(size),
+    }
+    e.write_commandline();
     if e.need_ns && !s.has_qemu_ns {
         let pos = s.positions.domain_tag_close;
         e.edits.push((pos..pos, format!(" xmlns:qemu='{QEMU_NS}'")));
@@ -231,7 +241,7 @@ impl Edits<'_> {
     /// (`<pcihole64>` or a `pci-hole64-size=` argument); with none, `<pcihole64>` goes into
     /// the root PCI controller.
     fn hole64(&mut self, need: u64) {
-        if need == 0 || self.s.hole64.as_ref().is_some_and(|h| h.bytes >= need) {
+        if self.s.hole64.as_ref().is_some_and(|h| h.bytes >= need) {
             return;
         }
         let kib = need.div_ceil(1024);
@@ -291,6 +301,38 @@ impl Edits<'_> {
         };
         self.warnings
             .push(format!("64-bit MMIO window for the GPUs' BARs: {said}"));
+    }
+
+    /// Arm `virt`'s high PCIe window (`size` bytes, a power of two): a smaller
+    /// `highmem-mmio-size=` the domain sets is raised in its argument; with none,
+    /// `-machine highmem-mmio-size=` goes into `<qemu:commandline>` as `gen libvirt` writes it
+    /// for a Grace guest (QEMU merges it with libvirt's own `-machine`).
+    fn highmem_mmio(&mut self, size: u64) {
+        let gib = size >> 30;
+        let value = format!("highmem-mmio-size={gib}G");
+        let said = match (&self.s.highmem_mmio, self.s.positions.highmem_mmio_arg) {
+            (Some(h), _) if h.bytes >= size => return,
+            (Some(_), Some(i)) => {
+                let old = &self.s.commandline_args[i];
+                let at = old.find("highmem-mmio-size=").unwrap_or(0);
+                let end = old[at..].find(',').map_or(old.len(), |n| at + n);
+                let new = format!("{}{value}{}", &old[..at], &old[end..]);
+                self.replace_arg(i, &new);
+                format!("<qemu:arg value='{new}'/> (was '{old}')")
+            }
+            _ => {
+                self.need_ns = true;
+                self.new_args.extend([
+                    "<!-- libvirt has no element for virt's highmem-mmio-size -->".to_string(),
+                    "<qemu:arg value='-machine'/>".to_string(),
+                    format!("<qemu:arg value='{value}'/>"),
+                ]);
+                format!("-machine {value} in <qemu:commandline> (QEMU >= 10.0)")
+            }
+        };
+        self.warnings.push(format!(
+            "high PCIe MMIO window of the Arm virt machine for the GPUs' BARs: {said}"
+        ));
     }
 
     /// libvirt ≥ 8.2: one `<qemu:device>` per alias in `<qemu:override>`, editing what is there.
@@ -366,11 +408,17 @@ impl Edits<'_> {
         self.warnings
             .push(vfio_p2p_decide::vm::libvirt::set_form_warning(version));
         self.need_ns = true;
-        let lines = |base: &str| -> String {
-            args.iter()
-                .map(|a| format!("{base}<qemu:arg value='{a}'/>\n"))
-                .collect()
-        };
+        (self.new_args).extend(args.iter().map(|a| format!("<qemu:arg value='{a}'/>")));
+    }
+
+    /// The `<qemu:commandline>` children to add, at the end of the domain's (or in a new one).
+    fn write_commandline(&mut self) {
+        if self.new_args.is_empty() {
+            return;
+        }
+        let args = std::mem::take(&mut self.new_args);
+        let lines =
+            |base: &str| -> String { args.iter().map(|a| format!("{base}{a}\n")).collect() };
         let xml = self.xml;
         match self.s.positions.commandline_end_tag {
             Some(pos) => {

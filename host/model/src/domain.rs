@@ -129,6 +129,9 @@ pub struct DomainPositions {
     /// The index in `DomainFacts::commandline_args` of the `pci-hole64-size=` argument that
     /// set `DomainFacts::hole64`.
     pub hole64_arg: Option<usize>,
+    /// The index in `DomainFacts::commandline_args` of the `highmem-mmio-size=` argument
+    /// that set `DomainFacts::highmem_mmio`.
+    pub highmem_mmio_arg: Option<usize>,
     /// Where `</devices>` starts.
     pub devices_end_tag: Option<usize>,
 }

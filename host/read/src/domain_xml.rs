@@ -507,8 +507,9 @@ impl Scanner {
         Ok(self.facts)
     }
 
-    /// Cliques (`-set device.ALIAS.x-nv-gpudirect-clique=N`), `-cpu …,kvm=off` and
-    /// `pci-hole64-size=` in `<qemu:commandline>` (the QEMU-argv reader's).
+    /// Cliques (`-set device.ALIAS.x-nv-gpudirect-clique=N`), `-cpu …,kvm=off`,
+    /// `pci-hole64-size=` and `highmem-mmio-size=` in `<qemu:commandline>` (the QEMU-argv
+    /// reader's).
     fn commandline_facts(&mut self) {
         let argv = read_qemu_argv(&self.facts.commandline_args);
         for (alias, value) in argv.set_cliques {
@@ -540,6 +541,7 @@ impl Scanner {
                 bytes,
                 source: format!("<qemu:arg value='{arg}'/>"),
             });
+            self.facts.positions.highmem_mmio_arg = Some(i);
         }
     }
 }

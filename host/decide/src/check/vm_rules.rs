@@ -84,7 +84,7 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
 /// How to give an Arm `virt` VM a high PCIe window of at least `need` bytes (a power of
 /// two: QEMU >= 10.0's `highmem-mmio-size`), in the language of its definition.
 pub(super) fn virt_window_fix(need: u64, syntax: &ConfigSyntax) -> String {
-    let size = need.next_power_of_two().max(HIGHMEM_MMIO_DEFAULT) / GIB;
+    let size = crate::grace_guest::highmem_mmio_size(need) / GIB;
     match syntax {
         ConfigSyntax::Libvirt(_) => format!(
             "`<qemu:arg value='-machine'/><qemu:arg value='highmem-mmio-size={size}G'/>` in the domain's `<qemu:commandline>` (libvirt has no element for it; QEMU >= 10.0)"

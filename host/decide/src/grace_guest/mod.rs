@@ -146,9 +146,13 @@ pub fn window(topo: &Topology, layout: &GuestLayout) -> u64 {
         .passed()
         .filter_map(|g| topo.device(&g.host))
         .collect();
-    crate::mmio::hole64_size(&devices)
-        .next_power_of_two()
-        .max(HIGHMEM_MMIO_DEFAULT)
+    highmem_mmio_size(crate::mmio::hole64_size(&devices))
+}
+
+/// `virt`'s high PCIe MMIO window for BARs that need `need` bytes ([`crate::mmio::hole64_size`]):
+/// a power of two (QEMU refuses another `highmem-mmio-size`), at least the default.
+pub fn highmem_mmio_size(need: u64) -> u64 {
+    need.next_power_of_two().max(HIGHMEM_MMIO_DEFAULT)
 }
 
 /// The Grace guest for the GPUs of `flat` (a flat layout: one root port per GPU on
