@@ -97,8 +97,9 @@ pub struct VmConfigFile {
     /// Worst host path that still gets a P2P clique: pix, pxb, phb, node or sys.
     #[serde(default)]
     pub p2p_level: Option<Spanned<String>>,
+    /// mirror (default) or flat; x86 guests only (a Grace guest's tree follows its SMMUs).
     #[serde(default)]
-    pub guest_topology: Option<GuestTopology>,
+    pub guest_topology: Option<Spanned<GuestTopology>>,
     /// legacy (default), iommufd or auto; `--iommu-backend` overrides it.
     #[serde(default)]
     pub iommu_backend: Option<Spanned<IommuBackend>>,
@@ -107,9 +108,10 @@ pub struct VmConfigFile {
     pub memory_mib: Option<Spanned<u64>>,
     #[serde(default)]
     pub vcpus: Option<Spanned<u32>>,
-    /// One guest NUMA node per host NUMA node holding a GPU (mirror layout only).
+    /// One guest NUMA node per host NUMA node holding a GPU (mirror layout only); x86
+    /// guests only (a Grace guest's nodes follow its GPUs' C2C memory).
     #[serde(default)]
-    pub guest_numa: Option<bool>,
+    pub guest_numa: Option<Spanned<bool>>,
     #[serde(default)]
     pub firmware: Option<Spanned<Firmware>>,
     /// OVMF code image (UEFI only).
@@ -166,12 +168,16 @@ pub struct VmConfig {
     pub nics: Vec<NicRef>,
     pub p2p_level: Option<PathKind>,
     pub guest_topology: GuestTopology,
+    /// Where vm.yaml sets `guest_topology` (a Grace guest says it does not apply there).
+    pub guest_topology_at: Option<Location>,
     pub iommu_backend: IommuBackend,
     pub memory_mib: u64,
     /// Where vm.yaml sets `memory_mib` (for gen's refusal of a RAM that does not fit).
     pub memory_at: Option<Location>,
     pub vcpus: u32,
     pub guest_numa: bool,
+    /// Where vm.yaml sets `guest_numa` (a Grace guest says it does not apply there).
+    pub guest_numa_at: Option<Location>,
     pub firmware: Firmware,
     pub ovmf_code: PathBuf,
     pub ovmf_vars: Option<PathBuf>,
@@ -202,11 +208,13 @@ impl Default for VmConfig {
             nics: Vec::new(),
             p2p_level: None,
             guest_topology: GuestTopology::Mirror,
+            guest_topology_at: None,
             iommu_backend: IommuBackend::Legacy,
             memory_mib: DEFAULT_MEMORY_MIB,
             memory_at: None,
             vcpus: DEFAULT_VCPUS,
             guest_numa: true,
+            guest_numa_at: None,
             firmware: Firmware::Bios,
             ovmf_code: PathBuf::from(DEFAULT_OVMF_CODE),
             ovmf_vars: None,
@@ -311,12 +319,18 @@ impl VmConfig {
             gpus,
             nics,
             p2p_level,
-            guest_topology: file.guest_topology.unwrap_or_default(),
+            guest_topology: file
+                .guest_topology
+                .as_ref()
+                .map(|t| t.value)
+                .unwrap_or_default(),
+            guest_topology_at: file.guest_topology.map(|t| t.referenced),
             iommu_backend: file.iommu_backend.map(|b| b.value).unwrap_or_default(),
             memory_mib,
             memory_at: file.memory_mib.as_ref().map(|m| m.referenced),
             vcpus,
-            guest_numa: file.guest_numa.unwrap_or(true),
+            guest_numa: file.guest_numa.as_ref().is_none_or(|n| n.value),
+            guest_numa_at: file.guest_numa.map(|n| n.referenced),
             firmware,
             ovmf_code: file
                 .ovmf_code
@@ -420,6 +434,10 @@ mod tests {
         assert_eq!(c.p2p_level, Some(PathKind::Pxb));
         assert_eq!(c.guest_topology, GuestTopology::Flat);
         assert_eq!((c.memory_mib, c.vcpus, c.guest_numa), (65536, 32, false));
+        // where the layout keys were set, for the warning where they do not apply
+        let at = |l: Option<Location>| l.map(|l| (l.line(), l.column()));
+        assert_eq!(at(c.guest_topology_at), Some((4, 17)));
+        assert_eq!(at(c.guest_numa_at), Some((7, 13)));
         assert_eq!(c.firmware, Firmware::Uefi);
         assert_eq!(c.ovmf_code, PathBuf::from("/opt/OVMF_CODE.fd"));
     }
@@ -479,6 +497,7 @@ mod tests {
                 ..VmConfig::default()
             }
         );
+        assert_eq!((c.guest_topology_at, c.guest_numa_at), (None, None));
     }
 
     #[test]

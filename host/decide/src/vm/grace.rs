@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Context as _};
 use pci_config::Bdf;
 
+mod layout_keys;
+
 use super::spec::VmSpec;
 use super::{cloud_hypervisor, Said, Say, VmInputs, VmTarget};
 use crate::grace_guest::{self, GraceGuest, QemuPieces, SmmuForm};
@@ -64,6 +66,9 @@ pub(super) fn layout(
             anyhow::anyhow!("{at}{e} (host: {})", topo.source)
         })?;
     for w in warnings.into_iter().chain(more) {
+        say(Said::Warning(w));
+    }
+    for w in layout_keys::x86_layout_keys(spec, &layout, &grace) {
         say(Said::Warning(w));
     }
     let layout = match target {
