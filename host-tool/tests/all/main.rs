@@ -25,6 +25,7 @@ mod fabric_hook;
 mod first_run;
 mod fresh_host;
 mod gen_address_space;
+mod gen_arm_pcie;
 mod gen_boot;
 mod gen_golden;
 mod gen_grace;
