@@ -144,3 +144,71 @@ fn a_sata_disk_is_refused_at_its_line() {
         );
     }
 }
+
+/// `check --domain-xml FILE --format json` on the example: its exit code and its rows.
+fn check_domain(xml: &str, dir: &Path) -> (Option<i32>, Vec<serde_json::Value>) {
+    let path = dir.join("domain.xml");
+    std::fs::write(&path, xml).unwrap();
+    let out = crate::cli::vfio_p2p()
+        .args([
+            "--example",
+            EXAMPLE,
+            "check",
+            "--format",
+            "json",
+            "--domain-xml",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        out.status.code(),
+        report["checks"].as_array().unwrap().clone(),
+    )
+}
+
+/// The example against its own `gen libvirt` domain (a fresh host, the GPUs bound by
+/// libvirt at start): an Arm `virt` machine whose window is `highmem-mmio-size`, nothing
+/// warns or fails, no Grace row; without the window, virt's 512 GiB default is judged and
+/// fails with the fix for virt, not q35's.
+#[test]
+fn check_passes_its_own_domain_and_judges_virts_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (xml, _) = outcome_of_success(gen(None, &["libvirt"]));
+    let (code, rows) = check_domain(&xml, dir.path());
+    for r in &rows {
+        assert!(
+            r["status"] == "pass" || r["status"] == "skip",
+            "{r}\n{rows:#?}"
+        );
+        assert!(!r["check"].as_str().unwrap().starts_with("grace-"), "{r}");
+    }
+    assert_eq!(code, Some(0));
+    let mmio = rows.iter().find(|r| r["check"] == "mmio-window").unwrap();
+    assert!(
+        mmio["saw"].as_str().unwrap().contains("sets 2048 GiB"),
+        "{mmio}"
+    );
+    let no_window: String = xml
+        .lines()
+        .filter(|l| !l.contains("highmem-mmio-size") && !l.contains("value='-machine'"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (code, rows) = check_domain(&no_window, dir.path());
+    let mmio = rows.iter().find(|r| r["check"] == "mmio-window").unwrap();
+    assert_eq!(mmio["status"], "fail", "{mmio}");
+    assert!(
+        mmio["saw"]
+            .as_str()
+            .unwrap()
+            .contains("Arm virt's default high PCIe window sets only 512 GiB"),
+        "{mmio}"
+    );
+    let fix = mmio["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("highmem-mmio-size=2048G") && !fix.contains("q35"),
+        "{fix}"
+    );
+    assert_eq!(code, Some(2));
+}
