@@ -3,6 +3,7 @@
 //! sets process environment (the Fabric Manager library to load) that the others must
 //! not inherit.
 
+mod arm_pcie_recorded;
 mod cli;
 #[path = "../fm_standin/mod.rs"]
 mod fm_standin;
