@@ -8,7 +8,7 @@ use std::process::Output;
 
 use crate::cli::outcome_of_success;
 
-fn fake_qemu(dir: &Path, version: &str) -> PathBuf {
+pub(crate) fn fake_qemu(dir: &Path, version: &str) -> PathBuf {
     let p = dir.join(format!("qemu-system-aarch64-{version}"));
     std::fs::write(
         &p,

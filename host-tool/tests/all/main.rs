@@ -3,6 +3,7 @@
 //! sets process environment (the Fabric Manager library to load) that the others must
 //! not inherit.
 
+mod arm_pcie_recorded;
 mod cli;
 #[path = "../fm_standin/mod.rs"]
 mod fm_standin;
@@ -25,6 +26,7 @@ mod fabric_hook;
 mod first_run;
 mod fresh_host;
 mod gen_address_space;
+mod gen_arm_pcie;
 mod gen_boot;
 mod gen_golden;
 mod gen_grace;

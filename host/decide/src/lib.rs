@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod address_space;
+pub mod arm_pcie_guest;
 pub mod check;
 pub mod clique_offset;
 pub mod clique_plan;

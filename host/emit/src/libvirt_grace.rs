@@ -1,6 +1,7 @@
-//! libvirt domain XML for a Grace guest: `arch='aarch64'`, machine `virt`, AAVMF, GICv3,
-//! the CPU cells and each GPU's memory-0 cells with the host's distances, huge pages,
-//! one SMMUv3 for the machine, the GPUs on root ports of `pcie.0`.
+//! libvirt domain XML for an aarch64 guest ([`ArmVirt`]): `arch='aarch64'`, machine
+//! `virt`, AAVMF, GICv3. A Grace guest has the CPU cells and each GPU's memory-0 cells with
+//! the host's distances, huge pages, its SMMUv3s, the GPUs on root ports; an Arm host's
+//! guest of PCIe GPUs has the x86 guest's cells and PCIe tree, and no SMMU.
 //!
 //! What libvirt has no element for goes in `<qemu:commandline>`, with a comment saying so:
 //! the high MMIO window (`-machine highmem-mmio-size=`, merged with libvirt's own
@@ -18,21 +19,22 @@ use super::libvirt::{
     set_args, write_bridges, write_console, write_disks_and_nic, write_hostdevs, write_numa_tune,
     write_vsock,
 };
-use super::qemu_grace::generic_initiators;
+use super::qemu_grace::{generic_initiators, ArmVirt};
 use super::vm::{cpulist, VmDefinition, AAVMF_VARS, IOMMUFD_OBJECT_ID};
 use vfio_p2p_config::vm::IommuBackend;
-use vfio_p2p_decide::grace_guest::{GraceGuest, SmmuForm};
+use vfio_p2p_decide::grace_guest::SmmuForm;
 use vfio_p2p_model::domain::QEMU_NS;
 use vfio_p2p_model::vmm::{LibvirtVersion, ACPI_NODESET_SINCE};
 
-/// The domain XML of a Grace guest.
-pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> String {
+/// The domain XML of an aarch64 guest.
+pub fn domain(vm: &VmDefinition, arm: ArmVirt, version: LibvirtVersion) -> String {
+    let grace = arm.grace();
     let mut x = String::new();
     let w = &mut x;
     let _ = writeln!(w, "<domain type='kvm' xmlns:qemu='{QEMU_NS}'>");
-    write_machine(w, vm, g);
+    write_machine(w, vm, arm);
     write_numa_tune(w, vm);
-    write_cpu(w, vm, g);
+    write_cpu(w, vm, arm);
     let _ = writeln!(w, "  <devices>");
     let _ = writeln!(w, "    <controller type='usb' model='none'/>");
     let _ = writeln!(
@@ -42,9 +44,9 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
     write_bridges(w, vm);
     let native_iommufd = vm.iommu_backend == IommuBackend::Iommufd && version.has_iommufd();
     for d in vm.layout.passed() {
-        let acpi = g
-            .gpus
+        let acpi = grace
             .iter()
+            .flat_map(|g| &g.gpus)
             .find(|n| n.gpu == d.id && version.has_acpi_nodeset())
             .map(|n| {
                 let ids: Vec<u32> = n.nodes.iter().map(|n| n.id).collect();
@@ -53,14 +55,15 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
         let bus = controller_index(vm, &d.parent);
         write_hostdevs(w, d, bus, native_iommufd, acpi.as_deref());
     }
-    match g.smmu_form {
-        SmmuForm::MachineWide => {
+    match grace.map(|g| (g.smmu_form, &g.smmus)) {
+        None => {}
+        Some((SmmuForm::MachineWide, _)) => {
             let _ = writeln!(w, "    <iommu model='smmuv3'/>");
         }
         // one per physical SMMU, on its expander bus (libvirt >= 11.10: pciBus is the
         // controller's index)
-        SmmuForm::PerPhysical => {
-            for s in &g.smmus {
+        Some((SmmuForm::PerPhysical, smmus)) => {
+            for s in smmus {
                 let _ = writeln!(
                     w,
                     "    <iommu model='smmuv3'>\n      <driver pciBus='{}'/>\n    </iommu>",
@@ -79,17 +82,17 @@ pub fn domain(vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) -> Str
     );
     let _ = writeln!(w, "    <memballoon model='none'/>");
     let _ = writeln!(w, "  </devices>");
-    write_qemu_elements(w, vm, g, version);
+    write_qemu_elements(w, vm, arm, version);
     let _ = writeln!(w, "</domain>");
     x
 }
 
 /// Name, memory (huge pages for the CPU cells), vCPUs, aarch64 virt with AAVMF, GICv3.
-fn write_machine(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
+fn write_machine(w: &mut String, vm: &VmDefinition, arm: ArmVirt) {
     let c = vm.config;
     let _ = writeln!(w, "  <name>{}</name>", escape(c.name.as_str()));
     let _ = writeln!(w, "  <memory unit='MiB'>{}</memory>", c.memory_mib);
-    if let Some(kib) = g.hugepage_kib {
+    if let Some(kib) = arm.hugepage_kib() {
         let ids: Vec<u32> = vm.layout.numa_nodes.iter().map(|n| n.id).collect();
         let _ = writeln!(
             w,
@@ -117,15 +120,20 @@ fn write_machine(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
     );
 }
 
-/// host-passthrough with one cell per CPU node, then each GPU's memory-0 cells; every cell
-/// with its distances where they are the host's.
-fn write_cpu(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
+/// host-passthrough with one cell per CPU node, then each GPU's memory-0 cells (Grace);
+/// every cell with its distances where they are the host's (Grace). No cells, no `<numa>`.
+fn write_cpu(w: &mut String, vm: &VmDefinition, arm: ArmVirt) {
+    let grace = arm.grace();
+    if vm.layout.numa_nodes.is_empty() && grace.is_none() {
+        let _ = writeln!(w, "  <cpu mode='host-passthrough'/>");
+        return;
+    }
     let _ = writeln!(w, "  <cpu mode='host-passthrough'>\n    <numa>");
+    let from_host = grace.is_some_and(|g| g.distances_from_host);
     let distances = |w: &mut String, id: u32| {
-        let Some(row) = g
-            .distances
-            .get(id as usize)
-            .filter(|_| g.distances_from_host)
+        let Some(row) = grace
+            .and_then(|g| g.distances.get(id as usize))
+            .filter(|_| from_host)
         else {
             return;
         };
@@ -135,7 +143,7 @@ fn write_cpu(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
         }
         let _ = writeln!(w, "        </distances>");
     };
-    let close = if g.distances_from_host { ">" } else { "/>" };
+    let close = if from_host { ">" } else { "/>" };
     for (i, n) in vm.layout.numa_nodes.iter().enumerate() {
         let (cpus, mem) = vm.numa_share(i);
         let _ = writeln!(
@@ -145,14 +153,17 @@ fn write_cpu(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
             cpulist(&cpus)
         );
         distances(w, n.id);
-        if g.distances_from_host {
+        if from_host {
             let _ = writeln!(w, "      </cell>");
         }
     }
-    for n in g.gpus.iter().flat_map(|gpu| &gpu.nodes) {
+    for n in grace
+        .iter()
+        .flat_map(|g| g.gpus.iter().flat_map(|gpu| &gpu.nodes))
+    {
         let _ = writeln!(w, "      <cell id='{}' memory='0' unit='KiB'{close}", n.id);
         distances(w, n.id);
-        if g.distances_from_host {
+        if from_host {
             let _ = writeln!(w, "      </cell>");
         }
     }
@@ -161,7 +172,7 @@ fn write_cpu(w: &mut String, vm: &VmDefinition, g: &GraceGuest) {
 
 /// fw_cfg's expectation, the window and (older libvirt) the generic initiators in
 /// `<qemu:commandline>`; the cliques (and iommufd before libvirt has it) as for x86.
-fn write_qemu_elements(w: &mut String, vm: &VmDefinition, g: &GraceGuest, version: LibvirtVersion) {
+fn write_qemu_elements(w: &mut String, vm: &VmDefinition, arm: ArmVirt, version: LibvirtVersion) {
     let cliques = clique_entries(&vm.layout.gpus);
     let iommufd_aliases = if vm.iommu_backend == IommuBackend::Iommufd && !version.has_iommufd() {
         hostdev_aliases(vm.layout.passed())
@@ -174,7 +185,7 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, g: &GraceGuest, versio
     };
     arg(w, "-fw_cfg");
     arg(w, &vm.fw_cfg_expectation());
-    if let Some(size) = g.highmem_mmio_size {
+    if let Some(size) = arm.highmem_mmio_size() {
         let _ = writeln!(
             w,
             "    <!-- libvirt has no element for virt's highmem-mmio-size -->"
@@ -182,7 +193,7 @@ fn write_qemu_elements(w: &mut String, vm: &VmDefinition, g: &GraceGuest, versio
         arg(w, "-machine");
         arg(w, &format!("highmem-mmio-size={}G", size >> 30));
     }
-    if !version.has_acpi_nodeset() {
+    if let Some(g) = arm.grace().filter(|_| !version.has_acpi_nodeset()) {
         let _ = writeln!(w, "    <!-- libvirt {version} has no element for acpi-generic-initiator (<acpi nodeset> on the hostdev from {ACPI_NODESET_SINCE}) -->");
         for gi in generic_initiators(g) {
             arg(w, "-object");

@@ -7,6 +7,7 @@ use vfio_p2p_config::vm::{IommuBackend, VmConfig};
 use vfio_p2p_config::vm_devices::{Disk, DiskBus};
 use vfio_p2p_contract::{Expectation, FW_CFG_NAME};
 use vfio_p2p_decide::address_space::GuestAddressSpace;
+use vfio_p2p_decide::arm_pcie_guest::ArmPcieGuest;
 use vfio_p2p_decide::grace_guest::GraceGuest;
 use vfio_p2p_decide::guest_layout::GuestLayout;
 use vfio_p2p_decide::vm::VmPlan;
@@ -35,6 +36,9 @@ pub struct VmDefinition<'a> {
     /// A Grace host's guest: an aarch64 `virt` machine with the GPUs' NUMA nodes and
     /// vSMMUs; `None` for every other host, whose output is the x86 q35 one.
     pub grace: Option<&'a GraceGuest>,
+    /// An aarch64 host's guest of PCIe GPUs (QEMU and libvirt): a `virt` machine with the
+    /// x86 guest's PCIe tree; `None` elsewhere.
+    pub arm_pcie: Option<&'a ArmPcieGuest>,
 }
 
 /// The arm64 UEFI firmware (Debian's qemu-efi-aarch64: AAVMF) a Grace guest boots with
@@ -64,6 +68,7 @@ impl<'a> VmDefinition<'a> {
             address_space: plan.address_space.clone(),
             iommu_backend: plan.iommu_backend,
             grace: plan.grace.as_ref(),
+            arm_pcie: plan.arm_pcie.as_ref(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! decision is made here; the warnings returned are what a renderer says of its text.
 
 use super::qemu::{self, ArgvFormat};
+use super::qemu_grace::ArmVirt;
 use super::vm::{ExpectationSource, VmDefinition};
 use super::{cloud_hypervisor, incus, libvirt, libvirt_grace, nccl, proxmox, qemu_grace};
 use incus::IncusOutput;
@@ -26,13 +27,27 @@ pub fn render(
 ) -> (String, Vec<String>) {
     let vm = VmDefinition::of(plan, source);
     let format = options.format;
-    let text = match (plan.form, plan.grace.as_ref()) {
-        (TargetForm::QemuGrace, Some(g)) => qemu::render(&qemu_grace::argv(&vm, g), format),
-        (TargetForm::LibvirtGrace(version), Some(g)) => libvirt_grace::domain(&vm, g, version),
-        (TargetForm::Qemu | TargetForm::QemuGrace, _) => qemu::render(&qemu::argv(&vm), format),
-        (TargetForm::Libvirt(version) | TargetForm::LibvirtGrace(version), _) => {
-            libvirt::domain(&vm, version)
+    let arm = match (plan.grace.as_ref(), plan.arm_pcie.as_ref()) {
+        (Some(g), _) => Some(ArmVirt::Grace(g)),
+        (None, Some(p)) => Some(ArmVirt::Pcie(p)),
+        (None, None) => None,
+    };
+    let text = match (plan.form, arm) {
+        (TargetForm::QemuGrace | TargetForm::QemuArmPcie, Some(arm)) => {
+            qemu::render(&qemu_grace::argv(&vm, arm), format)
         }
+        (TargetForm::LibvirtGrace(version) | TargetForm::LibvirtArmPcie(version), Some(arm)) => {
+            libvirt_grace::domain(&vm, arm, version)
+        }
+        (TargetForm::Qemu | TargetForm::QemuGrace | TargetForm::QemuArmPcie, _) => {
+            qemu::render(&qemu::argv(&vm), format)
+        }
+        (
+            TargetForm::Libvirt(version)
+            | TargetForm::LibvirtGrace(version)
+            | TargetForm::LibvirtArmPcie(version),
+            _,
+        ) => libvirt::domain(&vm, version),
         (TargetForm::CloudHypervisor, _) => {
             let (argv, warnings) = cloud_hypervisor::argv(&vm);
             return (qemu::render(&argv, format), warnings);

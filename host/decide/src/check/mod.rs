@@ -59,7 +59,8 @@ pub fn run_checks(
     for g in &selected {
         out.push(host_rules::check_reset(topo, g));
     }
-    out.push(vm_rules::check_bars(&selected, vmm));
+    let arm_host = crate::arm_pcie_guest::is_arm_host(topo);
+    out.push(vm_rules::check_bars(&selected, vmm, arm_host));
     out.extend(bar_mmap_rules::check_bar_mmap(&selected, vmm));
     out.extend(address_rules::check_address_space(topo, &selected, vmm));
     let assigned = |g: &Device| match plan {

@@ -14,7 +14,9 @@ use vfio_p2p_model::Device;
 
 const GIB: u64 = 1 << 30;
 
-pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
+/// The GPUs' 64-bit BARs against the VM's window; `arm_host`: an aarch64 host, whose VMs
+/// are `virt` machines, so where no VM definition is given the fix is virt's window.
+pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts, arm_host: bool) -> CheckResult {
     let need = mmio::hole64_size(gpus);
     let total: u64 = gpus.iter().map(|d| d.bar64_total()).sum();
     let saw = format!(
@@ -23,7 +25,7 @@ pub(super) fn check_bars(gpus: &[&Device], vmm: &VmmFacts) -> CheckResult {
         total as f64 / GIB as f64,
         need / GIB
     );
-    let settings = if vmm.arm_virt {
+    let settings = if vmm.arm_virt || (arm_host && vmm.vm_config.is_none()) {
         virt_window_fix(need, &vmm.syntax)
     } else {
         hole64_fix(need, &vmm.syntax)

@@ -55,18 +55,42 @@ pub fn version(
     backend: IommuBackend,
     say: Say,
 ) -> LibvirtVersion {
+    version_with(probed, backend, true, say)
+}
+
+/// The version an aarch64 domain of PCIe GPUs is written for: as an x86 one's, less the
+/// guest's physical width (`<maxphysaddr>` and its older form are x86's).
+pub fn arm_version(
+    probed: &Result<LibvirtVersion, String>,
+    backend: IommuBackend,
+    say: Say,
+) -> LibvirtVersion {
+    version_with(probed, backend, false, say)
+}
+
+fn version_with(
+    probed: &Result<LibvirtVersion, String>,
+    backend: IommuBackend,
+    maxphysaddr: bool,
+    say: Say,
+) -> LibvirtVersion {
     let version = match probed {
         Ok(v) => *v,
         Err(why) => {
             let v = OVERRIDE_SINCE;
-            say(Said::Warning(unknown_version_warning(why, v, backend)));
+            say(Said::Warning(unknown_version_warning(
+                why,
+                v,
+                backend,
+                maxphysaddr,
+            )));
             return v;
         }
     };
     if !version.has_override() {
         say(Said::Warning(set_form_warning(version)));
     }
-    if !version.has_maxphysaddr() {
+    if maxphysaddr && !version.has_maxphysaddr() {
         say(Said::Warning(maxphysaddr_form_warning(version)));
     }
     if backend == IommuBackend::Iommufd && !version.has_iommufd() {
@@ -124,9 +148,10 @@ pub fn unknown_version_warning(
     why: &str,
     assumed: LibvirtVersion,
     backend: IommuBackend,
+    maxphysaddr: bool,
 ) -> String {
     let mut older = Vec::new();
-    if !assumed.has_maxphysaddr() {
+    if maxphysaddr && !assumed.has_maxphysaddr() {
         older.push(format!(
             "the host's address width as -global {HOST_PHYS_BITS_GLOBAL}"
         ));

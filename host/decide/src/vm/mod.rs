@@ -10,6 +10,7 @@
 //! before the host is read; [`plan`] then decides in the order the route has always had, so
 //! what it says ([`Said`]) comes out in the same order as before.
 
+mod arm_pcie;
 pub mod cloud_hypervisor;
 mod grace;
 pub mod incus;
@@ -22,6 +23,7 @@ use clap::ValueEnum;
 use pci_config::Bdf;
 
 use crate::address_space::GuestAddressSpace;
+use crate::arm_pcie_guest::ArmPcieGuest;
 use crate::clique_plan::{CliquePlan, PlanOptions};
 use crate::expectation;
 use crate::fleet_verdict::DomainPlan;
@@ -101,9 +103,12 @@ pub enum TargetForm {
     Qemu,
     /// An aarch64 `virt` machine for a Grace host's GPUs.
     QemuGrace,
+    /// An aarch64 `virt` machine for an Arm host's PCIe GPUs.
+    QemuArmPcie,
     /// A domain for this libvirt version.
     Libvirt(LibvirtVersion),
     LibvirtGrace(LibvirtVersion),
+    LibvirtArmPcie(LibvirtVersion),
     CloudHypervisor,
     Nccl,
     Proxmox,
@@ -120,6 +125,9 @@ pub struct VmPlan<'a> {
     pub layout: GuestLayout,
     /// A Grace host's guest (NUMA nodes, vSMMUs, window); `None` elsewhere.
     pub grace: Option<GraceGuest>,
+    /// An aarch64 host's guest of PCIe GPUs (its high window) for QEMU and libvirt;
+    /// `None` elsewhere.
+    pub arm_pcie: Option<ArmPcieGuest>,
     pub expectation: Expectation,
     /// `verify: vsock` with a state directory: what the collector is told.
     pub domain_plan: Option<DomainPlan>,
@@ -152,6 +160,12 @@ pub fn plan<'a>(inputs: &VmInputs<'a>, spec: &'a VmSpec, say: Say) -> anyhow::Re
         Some((layout, g)) => (layout, Some(g)),
         None => (target_layout(spec, topo, layout, say)?, None),
     };
+    let arm_host = arm_pcie::applies(inputs, spec, grace.is_some());
+    let arm_pcie = match arm_host {
+        true => arm_pcie::guest(inputs, spec, &layout, say)?,
+        false => None,
+    };
+    let arm_virt = grace.is_some() || arm_host;
     let mut expectation = expectation::for_layout(&config.name, topo, &layout);
     expectation::add_fabric(&mut expectation, topo, host.fabric);
     if let Some(g) = &grace {
@@ -163,7 +177,7 @@ pub fn plan<'a>(inputs: &VmInputs<'a>, spec: &'a VmSpec, say: Say) -> anyhow::Re
         .filter_map(|g| topo.device(&g.host))
         .collect();
     let hole64 = mmio::hole64_size(&devices);
-    let address_space = refusals::address_space(spec, topo, hole64, grace.is_some(), say)?;
+    let address_space = refusals::address_space(spec, topo, hole64, arm_virt, say)?;
     let has_cliques = layout.gpus.iter().any(|g| g.clique.is_some());
     let backend = refusals::iommu_backend(inputs, config.iommu_backend, has_cliques, say);
     refusals::vmm(spec, topo, &layout, backend, say)?;
@@ -172,7 +186,7 @@ pub fn plan<'a>(inputs: &VmInputs<'a>, spec: &'a VmSpec, say: Say) -> anyhow::Re
         inputs,
         spec,
         (backend, &address_space, hole64),
-        grace.is_some(),
+        (grace.is_some(), arm_pcie.is_some()),
         say,
     );
     Ok(VmPlan {
@@ -182,6 +196,7 @@ pub fn plan<'a>(inputs: &VmInputs<'a>, spec: &'a VmSpec, say: Say) -> anyhow::Re
         cliques,
         layout,
         grace,
+        arm_pcie,
         expectation,
         domain_plan,
         hole64,
@@ -282,14 +297,18 @@ fn target_form(
     inputs: &VmInputs,
     spec: &VmSpec,
     (backend, space, hole64): (IommuBackend, &GuestAddressSpace, u64),
-    grace: bool,
+    (grace, arm_pcie): (bool, bool),
     say: Say,
 ) -> TargetForm {
     match spec.flags.target {
         VmTarget::Qemu if grace => TargetForm::QemuGrace,
+        VmTarget::Qemu if arm_pcie => TargetForm::QemuArmPcie,
         VmTarget::Qemu => TargetForm::Qemu,
         VmTarget::Libvirt if grace => {
             TargetForm::LibvirtGrace(libvirt::grace_version(&inputs.libvirt_version, say))
+        }
+        VmTarget::Libvirt if arm_pcie => {
+            TargetForm::LibvirtArmPcie(libvirt::arm_version(&inputs.libvirt_version, backend, say))
         }
         VmTarget::Libvirt => {
             TargetForm::Libvirt(libvirt::version(&inputs.libvirt_version, backend, say))

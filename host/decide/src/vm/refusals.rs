@@ -10,20 +10,21 @@ use vfio_p2p_config::vm::IommuBackend;
 use vfio_p2p_model::Topology;
 
 /// The guest's address space as each target needs it: the NCCL file describes GPUs, not a
-/// VM's memory, and a Grace guest's window follows neither q35's nor OVMF's rules
-/// (`grace_guest` sizes it); every other VM is checked against the host's width.
+/// VM's memory, and an aarch64 guest's window (a Grace host's or an Arm host's with PCIe
+/// GPUs, `arm_virt`) follows neither q35's nor OVMF's rules (`grace_guest::window` sizes
+/// it); every other VM is checked against the host's width.
 pub(super) fn address_space(
     spec: &VmSpec,
     topo: &Topology,
     hole64: u64,
-    grace: bool,
+    arm_virt: bool,
     say: Say,
 ) -> anyhow::Result<GuestAddressSpace> {
     let other = address_space::GuestVendor::Other;
     let ram = spec.config.memory_mib << 20;
     Ok(match spec.flags.target {
         VmTarget::Nccl => address_space::for_vm(0, hole64, None, other)?,
-        _ if grace => address_space::for_vm(ram, hole64, None, other)?,
+        _ if arm_virt => address_space::for_vm(ram, hole64, None, other)?,
         _ => on_host_width(spec, topo, hole64, say)?,
     })
 }

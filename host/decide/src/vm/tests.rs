@@ -124,3 +124,60 @@ fn cloud_hypervisor_puts_every_device_on_its_root_bus() {
     assert_eq!(p.gpus.len(), 8);
     assert_eq!(p.expectation.gpus.len(), 8);
 }
+
+/// The guest kind follows the host's CPU: x86 → q35, aarch64 with a Grace superchip GPU →
+/// the Grace guest, aarch64 with PCIe GPUs → an Arm PCIe guest (the x86 tree, a high
+/// window, no Grace pieces); Cloud Hypervisor gets no machine but not q35's address rules.
+#[test]
+fn the_guest_kind_follows_the_host_arch() {
+    let (fabric, host) = (Fabric::default(), HostConfig::default());
+    let kinds = |example: &str, target: VmTarget| {
+        let t = topo(example);
+        let spec = VmSpec::apply(VmConfig::default(), flags(target)).unwrap();
+        let (p, _) = plan_of(&t, &spec, Ok(OVERRIDE_SINCE), &fabric, &host);
+        let window = p.arm_pcie.as_ref().and_then(|a| a.highmem_mmio_size);
+        let shape = (p.layout.bridges.len(), p.layout.numa_nodes.len());
+        (
+            p.form,
+            p.grace.is_some(),
+            p.arm_pcie.is_some(),
+            window,
+            shape,
+        )
+    };
+    let (form, grace, arm, _, _) = kinds("dual-socket-pcie", VmTarget::Qemu);
+    assert_eq!((form, grace, arm), (TargetForm::Qemu, false, false));
+    let (form, grace, arm, _, _) = kinds("gh200", VmTarget::Qemu);
+    assert_eq!((form, grace, arm), (TargetForm::QemuGrace, true, false));
+    let (form, grace, arm, window, (bridges, nodes)) = kinds("altra-pcie", VmTarget::Qemu);
+    assert_eq!((form, grace, arm), (TargetForm::QemuArmPcie, false, true));
+    // 4 GPUs in 256 GiB slots and 32 GiB for the rest: a 2 TiB power of two
+    assert_eq!(window, Some(2048 << 30));
+    // 2 expanders, 2 root ports, 2 switches of an upstream and 2 downstream ports
+    assert_eq!((bridges, nodes), (2 + 2 + 2 * 3, 1));
+    let (form, _, arm, _, _) = kinds("altra-pcie", VmTarget::Libvirt);
+    assert_eq!(
+        (form, arm),
+        (TargetForm::LibvirtArmPcie(OVERRIDE_SINCE), true)
+    );
+    let (form, _, arm, _, _) = kinds("altra-pcie", VmTarget::CloudHypervisor);
+    assert_eq!((form, arm), (TargetForm::CloudHypervisor, false));
+    // the NCCL file describes GPUs, whatever the arch
+    let (form, _, arm, _, _) = kinds("altra-pcie", VmTarget::Nccl);
+    assert_eq!((form, arm), (TargetForm::Nccl, false));
+}
+
+/// An aarch64 host's libvirt domain is not told about `<maxphysaddr>`, an x86 element.
+#[test]
+fn an_arm_domain_of_an_old_libvirt_is_not_told_of_maxphysaddr() {
+    let (fabric, host) = (Fabric::default(), HostConfig::default());
+    let said = |example: &str| {
+        let t = topo(example);
+        let spec = VmSpec::apply(VmConfig::default(), flags(VmTarget::Libvirt)).unwrap();
+        let (_, said) = plan_of(&t, &spec, Ok("8.1".parse().unwrap()), &fabric, &host);
+        said.iter()
+            .any(|s| matches!(s, Said::Warning(w) if w.contains("<maxphysaddr>")))
+    };
+    assert!(said("dual-socket-pcie"));
+    assert!(!said("altra-pcie"));
+}

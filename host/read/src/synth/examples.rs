@@ -12,6 +12,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("lab", "the nested-VM lab's level A (tests/lab): a switch with 2 bochs-display stand-ins, one on its own root port, one behind a pxb-pcie host bridge on NUMA node 1"),
     ("gh200", "GH200 Grace Hopper superchip: an aarch64 Grace CPU and an H100 joined by NVLink-C2C, the GPU's memory a NUMA node of its own with 7 generic-initiator companions"),
     ("gb200", "GB200 compute tray: 2 aarch64 Grace CPUs and 4 Blackwell GPUs (NVLink-C2C to their CPU, NVLink-5 between them), 34 NUMA nodes, one SMMU per GPU"),
+    ("altra-pcie", "Ampere Altra Max server (aarch64, one socket) with 4× H100 PCIe: 2 root complexes, each a PCIe switch with 2 GPUs"),
     ("flat-vm", "the real sysfs of a VM with 2 passed-through H200s on a flat root bus (no IOMMU), with its nvidia-smi capture: NV18 between them"),
 ];
 
@@ -46,6 +47,7 @@ pub fn example(name: &str) -> Result<HostRecord, String> {
         "lab" => Ok(lab()),
         "gh200" => Ok(super::grace::gh200()),
         "gb200" => Ok(super::grace::gb200()),
+        "altra-pcie" => Ok(super::arm_pcie::altra_pcie()),
         "flat-vm" => {
             let mut host =
                 flat_json::parse(H200X2_VM_SYSFS, "example flat-vm (h200x2-vm-sysfs.json)")?;

@@ -4,6 +4,7 @@
 //!
 //! Used for the embedded `--example` topologies, test fixtures and benchmarks.
 
+mod arm_pcie;
 mod examples;
 mod fabric_tables;
 mod grace;

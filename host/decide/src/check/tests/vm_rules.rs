@@ -212,3 +212,32 @@ fn untranslated_plan_fails() {
     assert_eq!(c.status, Status::Fail);
     assert!(c.saw.contains("untranslated"), "{}", c.saw);
 }
+
+/// No VM definition given: an aarch64 host's VMs are `virt` machines, so the fix names
+/// virt's high window, never q35's hole or OVMF's; an x86 host's names q35's.
+#[test]
+fn an_arm_hosts_window_fix_is_virts_without_a_vm_given() {
+    let fix_on = |arch| {
+        let mut rec = host(false, Some(ACS_ISOLATING));
+        rec.cpu = Some(vfio_p2p_model::CpuIdentity {
+            arch,
+            vendor: None,
+            family: None,
+            model: None,
+            phys_bits: None,
+        });
+        let t = Topology::from_record(&rec);
+        let g = &gpus(&t)[..2];
+        let r = run(&t, g, &live_ok(&t, g), &VmmFacts::default());
+        let c = find(&r, "mmio-window", None);
+        assert_eq!(c.status, Status::Warn, "{}", c.saw);
+        c.fix.clone().unwrap()
+    };
+    let arm = fix_on(vfio_p2p_model::CpuArch::Arm64);
+    assert!(
+        arm.contains("-machine virt,highmem-mmio-size=512G") && !arm.contains("q35"),
+        "{arm}"
+    );
+    let x86 = fix_on(vfio_p2p_model::CpuArch::X86_64);
+    assert!(x86.contains("q35-pcihost.pci-hole64-size"), "{x86}");
+}

@@ -1,0 +1,58 @@
+//! An aarch64 host's guest when its GPUs are plain PCIe cards (no Grace superchip among
+//! them): the layout decided for x86 (mirrored switches, cliques) on an aarch64 `virt`
+//! machine, whose high window `arm_pcie_guest` sizes for the QEMU that runs it.
+
+use anyhow::bail;
+
+use super::spec::VmSpec;
+use super::{Said, Say, VmInputs, VmTarget};
+use crate::arm_pcie_guest::{self, ArmPcieGuest};
+use crate::grace_guest;
+use crate::guest_layout::GuestLayout;
+use vfio_p2p_config::vm_devices::DiskBus;
+
+/// Whether the VM is an aarch64 `virt` machine of PCIe GPUs: an aarch64 host, no Grace
+/// guest, a VMM target (Cloud Hypervisor too: it has no machine type to choose, but its
+/// guest's address space is not q35's). `--as-is` keeps the machine as the x86 path has it.
+pub(super) fn applies(inputs: &VmInputs, spec: &VmSpec, grace: bool) -> bool {
+    let vmm_target = matches!(
+        spec.flags.target,
+        VmTarget::Qemu | VmTarget::Libvirt | VmTarget::CloudHypervisor
+    );
+    vmm_target && !grace && !spec.flags.as_is && arm_pcie_guest::is_arm_host(inputs.host.topo)
+}
+
+/// The Arm PCIe guest of `layout` for a QEMU or libvirt target (`None` for Cloud
+/// Hypervisor, which writes no machine), refusing SATA disks, which `virt` has no
+/// controller for.
+pub(super) fn guest(
+    inputs: &VmInputs,
+    spec: &VmSpec,
+    layout: &GuestLayout,
+    say: Say,
+) -> anyhow::Result<Option<ArmPcieGuest>> {
+    let config = &spec.config;
+    if let Some(d) = config.devices.disks.iter().find(|d| d.bus == DiskBus::Sata) {
+        let at = spec.at(d.at);
+        bail!("{at}disks: {} is a sata disk; the aarch64 virt machine of an Arm host's guest has no AHCI controller: use bus: virtio", d.path.display());
+    }
+    if spec.flags.target == VmTarget::CloudHypervisor {
+        return Ok(None);
+    }
+    let version = match inputs.qemu_version {
+        Some(Ok(v)) => Some(*v),
+        Some(Err(why)) => {
+            say(Said::Warning(why.clone()));
+            None
+        }
+        None => None,
+    };
+    let topo = inputs.host.topo;
+    let window = grace_guest::window(topo, layout);
+    let (guest, warnings) = arm_pcie_guest::decide(version, window)
+        .map_err(|e| anyhow::anyhow!("{e} (host: {})", topo.source))?;
+    for w in warnings {
+        say(Said::Warning(w));
+    }
+    Ok(Some(guest))
+}
