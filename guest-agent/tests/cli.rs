@@ -218,6 +218,28 @@ fn cuda_commands_without_libcuda_exit_2() {
     }
 }
 
+/// An absent NCCL skips the stage (exit 0, the rest of the report runs); one that is there
+/// but does not load cannot run (exit 2) and says dlerror's reason, naming the file.
+#[test]
+fn nccl_absent_is_skipped_and_broken_says_why() {
+    agent()
+        .args(["nccl", "--nccl-lib", "/nonexistent/libnccl.so.2"])
+        .assert()
+        .success()
+        .stdout("NCCL stage skipped: /nonexistent/libnccl.so.2 does not exist\n");
+    let t = tempfile::tempdir().unwrap();
+    let junk = t.path().join("libnccl.so.2");
+    fs::write(&junk, "not an ELF\n".repeat(10)).unwrap();
+    agent()
+        .args(["nccl", "--nccl-lib"])
+        .arg(&junk)
+        .assert()
+        .code(2)
+        .stderr(contains(format!("{} cannot be loaded: ", junk.display())))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains("reinstall it"));
+}
+
 #[test]
 fn recorded_h200_report_is_judged_ok() {
     let out = agent()

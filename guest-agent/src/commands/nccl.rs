@@ -10,7 +10,7 @@ use vfio_p2p_agent::nccl_allreduce::{self, NcclReport};
 use vfio_p2p_agent::sysfs::GuestSysfs;
 use vfio_p2p_agent::{link_verdict, nccl_topo};
 use vfio_p2p_cuda_driver as cuda;
-use vfio_p2p_cuda_driver::nccl::{library_path, Nccl};
+use vfio_p2p_cuda_driver::nccl::{library_path, Nccl, OpenError};
 use vfio_p2p_nvml::Nvml;
 
 use super::{emit, CannotRun};
@@ -26,7 +26,10 @@ pub(super) fn run(
 ) -> Result<u8, CannotRun> {
     let lib = library_path(lib);
     let report = match Nccl::open(&lib) {
-        Err(why) => nccl_allreduce::skipped(&lib, why),
+        Err(OpenError::Absent(why)) => nccl_allreduce::skipped(&lib, why),
+        Err(broken @ OpenError::Unloadable(_)) => {
+            return Err(CannotRun(anyhow::anyhow!("NCCL stage: {broken}")))
+        }
         Ok(nccl) => stage(&nccl, topo_file, mib << 20, sysfs)?,
     };
     emit(f, &report, nccl_allreduce::table)?;
