@@ -559,6 +559,57 @@ fn expect_with_a_planned_fabric_needs_nvml() {
         .stderr(contains("NVML (libnvidia-ml.so.1) cannot be loaded"));
 }
 
+/// A libnvidia-ml.so.1 that is there but does not load (first in `LD_LIBRARY_PATH`, where
+/// the dynamic linker looks before its cache): `topo` warns why and carries on without
+/// NVML; `expect` says why its planned fabric is unchecked. Absent, `topo` says nothing.
+#[test]
+fn a_broken_nvml_is_a_warning_saying_why() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    let libs = tempfile::tempdir().unwrap();
+    fs::write(
+        libs.path().join("libnvidia-ml.so.1"),
+        "not an ELF\n".repeat(10),
+    )
+    .unwrap();
+    agent()
+        .env("LD_LIBRARY_PATH", libs.path())
+        .args(["topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stderr(contains(
+            "warning: NVML: libnvidia-ml.so.1 cannot be loaded: ",
+        ))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains(
+            "NVLink counts, module ids and fabric state are unknown",
+        ));
+    agent()
+        .args(["topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stderr(contains("warning: NVML").not());
+    let file = t.path().join("expect.json");
+    let e = expectation("null", "0000:00:07.0").replace(
+        r#""pairs""#,
+        r#""fabric":{"model":"shared-nvswitch","partition_id":1,"fm_version":"580.159.04"},"pairs""#,
+    );
+    fs::write(&file, e).unwrap();
+    agent()
+        .env("LD_LIBRARY_PATH", libs.path())
+        .args(["expect", "--sysfs-root"])
+        .arg(t.path())
+        .arg("--expect")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(contains("but NVML: libnvidia-ml.so.1 cannot be loaded: "))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains("install the NVIDIA driver").not());
+}
+
 #[test]
 fn topo_and_scan_without_an_expectation_show_the_guests_view() {
     let t = tempfile::tempdir().unwrap();
