@@ -111,7 +111,7 @@ fn rank_work(
     cuda::init().map_err(s)?;
     let gpu = Gpu::open_at(gpu).map_err(s)?;
     gpu.bind().map_err(s)?;
-    let nccl = Nccl::open(lib)?;
+    let nccl = Nccl::open(lib).map_err(|e| e.to_string())?;
     let count = bytes / 4;
     let send = DeviceBuffer::new(&gpu, count * 4).map_err(s)?;
     let recv = DeviceBuffer::new(&gpu, count * 4).map_err(s)?;

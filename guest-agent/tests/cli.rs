@@ -218,6 +218,28 @@ fn cuda_commands_without_libcuda_exit_2() {
     }
 }
 
+/// An absent NCCL skips the stage (exit 0, the rest of the report runs); one that is there
+/// but does not load cannot run (exit 2) and says dlerror's reason, naming the file.
+#[test]
+fn nccl_absent_is_skipped_and_broken_says_why() {
+    agent()
+        .args(["nccl", "--nccl-lib", "/nonexistent/libnccl.so.2"])
+        .assert()
+        .success()
+        .stdout("NCCL stage skipped: /nonexistent/libnccl.so.2 does not exist\n");
+    let t = tempfile::tempdir().unwrap();
+    let junk = t.path().join("libnccl.so.2");
+    fs::write(&junk, "not an ELF\n".repeat(10)).unwrap();
+    agent()
+        .args(["nccl", "--nccl-lib"])
+        .arg(&junk)
+        .assert()
+        .code(2)
+        .stderr(contains(format!("{} cannot be loaded: ", junk.display())))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains("reinstall it"));
+}
+
 #[test]
 fn recorded_h200_report_is_judged_ok() {
     let out = agent()
@@ -535,6 +557,57 @@ fn expect_with_a_planned_fabric_needs_nvml() {
         .code(2)
         .stdout(contains("fabric not checked"))
         .stderr(contains("NVML (libnvidia-ml.so.1) cannot be loaded"));
+}
+
+/// A libnvidia-ml.so.1 that is there but does not load (first in `LD_LIBRARY_PATH`, where
+/// the dynamic linker looks before its cache): `topo` warns why and carries on without
+/// NVML; `expect` says why its planned fabric is unchecked. Absent, `topo` says nothing.
+#[test]
+fn a_broken_nvml_is_a_warning_saying_why() {
+    let t = tempfile::tempdir().unwrap();
+    materialise(t.path(), H200X2, |_, _| {});
+    let libs = tempfile::tempdir().unwrap();
+    fs::write(
+        libs.path().join("libnvidia-ml.so.1"),
+        "not an ELF\n".repeat(10),
+    )
+    .unwrap();
+    agent()
+        .env("LD_LIBRARY_PATH", libs.path())
+        .args(["topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stderr(contains(
+            "warning: NVML: libnvidia-ml.so.1 cannot be loaded: ",
+        ))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains(
+            "NVLink counts, module ids and fabric state are unknown",
+        ));
+    agent()
+        .args(["topo", "--sysfs-root"])
+        .arg(t.path())
+        .assert()
+        .success()
+        .stderr(contains("warning: NVML").not());
+    let file = t.path().join("expect.json");
+    let e = expectation("null", "0000:00:07.0").replace(
+        r#""pairs""#,
+        r#""fabric":{"model":"shared-nvswitch","partition_id":1,"fm_version":"580.159.04"},"pairs""#,
+    );
+    fs::write(&file, e).unwrap();
+    agent()
+        .env("LD_LIBRARY_PATH", libs.path())
+        .args(["expect", "--sysfs-root"])
+        .arg(t.path())
+        .arg("--expect")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(contains("but NVML: libnvidia-ml.so.1 cannot be loaded: "))
+        .stderr(contains("invalid ELF header"))
+        .stderr(contains("install the NVIDIA driver").not());
 }
 
 #[test]

@@ -2,12 +2,17 @@ use std::ffi::CStr;
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUresult};
+use vfio_p2p_load_failure::LoadFailure;
 
 /// A failed driver call, with what was being done and on which GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     #[error("the CUDA driver library (libcuda.so.1) cannot be loaded: is the NVIDIA driver installed in this guest?")]
     NoDriver,
+    /// libcuda is there but cannot be loaded (a library it needs, another architecture's
+    /// build, a damaged file): dlerror's reason and the fix.
+    #[error("the CUDA driver library: {0}")]
+    Unloadable(LoadFailure),
     #[error("cuInit failed: {0}")]
     Init(String),
     #[error("{what} on GPU {gpu}: {error}")]
@@ -74,11 +79,12 @@ const MAX_CONNECTIONS: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 /// Loads libcuda and initialises the driver.
 ///
 /// cudarc panics on the first call into a library it cannot load, so this checks
-/// for the library first and turns its absence into [`CudaError::NoDriver`].
+/// for the library first and turns its absence into [`CudaError::NoDriver`], a library
+/// that is there but does not load into [`CudaError::Unloadable`] with dlerror's reason.
 pub fn init() -> Result<(), CudaError> {
     // SAFETY: is_culib_present only tries to dlopen the library names and drops them.
     if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::NoDriver);
+        return Err(load_error(DRIVER_LIB));
     }
     // SAFETY: the library is present; cuInit has no pointer arguments.
     let r = unsafe { sys::cuInit(0) };
@@ -86,6 +92,22 @@ pub fn init() -> Result<(), CudaError> {
         return Err(CudaError::Init(describe(r)));
     }
     Ok(())
+}
+
+/// The driver library's name as the NVIDIA driver installs it (one of cudarc's candidates).
+const DRIVER_LIB: &str = "libcuda.so.1";
+
+/// Why `library` does not load: [`CudaError::NoDriver`] when it is not there.
+fn load_error(library: &str) -> CudaError {
+    // SAFETY: only reached when dlopen of every candidate failed; a library that does load
+    // now runs the driver's initialisers, which have no preconditions, and is dropped.
+    match unsafe { libloading::Library::new(library) } {
+        Ok(_) => CudaError::NoDriver,
+        Err(e) => match LoadFailure::new(library, &e) {
+            f if f.is_absent() => CudaError::NoDriver,
+            f => CudaError::Unloadable(f),
+        },
+    }
 }
 
 /// Driver API version (e.g. 13000 for CUDA 13.0). Needs [`init`] first.
@@ -107,4 +129,25 @@ pub(crate) fn c_buf_to_string(buf: &[std::ffi::c_char]) -> String {
     CStr::from_bytes_until_nul(bytes)
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absent_driver_says_so_and_a_broken_one_says_dlerrors_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let junk = d.path().join("libcuda.so.1");
+        std::fs::write(&junk, "not an ELF").unwrap();
+        let broken = load_error(&junk.display().to_string()).to_string();
+        assert!(broken.contains(&junk.display().to_string()), "{broken}");
+        assert!(broken.contains("file too short"), "{broken}");
+        assert!(broken.contains("reinstall it"), "{broken}");
+        let absent = load_error("/nonexistent/libcuda.so.1");
+        assert!(matches!(absent, CudaError::NoDriver), "{absent}");
+        assert!(absent
+            .to_string()
+            .contains("is the NVIDIA driver installed"));
+    }
 }

@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 
 use libloading::Library;
+use vfio_p2p_load_failure::{reason, LoadFailure};
 
 use super::memory::DeviceBuffer;
 use super::stream::Stream;
@@ -69,16 +70,38 @@ pub fn library_path(explicit: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB))
 }
 
+/// Why the library did not load.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Not there: the stage is skipped.
+    #[error("{0}")]
+    Absent(String),
+    /// There but unloadable: dlerror's reason and the fix.
+    #[error("{0}")]
+    Unloadable(LoadFailure),
+}
+
 impl Nccl {
     /// Loads the library at `path`, or says why not.
-    pub fn open(path: &Path) -> Result<Nccl, String> {
+    pub fn open(path: &Path) -> Result<Nccl, OpenError> {
         if path.components().count() > 1 && !path.exists() {
-            return Err(format!("{} does not exist", path.display()));
+            return Err(OpenError::Absent(format!(
+                "{} does not exist",
+                path.display()
+            )));
         }
         // SAFETY: loading NCCL runs its static initialisers, which have no preconditions
         // (it is loaded so by every framework that uses it).
-        let lib = unsafe { Library::new(path) }
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+        let lib = unsafe { Library::new(path) }.map_err(|e| {
+            match LoadFailure::new(&path.display().to_string(), &e) {
+                f if f.is_absent() => OpenError::Absent(format!(
+                    "{} is not in the dynamic linker's search path: install NCCL, or name \
+                     the library with --nccl-lib or {LIB_ENV}",
+                    path.display()
+                )),
+                f => OpenError::Unloadable(f),
+            }
+        })?;
         Ok(Nccl {
             lib,
             path: path.to_path_buf(),
@@ -90,9 +113,10 @@ impl Nccl {
         // pointer is only used while `self.lib` is loaded.
         unsafe { self.lib.get::<F>(name).map(|s| *s) }.map_err(|e| {
             format!(
-                "{} has no {}: {e}",
+                "{} has no {}: {}",
                 self.path.display(),
-                String::from_utf8_lossy(name)
+                String::from_utf8_lossy(name),
+                reason(&e)
             )
         })
     }
@@ -213,10 +237,80 @@ mod tests {
         let e = Nccl::open(Path::new("/nonexistent/libnccl.so.2"))
             .err()
             .unwrap();
-        assert!(e.contains("/nonexistent/libnccl.so.2"), "{e}");
+        assert!(matches!(e, OpenError::Absent(_)), "{e}");
+        assert_eq!(e.to_string(), "/nonexistent/libnccl.so.2 does not exist");
+        let e = Nccl::open(Path::new("libvfio-p2p-no-such-nccl.so.2"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, OpenError::Absent(_)), "{e}");
+        assert!(e.to_string().contains("--nccl-lib"), "{e}");
         assert_eq!(
             library_path(Some(Path::new("/x/libnccl.so"))),
             PathBuf::from("/x/libnccl.so")
         );
+    }
+
+    #[test]
+    fn a_broken_library_says_dlerrors_reason_and_the_fix() {
+        let d = tempfile::tempdir().unwrap();
+        let junk = d.path().join("libnccl.so.2");
+        std::fs::write(&junk, "not an ELF\n".repeat(10)).unwrap();
+        let e = Nccl::open(&junk).err().unwrap();
+        let text = e.to_string();
+        assert!(matches!(e, OpenError::Unloadable(_)), "{text}");
+        assert!(text.starts_with(&junk.display().to_string()), "{text}");
+        assert!(text.contains("invalid ELF header"), "{text}");
+        assert!(text.contains("not a shared library"), "{text}");
+    }
+
+    /// A real shared object whose dependency is gone: dlerror names the dependency, not
+    /// the library, and the fix says a library it needs is missing. Builds both with `cc`,
+    /// the C compiler (and Rust's linker) every build machine of this crate has.
+    #[test]
+    fn a_library_whose_dependency_is_missing_says_which() {
+        let d = tempfile::tempdir().unwrap();
+        let c = d.path().join("x.c");
+        std::fs::write(&c, "int vfio_p2p_x(void) { return 1; }\n").unwrap();
+        let dep = d.path().join("libvfio-p2p-gone.so");
+        let lib = d.path().join("libnccl.so.2");
+        let cc = |args: &[&std::ffi::OsStr]| {
+            let out = std::process::Command::new("cc").args(args).output();
+            let out = out.expect("cc (the C compiler) runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        cc(&[
+            "-shared".as_ref(),
+            "-fPIC".as_ref(),
+            "-o".as_ref(),
+            dep.as_os_str(),
+            c.as_os_str(),
+        ]);
+        let libdir = d.path().as_os_str();
+        let (dash_l, no_as_needed) = ("-L".as_ref(), "-Wl,--no-as-needed".as_ref());
+        let needs = "-lvfio-p2p-gone".as_ref();
+        let (o, shared, fpic) = ("-o".as_ref(), "-shared".as_ref(), "-fPIC".as_ref());
+        cc(&[
+            shared,
+            fpic,
+            o,
+            lib.as_os_str(),
+            c.as_os_str(),
+            dash_l,
+            libdir,
+            no_as_needed,
+            needs,
+        ]);
+        std::fs::remove_file(&dep).unwrap();
+        let e = Nccl::open(&lib).err().unwrap();
+        let text = e.to_string();
+        assert!(matches!(e, OpenError::Unloadable(_)), "{text}");
+        assert!(text.starts_with(&lib.display().to_string()), "{text}");
+        let why = "libvfio-p2p-gone.so: cannot open shared object file: No such file or directory";
+        assert!(text.contains(why), "{text}");
+        assert!(text.contains("a library it needs is missing"), "{text}");
     }
 }

@@ -8,6 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use libloading::{Library, Symbol};
 use pci_config::Bdf;
 use serde::{Deserialize, Serialize};
+use vfio_p2p_load_failure::{reason, LoadFailure};
 
 type NvmlReturn = c_int;
 type NvmlDevice = *mut c_void;
@@ -68,20 +69,65 @@ pub struct Nvml {
     lib: Library,
 }
 
+/// NVML's library as the NVIDIA driver installs it.
+pub const LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Why NVML is not available.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The library is not installed (NVML is optional: the caller may stay silent).
+    Absent,
+    /// The library is there but does not load: dlerror's reason and the fix.
+    Unloadable(LoadFailure),
+    /// The library loaded but NVML did not start (`nvmlInit_v2` missing or failed).
+    NotStarted(String),
+}
+
+impl Unavailable {
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Unavailable::Absent)
+    }
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::Absent => write!(f, "NVML ({LIBRARY}) is not installed"),
+            Unavailable::Unloadable(why) => write!(f, "NVML: {why}"),
+            Unavailable::NotStarted(why) => write!(f, "NVML ({LIBRARY}) did not start: {why}"),
+        }
+    }
+}
+
 impl Nvml {
-    /// Opens and initialises NVML, or `None` when it is not installed or fails to start.
-    pub fn open() -> Option<Nvml> {
+    /// Opens and initialises NVML, or says why not.
+    pub fn open() -> Result<Nvml, Unavailable> {
+        Nvml::open_library(LIBRARY)
+    }
+
+    fn open_library(library: &str) -> Result<Nvml, Unavailable> {
         // SAFETY: loading the NVIDIA management library runs no initialiser with
         // preconditions; nvmlInit_v2 is its documented first call.
-        unsafe {
-            let lib = Library::new("libnvidia-ml.so.1").ok()?;
+        let lib =
+            unsafe { Library::new(library) }.map_err(|e| match LoadFailure::new(library, &e) {
+                f if f.is_absent() => Unavailable::Absent,
+                f => Unavailable::Unloadable(f),
+            })?;
+        // SAFETY: nvmlInit_v2 takes no arguments (nvml.h).
+        let rc = unsafe {
             let init: Symbol<unsafe extern "C" fn() -> NvmlReturn> =
-                lib.get(b"nvmlInit_v2").ok()?;
-            if init() != NVML_SUCCESS {
-                return None;
-            }
-            Some(Nvml { lib })
+                lib.get(b"nvmlInit_v2").map_err(|e| {
+                    Unavailable::NotStarted(format!("{library} has no nvmlInit_v2: {}", reason(&e)))
+                })?;
+            init()
+        };
+        if rc != NVML_SUCCESS {
+            return Err(Unavailable::NotStarted(format!(
+                "nvmlInit_v2: {}",
+                error_text(&lib, rc)
+            )));
         }
+        Ok(Nvml { lib })
     }
 
     fn device(&self, bdf: Bdf) -> Option<NvmlDevice> {
@@ -152,19 +198,7 @@ impl Nvml {
 
     /// The text NVML gives a return code.
     fn error_text(&self, r: NvmlReturn) -> String {
-        // SAFETY: signature as in nvml.h; the string returned is static in the library.
-        let text = unsafe {
-            self.lib
-                .get::<unsafe extern "C" fn(NvmlReturn) -> *const c_char>(b"nvmlErrorString")
-                .ok()
-                .map(|f| f(r))
-                .filter(|p| !p.is_null())
-                .map(|p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
-        };
-        match text {
-            Some(t) => format!("NVML error {r} ({t})"),
-            None => format!("NVML error {r}"),
-        }
+        error_text(&self.lib, r)
     }
 
     /// The GPU's physical module id on its baseboard (`nvmlDeviceGetModuleId`).
@@ -266,6 +300,22 @@ impl Drop for Nvml {
     }
 }
 
+/// The text NVML's library `lib` gives a return code.
+fn error_text(lib: &Library, r: NvmlReturn) -> String {
+    // SAFETY: signature as in nvml.h; the string returned is static in the library.
+    let text = unsafe {
+        lib.get::<unsafe extern "C" fn(NvmlReturn) -> *const c_char>(b"nvmlErrorString")
+            .ok()
+            .map(|f| f(r))
+            .filter(|p| !p.is_null())
+            .map(|p| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+    };
+    match text {
+        Some(t) => format!("NVML error {r} ({t})"),
+        None => format!("NVML error {r}"),
+    }
+}
+
 /// `nvmlGpuTopologyLevel_t` to the labels of `nvidia-smi topo -m`.
 fn topology_label(level: c_int) -> String {
     match level {
@@ -319,5 +369,27 @@ mod tests {
             label: "PHB".into()
         }
         .is_nvlink());
+    }
+
+    #[test]
+    fn an_absent_library_is_absent_and_a_broken_one_says_dlerrors_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let junk = d.path().join(LIBRARY);
+        std::fs::write(&junk, "not an ELF").unwrap();
+        let broken = Nvml::open_library(&junk.display().to_string())
+            .err()
+            .unwrap();
+        assert!(!broken.is_absent(), "{broken}");
+        let text = broken.to_string();
+        assert!(text.contains(&junk.display().to_string()), "{text}");
+        assert!(text.contains("file too short"), "{text}");
+        let absent = Nvml::open_library("/nonexistent/libnvidia-ml.so.1")
+            .err()
+            .unwrap();
+        assert_eq!(absent, Unavailable::Absent);
+        assert_eq!(
+            absent.to_string(),
+            "NVML (libnvidia-ml.so.1) is not installed"
+        );
     }
 }

@@ -20,17 +20,19 @@ pub(super) fn run(
     let mut r = expect::compare(&e, &source, &scan, &guest.numa);
     if fabric::planned(&e) {
         match Nvml::open() {
-            Some(nvml) => {
+            Ok(nvml) => {
                 let bdfs: Vec<_> = scan.gpus.iter().map(|g| g.bdf).collect();
                 r.fabric = Some(fabric::judge(&fabric::read(&nvml, &bdfs), Some(&e)));
             }
-            None => {
-                r.fabric_unchecked = Some(
-                    "the expectation plans an NVSwitch fabric (module ids, FM partition) but \
-                     NVML (libnvidia-ml.so.1) cannot be loaded: install the NVIDIA driver in \
-                     the guest"
-                        .into(),
-                )
+            Err(why) => {
+                let plans = "the expectation plans an NVSwitch fabric (module ids, FM partition)";
+                r.fabric_unchecked = Some(match why.is_absent() {
+                    true => format!(
+                        "{plans} but NVML (libnvidia-ml.so.1) cannot be loaded: install the \
+                         NVIDIA driver in the guest"
+                    ),
+                    false => format!("{plans} but {why}"),
+                })
             }
         }
     }

@@ -183,6 +183,21 @@ pub(crate) fn in_vm() -> bool {
     vfio_p2p_agent::report::in_virtual_machine()
 }
 
+/// NVML when it starts. It is optional: absent, nothing is said; there but not loading or
+/// not starting, a `warning: …` line on stderr says why (dlerror's reason and the fix),
+/// and what needs NVML is reported unknown.
+pub(crate) fn open_nvml() -> Option<Nvml> {
+    match Nvml::open() {
+        Ok(nvml) => Some(nvml),
+        Err(why) => {
+            if !why.is_absent() {
+                eprintln!("warning: {why}; NVLink counts, module ids and fabric state are unknown");
+            }
+            None
+        }
+    }
+}
+
 pub(crate) fn optional_expectation(
     args: &ExpectArgs,
     root: &Path,

@@ -10,10 +10,10 @@ use vfio_p2p_agent::nccl_allreduce::{self, NcclReport};
 use vfio_p2p_agent::sysfs::GuestSysfs;
 use vfio_p2p_agent::{link_verdict, nccl_topo};
 use vfio_p2p_cuda_driver as cuda;
-use vfio_p2p_cuda_driver::nccl::{library_path, Nccl};
+use vfio_p2p_cuda_driver::nccl::{library_path, Nccl, OpenError};
 use vfio_p2p_nvml::Nvml;
 
-use super::{emit, CannotRun};
+use super::{emit, open_nvml, CannotRun};
 
 /// How long one run (every rank) may take: NCCL's setup takes seconds.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -26,7 +26,10 @@ pub(super) fn run(
 ) -> Result<u8, CannotRun> {
     let lib = library_path(lib);
     let report = match Nccl::open(&lib) {
-        Err(why) => nccl_allreduce::skipped(&lib, why),
+        Err(OpenError::Absent(why)) => nccl_allreduce::skipped(&lib, why),
+        Err(broken @ OpenError::Unloadable(_)) => {
+            return Err(CannotRun(anyhow::anyhow!("NCCL stage: {broken}")))
+        }
         Ok(nccl) => stage(&nccl, topo_file, mib << 20, sysfs)?,
     };
     emit(f, &report, nccl_allreduce::table)?;
@@ -46,6 +49,7 @@ fn stage(
     let version = nccl.version().ok();
     let mut runs = Vec::new();
     // A fresh bootstrap id per run: each id serves one communicator.
+    let nvml = open_nvml();
     let id = nccl.unique_id().map_err(anyhow::Error::msg)?;
     let auto = nccl_allreduce::run_all(&exe, &nccl.path, (&gpus, &id), None, (bytes, RUN_LIMIT));
     if let Some(file) = nccl_allreduce::topology_file(topo_file) {
@@ -57,14 +61,14 @@ fn stage(
             Some(&file),
             (bytes, RUN_LIMIT),
         );
-        let why = file_problems(&file, &gpus, &guest);
+        let why = file_problems(&file, &gpus, &guest, nvml.as_ref());
         nccl_allreduce::judge_file_run(&mut with_file, &auto, &why);
         runs.push(auto);
         runs.push(with_file);
     } else {
         runs.push(auto);
     }
-    if let Some(link) = weakest_link(&gpus, &guest) {
+    if let Some(link) = weakest_link(&gpus, &guest, nvml.as_ref()) {
         for run in &mut runs {
             nccl_allreduce::judge_against_link(run, &link);
         }
@@ -81,7 +85,12 @@ fn stage(
 
 /// What the file gets wrong against this guest: the `nccl-topo` check's problems and
 /// GPUs given fewer NVLinks than NVML sees active.
-fn file_problems(file: &Path, gpus: &[Bdf], guest: &GuestSysfs) -> Vec<String> {
+fn file_problems(
+    file: &Path,
+    gpus: &[Bdf],
+    guest: &GuestSysfs,
+    nvml: Option<&Nvml>,
+) -> Vec<String> {
     let Ok(scan) = &guest.gpus else {
         return Vec::new();
     };
@@ -89,7 +98,7 @@ fn file_problems(file: &Path, gpus: &[Bdf], guest: &GuestSysfs) -> Vec<String> {
         Ok(c) => c,
         Err(e) => return vec![e],
     };
-    let active: Vec<(Bdf, u32)> = match Nvml::open() {
+    let active: Vec<(Bdf, u32)> = match nvml {
         Some(nvml) => gpus
             .iter()
             .map(|&g| {
@@ -112,18 +121,18 @@ fn file_problems(file: &Path, gpus: &[Bdf], guest: &GuestSysfs) -> Vec<String> {
 
 /// What the weakest link between any two of `gpus` carries: NVML's NVLink count with
 /// the GPU's part, else PCIe from sysfs; `None` when unknown.
-fn weakest_link(gpus: &[Bdf], guest: &GuestSysfs) -> Option<link_verdict::LinkExpectation> {
+fn weakest_link(
+    gpus: &[Bdf],
+    guest: &GuestSysfs,
+    nvml: Option<&Nvml>,
+) -> Option<link_verdict::LinkExpectation> {
     let scan = guest.gpus.as_ref().ok()?;
-    let nvml = Nvml::open();
     let mut weakest: Option<link_verdict::LinkExpectation> = None;
     for (i, &a) in gpus.iter().enumerate() {
         for &b in &gpus[i + 1..] {
             let g = scan.gpu(a)?;
             let device = u16::from_str_radix(g.device.trim_start_matches("0x"), 16).ok()?;
-            let links = nvml
-                .as_ref()
-                .and_then(|n| n.link(a, b))
-                .map_or(0, |l| l.nvlinks);
+            let links = nvml.and_then(|n| n.link(a, b)).map_or(0, |l| l.nvlinks);
             let e = if links > 0 {
                 link_verdict::nvlink_expectation(links, device)?
             } else {

@@ -5,18 +5,17 @@ use serde::Serialize;
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
 use vfio_p2p_agent::peers::{self, GpuInfo, PeerCheck};
 use vfio_p2p_agent::render;
-use vfio_p2p_nvml::Nvml;
 
 use super::{
-    emit, in_vm, open_gpus, optional_expectation, pair_exit, pair_reports, print_summaries,
-    CannotRun,
+    emit, in_vm, open_gpus, open_nvml, optional_expectation, pair_exit, pair_reports,
+    print_summaries, CannotRun,
 };
 
 /// `peers`: peer access between every ordered pair, as the driver reports it.
 pub(super) fn run(f: Format, sysfs: &SysfsArgs, expect: &ExpectArgs) -> Result<u8, CannotRun> {
     let expectation = optional_expectation(expect, &sysfs.sysfs_root)?;
     let gpus = open_gpus()?;
-    let nvml = Nvml::open();
+    let nvml = open_nvml();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
     #[derive(Serialize)]

@@ -25,8 +25,9 @@ use vfio_p2p_cuda_driver as cuda;
 use vfio_p2p_nvml::Nvml;
 
 use super::{
-    deliver, emit, in_vm, load_modules, mark, nccl_topo_env, open_gpus, optional_expectation,
-    pair_reports, parse_inject, read_sysfs, topo_report, CannotRun, CROSS_PROCESS_LIMIT,
+    deliver, emit, in_vm, load_modules, mark, nccl_topo_env, open_gpus, open_nvml,
+    optional_expectation, pair_reports, parse_inject, read_sysfs, topo_report, CannotRun,
+    CROSS_PROCESS_LIMIT,
 };
 
 /// `report`'s arguments turned into what it runs: the bench plan (with `--tune`), how it
@@ -220,7 +221,7 @@ fn guest_side(root: &Path, expectation: Option<&(Expectation, PathBuf)>) -> Gues
         (Some((e, src)), Some(s)) => Some(expect::compare(e, src, s, &guest.numa)),
         _ => None,
     };
-    let nvml = Nvml::open();
+    let nvml = open_nvml();
     let topo = expectation.map(|(e, _)| topo_report(&guest.places, e, nvml.as_ref()));
     let fabric = nvml.as_ref().zip(scan.as_ref()).map(|(n, s)| {
         let bdfs: Vec<_> = s.gpus.iter().map(|g| g.bdf).collect();

@@ -3,11 +3,10 @@
 use vfio_p2p_agent::cli::{ExpectArgs, Format, SysfsArgs};
 use vfio_p2p_agent::verify::Injection;
 use vfio_p2p_agent::{measure, peers, render};
-use vfio_p2p_nvml::Nvml;
 
 use super::{
-    emit, in_vm, judge_all, load_modules, open_gpus, optional_expectation, pair_exit, pair_reports,
-    print_summaries, read_sysfs, CannotRun,
+    emit, in_vm, judge_all, load_modules, open_gpus, open_nvml, optional_expectation, pair_exit,
+    pair_reports, print_summaries, read_sysfs, CannotRun,
 };
 
 /// `verify`: one-way writes across every pair, checked on the destination.
@@ -21,7 +20,7 @@ pub(super) fn run(
     let guest = read_sysfs(&sysfs.sysfs_root, expectation.as_ref());
     let gpus = open_gpus()?;
     let modules = load_modules(&gpus)?;
-    let nvml = Nvml::open();
+    let nvml = open_nvml();
     let pairs = peers::probe(&gpus, nvml.as_ref())?;
     let mut reports = pair_reports(&pairs, expectation.as_ref(), in_vm());
     let words = mib * (1 << 20) / 4;
