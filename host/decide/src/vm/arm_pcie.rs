@@ -2,14 +2,11 @@
 //! them): the layout decided for x86 (mirrored switches, cliques) on an aarch64 `virt`
 //! machine, whose high window `arm_pcie_guest` sizes for the QEMU that runs it.
 
-use anyhow::bail;
-
 use super::spec::VmSpec;
 use super::{Said, Say, VmInputs, VmTarget};
 use crate::arm_pcie_guest::{self, ArmPcieGuest};
 use crate::grace_guest;
 use crate::guest_layout::GuestLayout;
-use vfio_p2p_config::vm_devices::DiskBus;
 
 /// Whether the VM is an aarch64 `virt` machine of PCIe GPUs: an aarch64 host, no Grace
 /// guest, a VMM target (Cloud Hypervisor too: it has no machine type to choose, but its
@@ -31,22 +28,11 @@ pub(super) fn guest(
     layout: &GuestLayout,
     say: Say,
 ) -> anyhow::Result<Option<ArmPcieGuest>> {
-    let config = &spec.config;
-    if let Some(d) = config.devices.disks.iter().find(|d| d.bus == DiskBus::Sata) {
-        let at = spec.at(d.at);
-        bail!("{at}disks: {} is a sata disk; the aarch64 virt machine of an Arm host's guest has no AHCI controller: use bus: virtio", d.path.display());
-    }
+    super::refuse_sata_on_virt(spec, "an Arm host's guest")?;
     if spec.flags.target == VmTarget::CloudHypervisor {
         return Ok(None);
     }
-    let version = match inputs.qemu_version {
-        Some(Ok(v)) => Some(*v),
-        Some(Err(why)) => {
-            say(Said::Warning(why.clone()));
-            None
-        }
-        None => None,
-    };
+    let version = inputs.known_qemu_version(say);
     let topo = inputs.host.topo;
     let window = grace_guest::window(topo, layout);
     let (guest, warnings) = arm_pcie_guest::decide(version, window)

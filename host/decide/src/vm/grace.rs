@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use pci_config::Bdf;
 
 mod layout_keys;
@@ -14,7 +14,6 @@ use super::{cloud_hypervisor, Said, Say, VmInputs, VmTarget};
 use crate::grace_guest::{self, GraceGuest, QemuPieces, SmmuForm};
 use crate::guest_layout::{self, GuestLayout, LayoutOptions};
 use vfio_p2p_config::vm::GuestTopology;
-use vfio_p2p_config::vm_devices::DiskBus;
 use vfio_p2p_model::vmm::{OVERRIDE_SINCE, SMMU_PCI_BUS_SINCE};
 
 /// The Grace guest's layout and pieces; `None` for a target that has none (`--as-is`,
@@ -37,10 +36,7 @@ pub(super) fn layout(
         return Ok(None);
     }
     let config = &spec.config;
-    if let Some(d) = config.devices.disks.iter().find(|d| d.bus == DiskBus::Sata) {
-        let at = spec.at(d.at);
-        bail!("{at}disks: {} is a sata disk; the aarch64 virt machine of a Grace guest has no AHCI controller: use bus: virtio", d.path.display());
-    }
+    super::refuse_sata_on_virt(spec, "a Grace guest")?;
     let opts = LayoutOptions {
         topology: GuestTopology::Flat,
         guest_numa: false,
@@ -91,14 +87,7 @@ fn qemu_pieces(
     flat: &GuestLayout,
     say: Say,
 ) -> anyhow::Result<(QemuPieces, Vec<String>)> {
-    let version = match inputs.qemu_version {
-        Some(Ok(v)) => Some(*v),
-        Some(Err(why)) => {
-            say(Said::Warning(why.clone()));
-            None
-        }
-        None => None,
-    };
+    let version = inputs.known_qemu_version(say);
     let window = grace_guest::window(inputs.host.topo, flat);
     let (mut pieces, mut warnings) = grace_guest::qemu_pieces(version, window)?;
     let libvirt = inputs.libvirt_version.clone().unwrap_or(OVERRIDE_SINCE);

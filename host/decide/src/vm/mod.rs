@@ -97,6 +97,41 @@ pub struct VmInputs<'a> {
     pub incus: Option<Result<IncusApi, String>>,
 }
 
+impl VmInputs<'_> {
+    /// The version of the QEMU that runs the VM where it is known; why it is not, said as a
+    /// warning (an aarch64 guest's window rules then assume a QEMU that takes them).
+    fn known_qemu_version(&self, say: Say) -> Option<QemuVersion> {
+        match self.qemu_version {
+            Some(Ok(v)) => Some(*v),
+            Some(Err(why)) => {
+                say(Said::Warning(why.clone()));
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+/// Refuses a SATA disk in `spec`, at its vm.yaml line: an aarch64 `virt` machine (`guest`
+/// names which guest it is) has no AHCI controller.
+fn refuse_sata_on_virt(spec: &VmSpec, guest: &str) -> anyhow::Result<()> {
+    use vfio_p2p_config::vm_devices::DiskBus;
+    if let Some(d) = spec
+        .config
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.bus == DiskBus::Sata)
+    {
+        let at = spec.at(d.at);
+        anyhow::bail!(
+            "{at}disks: {} is a sata disk; the aarch64 virt machine of {guest} has no AHCI controller: use bus: virtio",
+            d.path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The form the target is written in, decided with the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TargetForm {

@@ -14,7 +14,7 @@
 //! (those of the H100 SXM in `hgx-h100`: 16 MiB, 128 GiB, 32 MiB) and the NUMA layout.
 
 use super::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
-use vfio_p2p_model::{CpuArch, CpuIdentity, HostRecord};
+use vfio_p2p_model::HostRecord;
 
 const H100_PCIE: (u16, u16) = (0x10de, 0x2331);
 const ALTRA_ROOT_PORTS: [(u16, u16, u16); 2] = [(0x000c, 0x1def, 0xe101), (0x000d, 0x1def, 0xe111)];
@@ -22,14 +22,7 @@ const ALTRA_ROOT_PORTS: [(u16, u16, u16); 2] = [(0x000c, 0x1def, 0xe101), (0x000
 pub(super) fn altra_pcie() -> HostRecord {
     let mut b = HostBuilder::new("example altra-pcie");
     b.numa_node(0, "0-127");
-    b.cpu(CpuIdentity {
-        arch: CpuArch::Arm64,
-        vendor: None,
-        family: None,
-        model: None,
-        phys_bits: None,
-    });
-    b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 iommu.passthrough=1");
+    b.arm64_server();
     for (segment, vendor, device) in ALTRA_ROOT_PORTS {
         let hb = b.host_bridge(segment, 0x00);
         let rp = b.bridge(

@@ -36,7 +36,7 @@
 //! tray): no public `nodeN/distance` of these hosts was found.
 
 use super::{Attach, EndpointSpec, HostBuilder, ACS_ISOLATING};
-use vfio_p2p_model::{CpuArch, CpuIdentity, HostRecord};
+use vfio_p2p_model::HostRecord;
 
 const GH200_GPU: (u16, u16) = (0x10de, 0x2342);
 const GB200_GPU: (u16, u16) = (0x10de, 0x2941);
@@ -48,15 +48,7 @@ const NODES_PER_GPU: u32 = 8;
 const HUGEPAGES_64K_KERNEL: [u64; 3] = [2048, 524288, 16777216];
 
 fn grace_cpu(b: &mut HostBuilder) {
-    b.cpu(CpuIdentity {
-        arch: CpuArch::Arm64,
-        vendor: None,
-        family: None,
-        model: None,
-        phys_bits: None,
-    });
-    b.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 iommu.passthrough=1");
-    b.hugepage_sizes(&HUGEPAGES_64K_KERNEL);
+    b.arm64_server().hugepage_sizes(&HUGEPAGES_64K_KERNEL);
 }
 
 /// A Grace GPU alone on PCI segment `segment`, behind a Grace root port, near CPU node `node`,

@@ -175,6 +175,20 @@ impl HostBuilder {
         self
     }
 
+    /// An arm64 server's CPU (`/proc/cpuinfo` on arm64 names no vendor, family or model)
+    /// booted with the IOMMU in passthrough for the host's own devices, as the Arm examples
+    /// (Grace, Altra) are.
+    pub fn arm64_server(&mut self) -> &mut Self {
+        self.cpu(vfio_p2p_model::CpuIdentity {
+            arch: vfio_p2p_model::CpuArch::Arm64,
+            vendor: None,
+            family: None,
+            model: None,
+            phys_bits: None,
+        });
+        self.kernel_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/nvme0n1p2 iommu.passthrough=1")
+    }
+
     /// A host bridge whose root bus is `bus`; buses below it are numbered from `bus + 1`.
     pub fn host_bridge(&mut self, domain: u16, bus: u8) -> HostBridgeId {
         let id = HostBridgeId { domain, bus };
