@@ -6,6 +6,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use libloading::Library;
+use vfio_p2p_load_failure::LoadFailure;
 
 use crate::abi::{self, FmReturn, FM_ST_SUCCESS};
 use crate::{FmCall, FmError, FmGpu, FmPartition, FmUnsupported, CONNECT_TIMEOUT};
@@ -43,22 +44,20 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-/// Why `library` did not load, with dlerror's reason (libloading's own text is only
-/// "dlopen failed"): absent (dlopen's "cannot open shared object file" for the library
-/// itself) is [`FmError::NoLibrary`], a host without FM; anything else — a dependency
-/// missing, another architecture, a truncated file — is [`FmError::Unloadable`].
+/// Why `library` did not load, with dlerror's reason (`vfio_p2p_load_failure`, the rule the
+/// agent's libraries follow too): absent (dlopen's "cannot open shared object file" for the
+/// library itself) is [`FmError::NoLibrary`], a host without FM; anything else — a
+/// dependency missing, another architecture, a truncated file — is [`FmError::Unloadable`].
 fn load_error(library: &str, e: &libloading::Error, env: &'static str) -> FmError {
-    let message = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
-    let absent = format!("{library}: cannot open shared object file: No such file or directory");
-    match message == absent {
-        true => FmError::NoLibrary {
-            library: library.to_string(),
-            message,
+    match LoadFailure::new(library, e) {
+        LoadFailure::Absent { library, reason } => FmError::NoLibrary {
+            library,
+            message: reason,
             env,
         },
-        false => FmError::Unloadable {
-            library: library.to_string(),
-            message,
+        LoadFailure::Unloadable { library, reason } => FmError::Unloadable {
+            library,
+            message: reason,
             env,
         },
     }

@@ -1,10 +1,11 @@
-//! Why a library the guest agent opens at run time (libcuda, NVML, NCCL) did not load.
+//! Why a library opened at run time did not load: the guest agent's (libcuda, NVML, NCCL)
+//! and the host's (Fabric Manager's client, `vfio-p2p-fm-ffi`), one rule for both.
 //!
 //! `libloading::Error`'s own text is only "dlopen failed"; dlerror's reason (glibc's
 //! `_dl_signal_error` text: `NAME: cannot open shared object file: No such file or
 //! directory`, `invalid ELF header`, `wrong ELF class: ELFCLASS32`, a dependency's name, …)
 //! is its `source()`. This crate reads it; the `dlopen` itself, and its `unsafe`, stay in
-//! the FFI crates (`vfio-p2p-cuda-driver`, `vfio-p2p-nvml`), which share only this.
+//! the FFI crates (`vfio-p2p-cuda-driver`, `vfio-p2p-nvml`, `vfio-p2p-fm-ffi`).
 #![forbid(unsafe_code)]
 
 use std::fmt;
