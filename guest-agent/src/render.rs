@@ -399,12 +399,19 @@ pub fn bench(results: &[PairBench]) -> String {
         ),
         _ => format!("{} samples each", plan.map_or(0, |p| p.samples)),
     };
+    // What the report holds, not what this build measures: a report of an earlier agent
+    // (`report --from`) took each place's median or fastest pass, its min the fastest place.
+    let places = results.first().and_then(|b| b.one_way_placements.as_ref());
+    let figure = places.map_or("mean", |d| d.figure.as_str());
+    let min = match places.and_then(|d| d.fastest_pass_us) {
+        Some(_) => "the fastest pass at any place – the slowest place",
+        None => "the fastest–slowest place",
+    };
     let note = match plan {
         Some(p) if p.pingpong_rounds_per_place > 0 => format!(
             "median of {samples}, ± half the spread; one-way: median over {} flag places \
-             (the same in every process; each place the mean of its {} passes), flag places: \
-             the fastest pass at any place – the slowest place; memcpy 4B: each mode over {} \
-             streams, ×streams; GB/s = 10^9 bytes/s",
+             (the same in every process; each place the {figure} of its {} passes), flag \
+             places: {min}; memcpy 4B: each mode over {} streams, ×streams; GB/s = 10^9 bytes/s",
             p.pingpong_positions, p.pingpong_rounds_per_place, p.memcpy_streams
         ),
         _ => format!(

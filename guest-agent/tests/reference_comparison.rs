@@ -386,3 +386,41 @@ fn nccl_passes_with_and_without_the_host_file_and_fails_on_a_wrong_one() {
             .starts_with("NCCL stage skipped: /nonexistent/libnccl.so.2"));
     }
 }
+
+/// The bench table's note says what the report holds: this agent's places (each the mean of
+/// its passes, the min the fastest pass), or an earlier agent's read with `report --from`
+/// (each the median of its passes, the min the fastest place's).
+#[test]
+fn the_bench_note_describes_the_reports_own_rule() {
+    let bench = |v: &Value| -> String {
+        let b: PairBench = serde_json::from_value(v.clone()).unwrap();
+        // Lines wrap: join them to read the note as one.
+        vfio_p2p_agent::render::bench(&[b])
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let report: Value = serde_json::from_str(&text("h200x2", "report-1.json")).unwrap();
+    let mut b = report["pairs"][0]["bench"].clone();
+    let now = bench(&b);
+    assert!(
+        now.contains("each place the mean of its 24 passes"),
+        "{now}"
+    );
+    assert!(
+        now.contains("flag places: the fastest pass at any place – the slowest place"),
+        "{now}"
+    );
+    let pl = b["one_way_placements"].as_object_mut().unwrap();
+    pl.remove("fastest_pass_us");
+    pl.insert("figure".into(), "median".into());
+    let before = bench(&b);
+    assert!(
+        before.contains("each place the median of its 24 passes"),
+        "{before}"
+    );
+    assert!(
+        before.contains("flag places: the fastest–slowest place"),
+        "{before}"
+    );
+}

@@ -15,7 +15,6 @@ use serde::Serialize;
 
 use crate::grace_guest::HIGHMEM_MMIO_DEFAULT;
 use vfio_p2p_model::vmm::QemuVersion;
-use vfio_p2p_model::{CpuArch, Topology};
 
 /// A window QEMU cannot give.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -31,12 +30,6 @@ pub struct WindowTooLarge {
 pub struct ArmPcieGuest {
     /// `highmem-mmio-size`, bytes; `None` where virt's 512 GiB default holds the BARs.
     pub highmem_mmio_size: Option<u64>,
-}
-
-/// Whether `topo`'s CPU is aarch64: its guest is a `virt` machine, never q35. (A Grace
-/// superchip's GPUs are decided first: `grace_guest::is_grace`.)
-pub fn is_arm_host(topo: &Topology) -> bool {
-    topo.cpu.as_ref().map(|c| c.arch) == Some(CpuArch::Arm64)
 }
 
 /// The Arm PCIe guest for GPUs whose BARs need a `window`-byte high window (a power of

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use pci_config::Bdf;
 
-use crate::{CpuArch, Topology};
+use crate::Topology;
 use vfio_p2p_contract::nvidia_parts;
 
 /// A GPU with an NVLink-C2C link to its CPU.
@@ -40,7 +40,7 @@ impl C2cGpu {
 
 /// The host's C2C-attached GPUs, by BDF; empty on a host that is not aarch64.
 pub fn c2c_gpus(topo: &Topology) -> BTreeMap<Bdf, C2cGpu> {
-    if topo.cpu.as_ref().map(|c| c.arch) != Some(CpuArch::Arm64) {
+    if !topo.is_arm64() {
         return BTreeMap::new();
     }
     let gpus: Vec<(Bdf, &'static str)> = topo

@@ -302,6 +302,11 @@ impl Topology {
     }
 
     /// GPUs in BDF order (the order of `topo`'s matrix and JSON).
+    /// Whether the host's CPU is aarch64 (its guests are `virt` machines, never q35).
+    pub fn is_arm64(&self) -> bool {
+        self.cpu.as_ref().map(|c| c.arch) == Some(CpuArch::Arm64)
+    }
+
     pub fn gpus(&self) -> impl Iterator<Item = &Device> {
         self.devices.values().filter(|d| d.is_gpu())
     }

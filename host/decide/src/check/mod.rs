@@ -59,7 +59,7 @@ pub fn run_checks(
     for g in &selected {
         out.push(host_rules::check_reset(topo, g));
     }
-    let arm_host = crate::arm_pcie_guest::is_arm_host(topo);
+    let arm_host = topo.is_arm64();
     out.push(vm_rules::check_bars(&selected, vmm, arm_host));
     out.extend(bar_mmap_rules::check_bar_mmap(&selected, vmm));
     out.extend(address_rules::check_address_space(topo, &selected, vmm));

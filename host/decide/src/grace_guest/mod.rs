@@ -35,7 +35,7 @@ use crate::guest_layout::{
 };
 use vfio_p2p_model::grace::c2c_gpus;
 use vfio_p2p_model::vmm::QemuVersion;
-use vfio_p2p_model::{CpuArch, HostBridgeId, Topology};
+use vfio_p2p_model::{HostBridgeId, Topology};
 
 /// Guest NUMA nodes per Grace GPU: its memory node and 7 generic-initiator companions.
 pub const GI_NODES_PER_GPU: usize = 8;
@@ -135,8 +135,7 @@ impl GraceGuest {
 
 /// Whether `gpus` on `topo` make a Grace guest: an aarch64 host with a superchip GPU among them.
 pub fn is_grace(topo: &Topology, gpus: &[Bdf]) -> bool {
-    topo.cpu.as_ref().map(|c| c.arch) == Some(CpuArch::Arm64)
-        && c2c_gpus(topo).keys().any(|b| gpus.contains(b))
+    topo.is_arm64() && c2c_gpus(topo).keys().any(|b| gpus.contains(b))
 }
 
 /// The high MMIO window the GPUs of `layout` need: a power of two holding their 64-bit

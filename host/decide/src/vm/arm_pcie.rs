@@ -16,7 +16,7 @@ pub(super) fn applies(inputs: &VmInputs, spec: &VmSpec, grace: bool) -> bool {
         spec.flags.target,
         VmTarget::Qemu | VmTarget::Libvirt | VmTarget::CloudHypervisor
     );
-    vmm_target && !grace && !spec.flags.as_is && arm_pcie_guest::is_arm_host(inputs.host.topo)
+    vmm_target && !grace && !spec.flags.as_is && inputs.host.topo.is_arm64()
 }
 
 /// The Arm PCIe guest of `layout` for a QEMU or libvirt target (`None` for Cloud
